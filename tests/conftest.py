@@ -44,7 +44,9 @@ def minilm_l3_path() -> Path:
     return resolve_model("minilm-l3")
 
 
-def _save_tiny(folder: Path, backbone_factory: Callable[[], object], minilm_l6_path: Path, **st_kwargs) -> Path:
+def _save_tiny(
+    folder: Path, backbone_factory: Callable[[], object], minilm_l6_path: Path, **st_kwargs
+) -> Path:
     import torch
     from transformers import AutoTokenizer
 
@@ -63,12 +65,20 @@ def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Pat
     from transformers import BertConfig, BertModel
 
     config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=128,
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
     )
     return _save_tiny(
-        tmp_path_factory.mktemp("tiny-bert"), lambda: BertModel(config, add_pooling_layer=False),
-        minilm_l6_path, pooling="mean", normalize=True, max_seq_length=128,
+        tmp_path_factory.mktemp("tiny-bert"),
+        lambda: BertModel(config, add_pooling_layer=False),
+        minilm_l6_path,
+        pooling="mean",
+        normalize=True,
+        max_seq_length=128,
     )
 
 
@@ -77,12 +87,21 @@ def tiny_electra_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: 
     from transformers import ElectraConfig, ElectraModel
 
     config = ElectraConfig(
-        vocab_size=30522, embedding_size=16, hidden_size=32, num_hidden_layers=4,
-        num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
+        vocab_size=30522,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
     )
     return _save_tiny(
-        tmp_path_factory.mktemp("tiny-electra"), lambda: ElectraModel(config), minilm_l6_path,
-        pooling="cls", normalize=True, max_seq_length=128,
+        tmp_path_factory.mktemp("tiny-electra"),
+        lambda: ElectraModel(config),
+        minilm_l6_path,
+        pooling="cls",
+        normalize=True,
+        max_seq_length=128,
     )
 
 
@@ -91,12 +110,21 @@ def tiny_mpnet_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Pa
     from transformers import MPNetConfig, MPNetModel
 
     config = MPNetConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=130, pad_token_id=0,
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        pad_token_id=0,
     )
     return _save_tiny(
-        tmp_path_factory.mktemp("tiny-mpnet"), lambda: MPNetModel(config, add_pooling_layer=False),
-        minilm_l6_path, pooling="mean", normalize=True, max_seq_length=128,
+        tmp_path_factory.mktemp("tiny-mpnet"),
+        lambda: MPNetModel(config, add_pooling_layer=False),
+        minilm_l6_path,
+        pooling="mean",
+        normalize=True,
+        max_seq_length=128,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from training.catalog import BUILTIN_MODELS, ModelNotFoundError, ChecksumError, prepare, resolve_model
+from training.catalog import BUILTIN_MODELS, ChecksumError, ModelNotFoundError, prepare, resolve_model
 
 
 def main(argv: list[str]) -> int:

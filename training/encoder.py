@@ -135,9 +135,10 @@ class Encoder(nn.Module):
             raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
         self.max_seq_length = max_seq_length
         self.source: str | None = None  # the folder this encoder was loaded from, if any
-        self.uses_token_type_ids = "token_type_ids" in tokenizer.model_input_names and (
-            getattr(backbone.config, "type_vocab_size", 0) or 0
-        ) > 0
+        self.uses_token_type_ids = (
+            "token_type_ids" in tokenizer.model_input_names
+            and (getattr(backbone.config, "type_vocab_size", 0) or 0) > 0
+        )
 
     # --- construction and persistence ----------------------------------------------------------
 
@@ -222,7 +223,9 @@ class Encoder(nn.Module):
         """
         total = self.num_layers
         if not isinstance(layers, int) or not 1 <= layers <= total:
-            raise ValueError(f"layers must be an integer between 1 and {total} (this model's depth), got {layers!r}")
+            raise ValueError(
+                f"layers must be an integer between 1 and {total} (this model's depth), got {layers!r}"
+            )
         owner, attr = find_layers(self.backbone)
         setattr(owner, attr, nn.ModuleList(list(getattr(owner, attr))[:layers]))
         self.backbone.config.num_hidden_layers = layers
