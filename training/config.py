@@ -1,0 +1,252 @@
+"""The training recipe: one frozen dataclass, loadable from TOML and overridable with ``--set key=value``.
+
+A recipe file is a flat TOML table of `TrainConfig` fields plus two optional sub-tables,
+``[objective_params]`` (keyword arguments of the objective class, e.g. ``temperature``) and
+``[view_params]`` (keyword arguments of the view functions, e.g. token-deletion rates)::
+
+    name = "crop-minilm"
+    model = "minilm-l6"
+    objective = "infonce"
+    corpus = "aclsum"
+    batch_size = 64
+    lr = 2e-5
+    [objective_params]
+    temperature = 0.05
+
+``--set`` values are parsed as TOML values (``--set lr=1e-4``, ``--set student_layers=[0,5]``,
+``--set objective_params.temperature=0.1``); anything that is not valid TOML is taken as a string
+(``--set output_dir=runs/x``). Unknown keys and wrong types fail with the list of valid keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OBJECTIVE_NAMES = ("infonce", "simcse", "sct", "barlow_twins", "vicreg")
+VIEW_NAMES = ("crop", "dropout", "tokens", "crop+tokens")
+STUDENT_NAMES = ("layer_subset", "tiny_bert")
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class ConfigError(ValueError):
+    """A recipe or override that cannot be turned into a valid `TrainConfig`."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs. Defaults follow the cropping paper (000 §4): crop views,
+    InfoNCE with τ = 0.05, batch 64, lr 2e-5, one epoch."""
+
+    name: str = "run"
+
+    # --- model --------------------------------------------------------------------------------
+    model: str = "minilm-l6"  # built-in name or Hugging Face folder
+    pooling: str | None = None  # None: the folder's sentence-transformers setting (else mean)
+    max_seq_length: int | None = 128  # None: the model's own limit
+    student: str | None = None  # None (train `model` itself), "layer_subset" or "tiny_bert" built from `model`
+    student_layers: tuple[int, ...] = (0, 5)  # layer_subset: indices of the teacher's layers to keep
+    student_num_layers: int = 2  # tiny_bert depth
+    student_hidden_size: int = 128  # tiny_bert width (embeddings PCA-initialised from the teacher)
+    student_num_heads: int = 2
+    teacher: str | None = None  # SCT distillation teacher; None with objective "sct" = frozen copy of the start
+    truncate: int | str | None = None  # keep the first l layers; "probe" = TMFT's best layer on validation
+    probe_max_layers: int | None = None  # with truncate = "probe": consider only layers 1..this (a speed cap)
+    train_last_layers: int | None = None  # None trains every layer (cropping paper §4.4 trains the last 2)
+
+    # --- objective and views ------------------------------------------------------------------
+    objective: str = "infonce"
+    views: str = "crop"  # crop | dropout | tokens | crop+tokens (crop pairs, then token augmentations)
+    objective_params: Mapping[str, Any] = field(default_factory=dict)
+    view_params: Mapping[str, Any] = field(default_factory=dict)
+    rank_reduction: float = 0.0  # γ of the rank-reduction regulariser (paper 002); 0 disables it
+    crop_sentences: int | None = 2  # t consecutive sentences per crop; None: chosen from the corpus
+
+    # --- data ---------------------------------------------------------------------------------
+    corpus: str | tuple[str, ...] = "aclsum"  # built-in corpus name, a file/folder path, or the texts
+    max_documents: int | None = None
+    validation: str | tuple[str, ...] | None = "holdout"  # "holdout", a corpus spec, texts, or None
+    validation_fraction: float = 0.1  # of the documents, when validation = "holdout"
+    max_validation_documents: int = 200
+    pairs: str | None = None  # JSONL of scored pairs {"text1","text2","score"}: supervised CoSENT
+
+    # --- optimisation -------------------------------------------------------------------------
+    max_steps: int | None = None
+    epochs: float | None = 1.0  # used when max_steps is None
+    time_budget_s: float | None = None  # stop after this many seconds (the schedule follows the clock)
+    batch_size: int = 64
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup: float = 0.1  # fraction of the run (< 1) or a number of steps (≥ 1)
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    num_threads: int | None = None  # torch intra-op threads; None: EMBED_NUM_THREADS or torch's default
+    device: str | None = None  # None: EMBED_DEVICE (default cpu)
+
+    # --- evaluation, logging, checkpoints -----------------------------------------------------
+    eval_every: int = 0  # steps between validations (0: only at the end)
+    early_stopping_patience: int | None = None  # validations without improvement before stopping
+    checkpoint_every: int = 0  # steps between resumable checkpoints (0: only at the end)
+    log_every: int = 10
+    output_dir: str = "runs/{name}"
+    resume: bool = False  # continue from output_dir/checkpoint when it exists
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.objective not in OBJECTIVE_NAMES:
+            problems.append(f"objective must be one of {OBJECTIVE_NAMES}, got {self.objective!r}")
+        if self.views not in VIEW_NAMES:
+            problems.append(f"views must be one of {VIEW_NAMES}, got {self.views!r}")
+        if self.student is not None and self.student not in STUDENT_NAMES:
+            problems.append(f"student must be one of {STUDENT_NAMES} or omitted, got {self.student!r}")
+        if isinstance(self.truncate, str) and self.truncate != "probe":
+            problems.append(f"truncate must be a layer count or 'probe', got {self.truncate!r}")
+        if self.batch_size < 2:
+            problems.append(f"batch_size must be at least 2 (in-batch negatives), got {self.batch_size}")
+        if self.lr <= 0:
+            problems.append(f"lr must be positive, got {self.lr}")
+        if self.max_steps is None and self.epochs is None and self.time_budget_s is None:
+            problems.append("set one of max_steps, epochs or time_budget_s so the run knows when to stop")
+        if self.max_steps is not None and self.max_steps < 1:
+            problems.append(f"max_steps must be at least 1, got {self.max_steps}")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            problems.append(f"time_budget_s must be positive, got {self.time_budget_s}")
+        if not 0 < self.validation_fraction < 1:
+            problems.append(f"validation_fraction must be in (0, 1), got {self.validation_fraction}")
+        if self.warmup < 0:
+            problems.append(f"warmup must be ≥ 0, got {self.warmup}")
+        if self.objective == "simcse" and self.views != "dropout":
+            problems.append("objective 'simcse' is InfoNCE on dropout views: set views = 'dropout'")
+        if problems:
+            raise ConfigError("invalid training config: " + "; ".join(problems))
+
+    @property
+    def resolved_output_dir(self) -> Path:
+        return Path(self.output_dir.format(name=self.name))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/TOML-friendly values (tuples become lists)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return from_dict({**self.to_dict(), **changes})
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def _unknown_key(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _FIELDS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint}; valid keys: {', '.join(sorted(_FIELDS))}")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if origin is tuple:
+        inner = typing.get_args(hint)[0]
+        return isinstance(value, tuple) and all(_matches(v, inner) for v in value)
+    if origin is Mapping or hint is Mapping:
+        return isinstance(value, Mapping)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _coerce(key: str, value: Any) -> Any:
+    hint = _HINTS[key]
+    if isinstance(value, list):
+        value = tuple(value)
+    if not _matches(value, hint):
+        raise ConfigError(f"config key {key!r} expects {hint}, got {value!r} ({type(value).__name__})")
+    if hint in (float, float | None) and isinstance(value, int):
+        value = float(value)
+    return value
+
+
+def from_dict(values: Mapping[str, Any]) -> TrainConfig:
+    """Build a config from plain values, checking every key and type."""
+    kwargs = {}
+    for key, value in values.items():
+        if key not in _FIELDS:
+            raise _unknown_key(key)
+        kwargs[key] = _coerce(key, value)
+    return TrainConfig(**kwargs)
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: any TOML value (number, bool, string, array, inline table), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``key=value`` overrides; ``table.key=value`` sets one entry of objective/view params."""
+    values = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in values.items()}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        value = parse_value(raw.strip())
+        if "." in key:
+            table, _, sub = key.partition(".")
+            if table not in ("objective_params", "view_params"):
+                raise ConfigError(
+                    f"dotted override {key!r}: only objective_params.<name> and view_params.<name> take dots"
+                )
+            values.setdefault(table, {})[sub] = value
+        else:
+            if key not in _FIELDS:
+                raise _unknown_key(key)
+            values[key] = value
+    return values
+
+
+def resolve_recipe(name_or_path: str | Path) -> Path:
+    """A recipe file path, or the name of a built-in recipe (``sct-tiny`` → training/recipes/sct-tiny.toml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    builtin = RECIPES_DIR / f"{name_or_path}.toml"
+    if builtin.is_file():
+        return builtin
+    available = sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
+    raise ConfigError(f"recipe {str(name_or_path)!r} is neither a file nor a built-in recipe {available}")
+
+
+def load_config(name_or_path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a TOML recipe (file or built-in name) and apply ``key=value`` overrides."""
+    path = resolve_recipe(name_or_path)
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return from_dict(apply_overrides(values, overrides))
