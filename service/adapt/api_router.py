@@ -1,0 +1,371 @@
+"""HTTP routes of /adapt: thin handlers over the SQLite job store; no training in this process.
+
+``build_adapt_router(config)`` returns an ``APIRouter`` whose lifespan opens the store and, in the
+default single-machine mode, starts the supervised worker processes; the service includes it with
+``app.include_router(...)`` (FastAPI merges the router's lifespan into the app's).
+
+| route | |
+|---|---|
+| ``POST /adapt`` | JSON body (`AdaptRequest`) or multipart form with a ``file`` (JSONL or text) → 202 + job |
+| ``GET /adapt`` | jobs, newest first (``limit``, ``after``) |
+| ``GET /adapt/{id}`` | one job: state, progress, evaluation, gate, published model, error |
+| ``GET /adapt/{id}/events`` | server-sent events (``Last-Event-ID`` resumes) until the job ends |
+| ``POST /adapt/{id}/cancel`` | cancel (queued: at once; running: the worker stops at its next check) |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from export import registry
+from service.adapt.config import BUILTIN_MODEL_NAMES, AdaptConfig
+from service.adapt.corpus import CorpusError, CorpusTooLargeError, check_corpus, parse_upload
+from service.adapt.schemas import AdaptJob, AdaptJobList, AdaptRequest
+from service.adapt.store import TERMINAL_STATES, JobStore, JobStoreError, QueueFullError, new_job_id
+from service.adapt.supervisor import WorkerSupervisor
+
+log = logging.getLogger(__name__)
+
+ADAPT_METHOD = "adapt"  # manifest method.name of bundles this feature publishes
+KEEPALIVE_S = 15.0
+
+
+class AdaptHTTPError(Exception):
+    """An error with its status code and OpenAI-shaped body; raised by helpers, rendered by the routes."""
+
+    def __init__(
+        self, status: int, message: str, *, type_: str, code: str, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type_, code
+        self.headers = headers
+        self.extra = extra
+
+    def response(self) -> JSONResponse:
+        body: dict[str, Any] = {"message": self.message, "type": self.type, "code": self.code}
+        body.update(self.extra)
+        return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
+
+
+def _invalid(message: str, code: str = "invalid_request", **extra: Any) -> AdaptHTTPError:
+    return AdaptHTTPError(422, message, type_="invalid_request_error", code=code, **extra)
+
+
+class AdaptAPI:
+    """State shared by the routes: the config, the job store and (single-machine mode) the supervisor."""
+
+    def __init__(self, config: AdaptConfig) -> None:
+        self.config = config
+        self.store: JobStore | None = None
+        self.supervisor: WorkerSupervisor | None = None
+
+    async def start(self) -> None:
+        self.config.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.store = JobStore(self.config.db_path)
+        if self.config.supervise_worker:
+            self.supervisor = WorkerSupervisor(self.config, self.store)
+            await self.supervisor.start()
+
+    async def stop(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+            self.supervisor = None
+
+    def jobs(self) -> JobStore:
+        if self.store is None:
+            raise AdaptHTTPError(503, "the adapt job store is not open yet", type_="unavailable", code="not_ready")
+        return self.store
+
+    # ------------------------------------------------------------------ checks
+    def authorize(self, request: Request) -> None:
+        key = self.config.admin_api_key
+        if not key:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise AdaptHTTPError(
+                401,
+                "/adapt needs the admin API key: send 'Authorization: Bearer <admin key>'",
+                type_="authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def check_name(self, name: str) -> None:
+        try:
+            registry.validate_name(name)
+        except registry.RegistryError as err:
+            raise _invalid(str(err), code="invalid_name") from err
+        if name in BUILTIN_MODEL_NAMES or name in self.config.base_models:
+            raise _invalid(
+                f"model name {name!r} is a built-in base model and cannot be overwritten: choose another name",
+                code="reserved_name",
+            )
+        versions = registry.list_versions(self.config.registry_dir, name)
+        if versions:
+            manifest = registry.read_manifest(self.config.registry_dir / name / versions[-1])
+            method = (manifest.get("method") or {}).get("name")
+            if method != ADAPT_METHOD:
+                raise AdaptHTTPError(
+                    409,
+                    f"model {name!r} already exists in the registry and was not made by /adapt "
+                    f"(method {method!r}): choose a new name",
+                    type_="invalid_request_error",
+                    code="name_taken",
+                )
+
+    def check_base_model(self, base_model: str) -> None:
+        if base_model in BUILTIN_MODEL_NAMES or base_model in self.config.base_models:
+            return
+        allowed = sorted({*BUILTIN_MODEL_NAMES, *self.config.base_models})
+        raise AdaptHTTPError(
+            404,
+            f"unknown base_model {base_model!r}: adapt one of {allowed} "
+            "(operators add more with EMBED_ADAPT_BASE_MODELS)",
+            type_="invalid_request_error",
+            code="model_not_found",
+        )
+
+    def params_for(self, req: AdaptRequest, *, has_labels: bool, usable: int) -> dict[str, Any]:
+        """The job's full recipe, defaults filled in, so the job records exactly what it ran."""
+        c = self.config
+        max_steps = req.max_steps
+        time_budget_s = req.time_budget_s
+        if max_steps is None and time_budget_s is None:
+            max_steps, time_budget_s = c.default_max_steps, c.default_time_budget_s
+        train_last = c.default_train_last_layers if req.train_last_layers is None else req.train_last_layers
+        return {
+            "base_model": req.base_model,
+            "name": req.name,
+            "promote": req.promote,
+            "hyperparameters": {
+                "objective": req.objective,
+                "max_steps": max_steps,
+                "time_budget_s": time_budget_s,
+                "train_last_layers": train_last or None,
+                "batch_size": req.batch_size or c.default_batch_size,
+                "lr": c.lr,
+                "max_seq_length": c.max_seq_length,
+                "seed": req.seed,
+                "gate_margin": c.gate_margin,
+            },
+            "corpus": {"has_labels": has_labels, "usable_documents_estimate": usable},
+        }
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise CorpusTooLargeError(f"the request body is {int(declared)} bytes; the limit is {limit}: send less text")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise CorpusTooLargeError(f"the request body is over the {limit}-byte limit: send less text")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _parse_request(request: Request, limit: int) -> tuple[AdaptRequest, list[str], list[str] | None]:
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise CorpusTooLargeError(f"the upload is {int(declared)} bytes; the limit is {limit}: send less text")
+        form = await request.form(max_files=1, max_fields=32, max_part_size=limit)
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise _invalid("multipart /adapt needs a 'file' part holding the corpus (JSONL or text)")
+        data = await upload.read(limit + 1)
+        if len(data) > limit:
+            raise CorpusTooLargeError(f"the uploaded corpus is over the {limit}-byte limit: send a sample")
+        fields: dict[str, Any] = {k: v for k, v in form.items() if k != "file" and isinstance(v, str)}
+        texts, labels = parse_upload(data, upload.filename)
+        try:
+            req = AdaptRequest.model_validate(fields, strict=False)
+        except ValidationError as err:
+            raise _invalid(_validation_message(err)) from err
+        if req.texts is not None:
+            raise _invalid("send the corpus either as 'texts' or as an uploaded 'file', not both")
+        return req, texts, labels
+    body = await _read_limited(request, limit)
+    try:
+        payload = json.loads(body or b"null")
+    except json.JSONDecodeError as err:
+        raise _invalid(f"the body is not valid JSON ({err.msg}); send JSON or a multipart upload") from err
+    if not isinstance(payload, dict):
+        raise _invalid("the body must be a JSON object with base_model, name and texts")
+    try:
+        req = AdaptRequest.model_validate(payload)
+    except ValidationError as err:
+        raise _invalid(_validation_message(err)) from err
+    if req.texts is None:
+        raise _invalid("no corpus: send 'texts' (a list of documents) or upload a JSONL/text 'file'")
+    labels = [str(x) for x in req.labels] if req.labels is not None else None
+    return req, list(req.texts), labels
+
+
+def _validation_message(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "body"
+        parts.append(f"{where}: {e['msg']}")
+    return "invalid /adapt request: " + "; ".join(parts)
+
+
+def _sse(event_id: int | None, event: str, data: dict[str, Any]) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def build_adapt_router(config: AdaptConfig) -> APIRouter:
+    """The /adapt routes with a lifespan that opens the job store and supervises the workers."""
+    api = AdaptAPI(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await api.start()
+        app.state.adapt = api
+        try:
+            yield
+        finally:
+            await api.stop()
+
+    router = APIRouter(lifespan=lifespan, tags=["adapt"])
+
+    @router.post("/adapt", status_code=202, response_model=AdaptJob)
+    async def submit(request: Request) -> Response:
+        try:
+            api.authorize(request)
+            if not config.enabled:
+                raise AdaptHTTPError(503, "/adapt is disabled on this server", type_="unavailable", code="disabled")
+            store = api.jobs()
+            try:
+                req, texts, labels = await _parse_request(request, config.limits.max_upload_bytes)
+            except CorpusTooLargeError as err:
+                raise AdaptHTTPError(413, str(err), type_="invalid_request_error", code="payload_too_large") from err
+            api.check_name(req.name)
+            api.check_base_model(req.base_model)
+            job = await run_in_threadpool(_queue_job, api, store, req, texts, labels)
+        except AdaptHTTPError as err:
+            return err.response()
+        except CorpusError as err:
+            return _invalid(str(err), code=err.code, **({"details": err.details} if err.details else {})).response()
+        return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"), status_code=202)
+
+    @router.get("/adapt", response_model=AdaptJobList)
+    async def list_jobs(
+        request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None
+    ) -> Response:
+        try:
+            api.authorize(request)
+            jobs = await run_in_threadpool(api.jobs().list_jobs, limit=limit + 1, after=after)
+        except AdaptHTTPError as err:
+            return err.response()
+        body = AdaptJobList(data=[AdaptJob.from_job(j) for j in jobs[:limit]], has_more=len(jobs) > limit)
+        return JSONResponse(body.model_dump(mode="json"))
+
+    @router.get("/adapt/{job_id}", response_model=AdaptJob)
+    async def get_job(request: Request, job_id: str) -> Response:
+        try:
+            api.authorize(request)
+            job = await run_in_threadpool(_get_or_404, api.jobs(), job_id)
+        except AdaptHTTPError as err:
+            return err.response()
+        return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
+
+    @router.post("/adapt/{job_id}/cancel", response_model=AdaptJob)
+    async def cancel_job(request: Request, job_id: str) -> Response:
+        try:
+            api.authorize(request)
+            store = api.jobs()
+            await run_in_threadpool(_get_or_404, store, job_id)
+            job = await run_in_threadpool(store.request_cancel, job_id)
+        except AdaptHTTPError as err:
+            return err.response()
+        return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
+
+    @router.get("/adapt/{job_id}/events")
+    async def job_events(request: Request, job_id: str) -> Response:
+        try:
+            api.authorize(request)
+            store = api.jobs()
+            await run_in_threadpool(_get_or_404, store, job_id)
+        except AdaptHTTPError as err:
+            return err.response()
+        last = request.headers.get("last-event-id", "0")
+        after_id = int(last) if last.isdigit() else 0
+        return StreamingResponse(
+            _stream_events(request, store, job_id, after_id, config.events_poll_s),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    return router
+
+
+def _get_or_404(store: JobStore, job_id: str) -> Any:
+    try:
+        return store.get(job_id)
+    except JobStoreError as err:
+        raise AdaptHTTPError(404, str(err), type_="invalid_request_error", code="job_not_found") from err
+
+
+def _queue_job(
+    api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str], labels: list[str] | None
+) -> Any:
+    corpus = check_corpus(texts, labels, api.config.limits)
+    job_id = new_job_id()
+    folder = api.config.jobs_dir / job_id
+    corpus.save(folder)
+    params = api.params_for(req, has_labels=corpus.labels is not None, usable=corpus.usable)
+    try:
+        return store.create(
+            params,
+            corpus_dir=folder,
+            n_documents=len(corpus.texts),
+            max_pending=api.config.max_pending_jobs,
+            job_id=job_id,
+        )
+    except QueueFullError as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise AdaptHTTPError(
+            429, str(err), type_="rate_limit_error", code="queue_full", headers={"Retry-After": "60"}
+        ) from err
+
+
+async def _stream_events(
+    request: Request, store: JobStore, job_id: str, after_id: int, poll_s: float
+) -> AsyncIterator[str]:
+    last_sent = time.monotonic()
+    while True:
+        events = await run_in_threadpool(store.events, job_id, after_id=after_id)
+        for event in events:
+            after_id = event.id
+            yield _sse(event.id, event.type, {"job_id": job_id, "created_at": event.created_at, **event.data})
+            last_sent = time.monotonic()
+            if event.type == "state" and event.data.get("state") in TERMINAL_STATES:
+                job = await run_in_threadpool(store.get, job_id)
+                yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
+                return
+        if not events:
+            if await request.is_disconnected():
+                return
+            if time.monotonic() - last_sent > KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                last_sent = time.monotonic()
+            await asyncio.sleep(poll_s)

@@ -1,0 +1,164 @@
+"""Corpus intake for /adapt, checked in the API process before a job is queued (torch-free).
+
+A corpus arrives as ``texts`` (+ optional ``labels``) in the JSON body, or as an uploaded file:
+JSONL (one JSON string, or one object with ``text`` and optional ``label``, per line) or plain
+text (documents separated by blank lines). It is stored per job as ``corpus.jsonl`` and deleted
+when the job ends unless the service is told to keep uploads.
+
+Whether a document can feed crop pairs is estimated here with the most permissive rule the worker
+may fall back to (two sentences, or two halves of a long enough document — cropping paper
+``papers/000`` §2 takes two consecutive sentences; ``training.views.choose_crop_rule`` relaxes that
+on real corpora), so a corpus that cannot work is refused with a 422 at once instead of failing
+minutes later in the worker. The worker chooses the exact rule and reports its yield.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CORPUS_FILE = "corpus.jsonl"
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
+# A half of a document must hold at least this many words to be a usable crop on its own.
+MIN_WORDS_PER_HALF = 8
+
+
+class CorpusError(ValueError):
+    """The corpus breaks a limit or cannot produce enough crop pairs; the message says what to fix."""
+
+    def __init__(self, message: str, *, code: str = "invalid_corpus", details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details or {}
+
+
+class CorpusTooLargeError(CorpusError):
+    """Upload size over the limit (HTTP 413)."""
+
+
+@dataclass(frozen=True)
+class CorpusLimits:
+    max_documents: int = 20_000
+    max_document_chars: int = 20_000
+    max_upload_bytes: int = 50 * 1024 * 1024
+    min_documents: int = 64
+
+
+@dataclass(frozen=True)
+class Corpus:
+    texts: list[str]
+    labels: list[str] | None
+    usable: int
+
+    def save(self, folder: Path) -> Path:
+        """Write ``corpus.jsonl`` into ``folder`` (one object per document)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / CORPUS_FILE
+        with path.open("w", encoding="utf-8") as out:
+            for i, text in enumerate(self.texts):
+                record: dict[str, Any] = {"text": text}
+                if self.labels is not None:
+                    record["label"] = self.labels[i]
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return path
+
+
+def split_sentences(text: str) -> list[str]:
+    return [s for s in (part.strip() for part in _SENTENCE_END.split(text.strip())) if s]
+
+
+def can_crop(text: str) -> bool:
+    """True when a document yields two distinct views: two sentences, or two halves of enough words."""
+    if len(split_sentences(text)) >= 2:
+        return True
+    return len(text.split()) >= 2 * MIN_WORDS_PER_HALF
+
+
+def parse_upload(data: bytes, filename: str | None = None) -> tuple[list[str], list[str] | None]:
+    """Parse an uploaded corpus: JSONL (strings or ``{"text", "label"}`` objects) or blank-line-separated text."""
+    try:
+        content = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CorpusError(f"the uploaded corpus is not UTF-8 text ({err}); re-encode it as UTF-8") from err
+    lines = [line for line in content.splitlines() if line.strip()]
+    looks_jsonl = (filename or "").endswith((".jsonl", ".ndjson")) or (
+        bool(lines) and lines[0].lstrip()[:1] in ("{", '"')
+    )
+    if not looks_jsonl:
+        docs = [doc.strip() for doc in re.split(r"\n\s*\n", content) if doc.strip()]
+        return docs, None
+    texts: list[str] = []
+    labels: list[str] = []
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CorpusError(f"line {number} of the uploaded JSONL is not valid JSON: {err.msg}") from err
+        if isinstance(record, str):
+            texts.append(record)
+        elif isinstance(record, dict) and isinstance(record.get("text"), str):
+            texts.append(record["text"])
+            if "label" in record:
+                labels.append(str(record["label"]))
+        else:
+            raise CorpusError(
+                f'line {number} of the uploaded JSONL must be a string or an object with a "text" string'
+            )
+    if labels and len(labels) != len(texts):
+        raise CorpusError(
+            f"{len(labels)} of {len(texts)} JSONL records have a label: give every record a label, or none"
+        )
+    return texts, (labels or None)
+
+
+def check_corpus(texts: list[str], labels: list[str] | None, limits: CorpusLimits) -> Corpus:
+    """Apply the limits and the crop-yield check; raise :class:`CorpusError` saying what to fix."""
+    texts = [t.strip() for t in texts]
+    if labels is not None and len(labels) != len(texts):
+        raise CorpusError(f"got {len(labels)} labels for {len(texts)} texts: give one label per text")
+    if len(texts) > limits.max_documents:
+        raise CorpusError(
+            f"the corpus has {len(texts)} documents; the limit is {limits.max_documents}: send a sample",
+            code="too_many_documents",
+            details={"documents": len(texts), "max_documents": limits.max_documents},
+        )
+    too_long = [i for i, t in enumerate(texts) if len(t) > limits.max_document_chars]
+    if too_long:
+        raise CorpusError(
+            f"{len(too_long)} documents are longer than {limits.max_document_chars} characters "
+            f"(first: index {too_long[0]}, {len(texts[too_long[0]])} chars): split them into sections",
+            code="document_too_long",
+            details={"indices": too_long[:20], "max_document_chars": limits.max_document_chars},
+        )
+    keep = [i for i, t in enumerate(texts) if t]
+    texts = [texts[i] for i in keep]
+    labels = [labels[i] for i in keep] if labels is not None else None
+    usable = sum(can_crop(t) for t in texts)
+    if usable < limits.min_documents:
+        raise CorpusError(
+            f"found {usable} usable documents out of {len(texts)}; adaptation needs at least "
+            f"{limits.min_documents} documents with two or more sentences (or at least "
+            f"{2 * MIN_WORDS_PER_HALF} words) to cut training crops from: send more or longer documents",
+            code="corpus_too_small",
+            details={"documents": len(texts), "usable_documents": usable, "min_documents": limits.min_documents},
+        )
+    return Corpus(texts=texts, labels=labels, usable=usable)
+
+
+def load_corpus(folder: Path) -> tuple[list[str], list[str] | None]:
+    """Read a job's ``corpus.jsonl`` back (the worker side)."""
+    texts: list[str] = []
+    labels: list[str] = []
+    with (Path(folder) / CORPUS_FILE).open(encoding="utf-8") as src:
+        for line in src:
+            record = json.loads(line)
+            texts.append(record["text"])
+            if "label" in record:
+                labels.append(record["label"])
+    return texts, (labels if labels else None)

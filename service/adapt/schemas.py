@@ -1,0 +1,109 @@
+"""Request and response bodies of /adapt (shape after OpenAI's fine-tuning jobs)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.adapt.store import Job
+
+Objective = Literal["crop-infonce", "sct", "simcse"]
+PromotePolicy = Literal["auto", "never"]
+
+
+class AdaptRequest(BaseModel):
+    """``POST /adapt`` as JSON. The multipart form takes the same fields plus a ``file`` upload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_model: str = Field(description="built-in model (minilm-l6, minilm-l3, mpnet-base) or a configured base model")
+    name: str = Field(description="name of the adapted model; a new version is published under it")
+    texts: list[str] | None = Field(default=None, description="the corpus, one document per item")
+    labels: list[str | int] | None = Field(
+        default=None, description="optional class label per document: adds a kNN-accuracy check"
+    )
+    max_steps: int | None = Field(default=None, ge=1, le=20_000, description="training steps (batches)")
+    time_budget_s: float | None = Field(default=None, gt=0, le=6 * 3600, description="training time budget")
+    train_last_layers: int | None = Field(
+        default=None, ge=0, le=48, description="train only the last k transformer layers; 0 = all layers"
+    )
+    batch_size: int | None = Field(default=None, ge=2, le=512)
+    objective: Objective = "crop-infonce"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    promote: PromotePolicy = "auto"
+
+    @model_validator(mode="after")
+    def _labels_match(self) -> AdaptRequest:
+        if self.labels is not None and self.texts is not None and len(self.labels) != len(self.texts):
+            raise ValueError(f"got {len(self.labels)} labels for {len(self.texts)} texts: give one label per text")
+        return self
+
+
+class JobProgress(BaseModel):
+    stage: str | None = None
+    step: int | None = None
+    total: int | None = None
+    loss: float | None = None
+    elapsed_s: float | None = None
+    eta_s: float | None = None
+
+
+class JobError(BaseModel):
+    reason: str
+    message: str
+
+
+class PublishedModel(BaseModel):
+    name: str
+    version: str
+    promoted: bool
+
+
+class AdaptJob(BaseModel):
+    """``GET /adapt/{id}``."""
+
+    id: str
+    object: Literal["adapt.job"] = "adapt.job"
+    state: str
+    created_at: int
+    started_at: int | None
+    finished_at: int | None
+    base_model: str
+    name: str
+    hyperparameters: dict[str, Any]
+    corpus: dict[str, Any]
+    progress: JobProgress
+    evaluation: dict[str, Any] | None
+    gate: dict[str, Any] | None
+    model: PublishedModel | None
+    error: JobError | None
+    cancel_requested: bool
+
+    @classmethod
+    def from_job(cls, job: Job) -> AdaptJob:
+        params, result = job.params, job.result
+        published = result.get("model")
+        return cls(
+            id=job.id,
+            state=job.state,
+            created_at=int(job.created_at),
+            started_at=int(job.started_at) if job.started_at else None,
+            finished_at=int(job.finished_at) if job.finished_at else None,
+            base_model=params["base_model"],
+            name=params["name"],
+            hyperparameters=params.get("hyperparameters", {}),
+            corpus={"documents": job.n_documents, **params.get("corpus", {}), **result.get("corpus", {})},
+            progress=JobProgress(**{k: v for k, v in job.progress.items() if k in JobProgress.model_fields}),
+            evaluation=result.get("evaluation"),
+            gate=result.get("gate"),
+            model=PublishedModel(**published) if published else None,
+            error=JobError(**job.error) if job.error else None,
+            cancel_requested=job.cancel_requested,
+        )
+
+
+class AdaptJobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AdaptJob]
+    has_more: bool
