@@ -9,6 +9,7 @@ import sys
 # name -> ("module:function", one-line help). The function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("training.catalog_cli:main", "list, prepare and locate the built-in offline models"),
+    "adapt-worker": ("adapt.worker:main", "run queued /adapt jobs (the service starts and supervises this)"),
     "train": ("training.cli:main", "train an embedder from a TOML recipe (sct-tiny, tmft, crop-mpnet, ...)"),
 }
 
