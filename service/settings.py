@@ -1,0 +1,182 @@
+"""The service's one typed configuration object (``EMBED_`` environment variables).
+
+Every field is also a flag of ``embedder serve`` (``--max-batch-tokens`` for ``max_batch_tokens``)
+and a key of the Helm chart's ConfigMap (``EMBED_MAX_BATCH_TOKENS``); the descriptions below are
+the help text, so each one says what the knob trades off. Keep the field names stable: the chart
+and its test map them one to one. No other service module reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "embedder"
+
+
+def _split_csv(value: object) -> object:
+    """Environment variables hold lists as ``a,b,c`` (JSON lists are accepted too)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+class ServiceSettings(BaseSettings):
+    """Settings of ``embedder serve`` (one object per process, built once, passed to ``create_app``)."""
+
+    model_config = SettingsConfigDict(env_prefix="EMBED_", extra="ignore", frozen=True)
+
+    # --- network -------------------------------------------------------------------------------
+    host: str = Field(
+        default="127.0.0.1",
+        description="Interface to bind. 127.0.0.1 keeps the server private to this machine; 0.0.0.0 "
+        "exposes it (needed in a container) and should come with api_keys.",
+    )
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port to listen on (0 = any free port).")
+
+    # --- models ----------------------------------------------------------------------------------
+    registry_dir: Path = Field(
+        default=Path("registry"),
+        description="Root of the bundle registry (<registry>/<name>/<version>/, <name>/current). Shared with "
+        "`embedder export` and the adapt worker; a shared volume when several replicas serve it.",
+    )
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Where built-in models are unpacked when the default bundle has to be created on first "
+        "start (a few hundred MB with mpnet-base; only the export subprocess uses it).",
+    )
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Names of promoted bundles to serve (comma-separated). Empty = every promoted model in "
+        "the registry, including ones promoted later; a fixed list bounds memory but ignores new names.",
+    )
+    default_model: str = Field(
+        default="minilm-l6",
+        description="Model used when a request names none. Created from the built-in minilm-l6 on first "
+        "start if the registry has no promoted model at all.",
+    )
+    registry_poll_seconds: float = Field(
+        default=2.0,
+        ge=0.0,
+        description="How often the registry is checked for newly promoted versions (0 = never). Shorter "
+        "picks up new models sooner at the cost of a few stat() calls per model per poll.",
+    )
+
+    # --- onnxruntime threads -----------------------------------------------------------------------
+    intra_op_threads: int = Field(
+        default=0,
+        ge=0,
+        description="Threads one inference may use (0 = number of CPU cores). More cuts latency of large "
+        "batches but competes with the event loop and other models on a shared machine.",
+    )
+    inter_op_threads: int = Field(
+        default=1,
+        ge=1,
+        description="Threads running independent graph nodes in parallel. 1 suits these sequential encoder "
+        "graphs; more only adds contention.",
+    )
+
+    # --- batching --------------------------------------------------------------------------------
+    max_batch_tokens: int = Field(
+        default=16384,
+        ge=1,
+        description="Token budget of one forward pass (sum of padded lengths). Larger batches raise throughput "
+        "under load but raise the latency of every request in the batch and peak memory.",
+    )
+    max_batch_size: int = Field(
+        default=64,
+        ge=1,
+        description="Most texts in one forward pass, whatever their length. Caps latency for short texts "
+        "under load; too small wastes throughput.",
+    )
+
+    # --- admission and limits ----------------------------------------------------------------------
+    max_client_batch_size: int = Field(
+        default=512,
+        ge=1,
+        description="Most inputs one request may carry (422 above). Bigger lets clients send fewer requests "
+        "but lets one client hold the queue longer.",
+    )
+    max_input_chars: int = Field(
+        default=100_000,
+        ge=1,
+        description="Longest accepted input in characters (422 above), checked before tokenising so huge "
+        "strings cannot stall the tokenizer. Texts are truncated to the model's max_seq_length anyway.",
+    )
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="Largest accepted request body in bytes (413 above); bounds memory spent on one request "
+        "before any validation runs.",
+    )
+    max_queue_size: int = Field(
+        default=4096,
+        ge=1,
+        description="Most texts waiting per model before new requests get 429 with Retry-After. Smaller "
+        "sheds load sooner (bounded latency); larger absorbs bursts but lets queueing delay grow.",
+    )
+
+    # --- auth ------------------------------------------------------------------------------------
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Accepted bearer tokens for the embedding routes (comma-separated). Empty = open "
+        "server (a warning is logged at start). Compared in constant time; never logged.",
+    )
+    admin_api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Bearer tokens for administrative routes (/adapt). Empty = the api_keys apply. Keep them "
+        "separate so clients that may embed cannot start training jobs.",
+    )
+
+    # --- operations ------------------------------------------------------------------------------
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info",
+        description="Log verbosity. debug logs every batch (size, tokens, timings) and costs throughput.",
+    )
+    warmup: bool = Field(
+        default=True,
+        description="Run a few forward passes per model before /ready turns true, so the first real request "
+        "is not slowed by onnxruntime's lazy initialisation. Off only for fast tests.",
+    )
+    shutdown_grace_seconds: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="How long in-flight requests may take to finish on shutdown; new requests get 503 meanwhile.",
+    )
+
+    @field_validator("models", "api_keys", "admin_api_keys", mode="before")
+    @classmethod
+    def _lists_from_csv(cls, value: object) -> object:
+        return _split_csv(value)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> ServiceSettings:
+        if self.max_batch_size > self.max_batch_tokens:
+            raise ValueError(
+                f"max_batch_size ({self.max_batch_size}) exceeds max_batch_tokens ({self.max_batch_tokens}); "
+                "raise max_batch_tokens or lower max_batch_size"
+            )
+        return self
+
+    def api_key_values(self) -> list[str]:
+        """Plain key values for the auth check (kept out of repr and logs by SecretStr)."""
+        return [key.get_secret_value() for key in self.api_keys]
+
+    def admin_key_values(self) -> list[str]:
+        """Keys for admin routes; falls back to the client keys when none are set."""
+        keys = self.admin_api_keys or self.api_keys
+        return [key.get_secret_value() for key in keys]
