@@ -268,9 +268,7 @@ def build_adapt_router(config: AdaptConfig) -> APIRouter:
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"), status_code=202)
 
     @router.get("/adapt", response_model=AdaptJobList)
-    async def list_jobs(
-        request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None
-    ) -> Response:
+    async def list_jobs(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> Response:
         try:
             api.authorize(request)
             jobs = await run_in_threadpool(api.jobs().list_jobs, limit=limit + 1, after=after)
@@ -325,9 +323,7 @@ def _get_or_404(store: JobStore, job_id: str) -> Any:
         raise AdaptHTTPError(404, str(err), type_="invalid_request_error", code="job_not_found") from err
 
 
-def _queue_job(
-    api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str], labels: list[str] | None
-) -> Any:
+def _queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str], labels: list[str] | None) -> Any:
     corpus = check_corpus(texts, labels, api.config.limits)
     job_id = new_job_id()
     folder = api.config.jobs_dir / job_id

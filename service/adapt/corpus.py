@@ -107,9 +107,7 @@ def parse_upload(data: bytes, filename: str | None = None) -> tuple[list[str], l
             if "label" in record:
                 labels.append(str(record["label"]))
         else:
-            raise CorpusError(
-                f'line {number} of the uploaded JSONL must be a string or an object with a "text" string'
-            )
+            raise CorpusError(f'line {number} of the uploaded JSONL must be a string or an object with a "text" string')
     if labels and len(labels) != len(texts):
         raise CorpusError(
             f"{len(labels)} of {len(texts)} JSONL records have a label: give every record a label, or none"

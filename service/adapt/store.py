@@ -170,7 +170,6 @@ class JobStore:
         conn = sqlite3.connect(self.path, timeout=self._timeout_s, isolation_level=None)
         conn.row_factory = sqlite3.Row
         try:
-            conn.execute("PRAGMA busy_timeout=%d" % int(self._timeout_s * 1000))
             conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
             try:
                 yield conn
@@ -268,9 +267,7 @@ class JobStore:
         """
         now = time.time()
         with self._connect(immediate=True) as conn:
-            running = conn.execute(
-                "SELECT COUNT(*) FROM jobs WHERE state IN (?, ?)", ACTIVE_STATES
-            ).fetchone()[0]
+            running = conn.execute("SELECT COUNT(*) FROM jobs WHERE state IN (?, ?)", ACTIVE_STATES).fetchone()[0]
             if running >= max_running:
                 return None
             row = conn.execute("SELECT id FROM jobs WHERE state = ? ORDER BY seq LIMIT 1", (QUEUED,)).fetchone()
@@ -342,9 +339,7 @@ class JobStore:
             self._transition(conn, job_id, current, state, now, {"error": error} if error else {})
             conn.execute("UPDATE jobs SET error = ? WHERE id = ?", (json.dumps(error) if error else None, job_id))
 
-    def fail_active(
-        self, *, worker_id: str | None = None, message: str = "the job was interrupted"
-    ) -> list[str]:
+    def fail_active(self, *, worker_id: str | None = None, message: str = "the job was interrupted") -> list[str]:
         """Mark running/evaluating jobs (of one worker, or all) ``failed`` with reason ``interrupted``."""
         now = time.time()
         with self._connect(immediate=True) as conn:

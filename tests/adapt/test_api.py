@@ -1,0 +1,204 @@
+"""/adapt routes without a worker: validation, auth, names, limits, queue bound, cancel, listing, SSE."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from export import registry
+from service.adapt.api_router import build_adapt_router
+from service.adapt.config import BUILTIN_MODEL_NAMES, AdaptConfig
+from service.adapt.corpus import CorpusLimits
+from service.adapt.store import RUNNING, SUCCEEDED, JobStore
+
+DOC = "Crops are cut from documents. Two sentences make one view. A third one helps."
+KEY = "admin-secret"
+
+
+def _config(tmp_path: Path, **overrides) -> AdaptConfig:
+    values = {
+        "registry_dir": tmp_path / "registry",
+        "data_dir": tmp_path / "adapt",
+        "supervise_worker": False,
+        "max_pending_jobs": 2,
+        "limits": CorpusLimits(min_documents=4, max_documents=50, max_document_chars=500, max_upload_bytes=20_000),
+        "base_models": {"tiny": "/models/tiny"},
+        "admin_api_key": KEY,
+    }
+    values.update(overrides)
+    return AdaptConfig(**values)
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    app = FastAPI()
+    app.include_router(build_adapt_router(_config(tmp_path)))
+    with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        yield c
+
+
+def _body(**overrides) -> dict:
+    return {"base_model": "minilm-l6", "name": "acme", "texts": [DOC] * 6, **overrides}
+
+
+def test_submit_returns_202_with_the_queued_job_and_stores_the_corpus(client: TestClient, tmp_path: Path) -> None:
+    r = client.post("/adapt", json=_body(labels=["a", "b"] * 3, max_steps=5, seed=3))
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["object"] == "adapt.job" and job["state"] == "queued" and job["name"] == "acme"
+    assert job["hyperparameters"]["max_steps"] == 5 and job["hyperparameters"]["seed"] == 3
+    assert job["hyperparameters"]["objective"] == "crop-infonce"
+    assert job["corpus"]["documents"] == 6 and job["corpus"]["has_labels"] is True
+    stored = (tmp_path / "adapt" / "jobs" / job["id"] / "corpus.jsonl").read_text().splitlines()
+    assert json.loads(stored[1]) == {"text": DOC, "label": "b"}
+    assert client.get(f"/adapt/{job['id']}").json()["id"] == job["id"]
+
+
+def test_defaults_fill_in_the_recipe(client: TestClient) -> None:
+    hp = client.post("/adapt", json=_body()).json()["hyperparameters"]
+    assert hp["max_steps"] == 60 and hp["time_budget_s"] == 150.0 and hp["train_last_layers"] == 2
+    assert hp["lr"] == 2e-5 and hp["batch_size"] == 32 and hp["gate_margin"] == 2.0
+
+
+def test_corpus_too_small_is_422_with_counts(client: TestClient) -> None:
+    r = client.post("/adapt", json=_body(texts=[DOC, DOC, "one sentence only", "tiny"]))
+    assert r.status_code == 422
+    error = r.json()["error"]
+    assert error["code"] == "corpus_too_small"
+    assert "found 2 usable documents out of 4" in error["message"] and "at least 4" in error["message"]
+    assert error["details"] == {"documents": 4, "usable_documents": 2, "min_documents": 4}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "match"),
+    [
+        (_body(name="../etc"), 422, "invalid model name"),
+        (_body(name="Acme"), 422, "invalid model name"),
+        (_body(name="minilm-l6"), 422, "built-in base model"),
+        (_body(name="tiny"), 422, "built-in base model"),
+        (_body(base_model="gpt-9"), 404, "unknown base_model 'gpt-9'"),
+        (_body(objective="mlm"), 422, "objective"),
+        (_body(texts=None), 422, "no corpus"),
+        (_body(labels=["a"]), 422, "got 1 labels for 6 texts"),
+        (_body(max_steps=0), 422, "max_steps"),
+        (_body(texts=[DOC * 10] * 6), 422, "longer than 500 characters"),
+        (_body(texts=[DOC] * 51), 422, "51 documents; the limit is 50"),
+        (_body(texts=["x" * 30_000]), 413, "limit"),
+        (_body(surprise=1), 422, "surprise"),
+    ],
+)
+def test_bad_requests_say_what_to_fix(client: TestClient, body: dict, status: int, match: str) -> None:
+    r = client.post("/adapt", json=body)
+    assert r.status_code == status, r.text
+    assert match in r.json()["error"]["message"]
+
+
+def test_name_of_a_model_not_made_by_adapt_is_refused(client: TestClient, tmp_path: Path) -> None:
+    folder = tmp_path / "registry" / "exported" / "1"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"name": "exported", "method": {"name": "distill"}}))
+    r = client.post("/adapt", json=_body(name="exported"))
+    assert r.status_code == 409 and "was not made by /adapt" in r.json()["error"]["message"]
+    (folder / "manifest.json").write_text(json.dumps({"name": "exported", "method": {"name": "adapt"}}))
+    assert client.post("/adapt", json=_body(name="exported")).status_code == 202  # a new version is fine
+
+
+def test_auth_is_required_when_an_admin_key_is_set(client: TestClient) -> None:
+    for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
+        for method, path in (("post", "/adapt"), ("get", "/adapt"), ("get", "/adapt/x"), ("post", "/adapt/x/cancel")):
+            r = client.request(method, path, headers=headers, json=_body())
+            assert r.status_code == 401, (method, path, headers)
+            assert r.json()["error"]["type"] == "authentication_error"
+    assert client.get("/adapt").status_code == 200
+
+
+def test_no_key_configured_means_open(tmp_path: Path) -> None:
+    app = FastAPI()
+    app.include_router(build_adapt_router(_config(tmp_path, admin_api_key=None)))
+    with TestClient(app) as c:
+        assert c.post("/adapt", json=_body()).status_code == 202
+
+
+def test_queue_bound_gives_429_with_retry_after(client: TestClient, tmp_path: Path) -> None:
+    assert client.post("/adapt", json=_body()).status_code == 202
+    assert client.post("/adapt", json=_body()).status_code == 202
+    r = client.post("/adapt", json=_body())
+    assert r.status_code == 429 and r.headers["retry-after"] == "60"
+    assert "queue is full" in r.json()["error"]["message"]
+    assert len(list((tmp_path / "adapt" / "jobs").iterdir())) == 2  # the refused corpus was not kept
+
+
+def test_multipart_jsonl_upload(client: TestClient) -> None:
+    lines = "\n".join(json.dumps({"text": DOC, "label": i % 2}) for i in range(5)).encode()
+    r = client.post(
+        "/adapt",
+        data={"base_model": "tiny", "name": "up", "max_steps": "7", "promote": "never"},
+        files={"file": ("corpus.jsonl", lines, "application/jsonl")},
+    )
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["corpus"]["documents"] == 5 and job["corpus"]["has_labels"]
+    assert job["hyperparameters"]["max_steps"] == 7 and job["base_model"] == "tiny"
+    r = client.post("/adapt", data={"base_model": "tiny", "name": "up"})
+    assert r.status_code == 422
+
+
+def test_cancel_list_and_404(client: TestClient) -> None:
+    ids = [client.post("/adapt", json=_body()).json()["id"] for _ in range(2)]
+    r = client.post(f"/adapt/{ids[0]}/cancel")
+    assert r.status_code == 200 and r.json()["state"] == "cancelled"
+    listing = client.get("/adapt", params={"limit": 1}).json()
+    assert listing["object"] == "list" and listing["has_more"] is True
+    assert [j["id"] for j in listing["data"]] == [ids[1]]
+    rest = client.get("/adapt", params={"limit": 5, "after": ids[1]}).json()
+    assert [j["id"] for j in rest["data"]] == [ids[0]] and rest["has_more"] is False
+    assert client.get("/adapt/adaptjob-nope").status_code == 404
+    assert client.post("/adapt/adaptjob-nope/cancel").status_code == 404
+    assert client.get("/adapt/adaptjob-nope/events").status_code == 404
+
+
+def test_events_stream_until_the_job_ends(client: TestClient, tmp_path: Path) -> None:
+    job_id = client.post("/adapt", json=_body()).json()["id"]
+    store = JobStore(tmp_path / "adapt" / "jobs.sqlite3")
+    assert store.claim_next("w", max_running=1).state == RUNNING
+    store.update_progress(job_id, {"stage": "training", "step": 1, "total": 2, "loss": 0.5})
+    store.update_result(job_id, {"model": {"name": "acme", "version": "1", "promoted": True}}, event_type="published")
+    store.finish(job_id, SUCCEEDED)
+    with client.stream("GET", f"/adapt/{job_id}/events") as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        text = "".join(r.iter_text())
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    names = [line.removeprefix("event: ") for b in blocks for line in b.splitlines() if line.startswith("event: ")]
+    assert names == ["state", "state", "progress", "published", "state", "done"]
+    done = json.loads(blocks[-1].splitlines()[-1].removeprefix("data: "))
+    assert done["state"] == "succeeded" and done["model"] == {"name": "acme", "version": "1", "promoted": True}
+    # Last-Event-ID resumes after the given event
+    third_id = int(blocks[2].splitlines()[0].removeprefix("id: "))
+    with client.stream("GET", f"/adapt/{job_id}/events", headers={"Last-Event-ID": str(third_id)}) as r:
+        resumed = "".join(r.iter_text())
+    assert resumed.count("event: ") == 3 and "event: progress" not in resumed
+
+
+def test_builtin_names_mirror_the_catalog() -> None:
+    from training.catalog import BUILTIN_MODELS
+
+    assert set(BUILTIN_MODEL_NAMES) == set(BUILTIN_MODELS)
+    assert all(registry.validate_name(n) for n in BUILTIN_MODEL_NAMES)
+
+
+def test_the_api_side_imports_neither_torch_nor_training() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, service.adapt.api_router, service.adapt.supervisor;"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'training', 'adapt'));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
