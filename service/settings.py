@@ -153,6 +153,74 @@ class ServiceSettings(BaseSettings):
         description="How long in-flight requests may take to finish on shutdown; new requests get 503 meanwhile.",
     )
 
+    # --- /adapt (domain-adaptation jobs; see docs/ADAPT.md) ---------------------------------------
+    adapt_enabled: bool = Field(default=True, description="Serve /adapt. Off: its routes answer 503, no worker runs.")
+    adapt_dir: Path | None = Field(
+        default=None,
+        description="Job store (jobs.sqlite3) and per-job scratch (uploads, training output). Default: "
+        "<registry_dir>/../adapt-jobs. Must be on the same volume as the workers when they run elsewhere.",
+    )
+    adapt_supervise_worker: bool = Field(
+        default=True,
+        description="Start and supervise `embedder adapt-worker` processes here (single machine). Off when workers "
+        "run as separate Jobs sharing adapt_dir and registry_dir.",
+    )
+    adapt_max_concurrent_jobs: int = Field(
+        default=1, ge=1, le=16, description="Jobs training at once. Each takes adapt_worker_threads cores from /embed."
+    )
+    adapt_max_pending_jobs: int = Field(
+        default=8, ge=1, description="Queued jobs beyond which POST /adapt answers 429 with Retry-After."
+    )
+    adapt_max_documents: int = Field(default=20_000, ge=1, description="Most documents in one corpus (422 above).")
+    adapt_max_document_chars: int = Field(
+        default=20_000, ge=100, description="Longest accepted document in characters (422 above)."
+    )
+    adapt_max_upload_bytes: int = Field(
+        default=50 * 1024 * 1024, ge=1024, description="Largest corpus body or upload in bytes (413 above)."
+    )
+    adapt_min_documents: int = Field(
+        default=64,
+        ge=2,
+        description="Fewest documents that yield two crops (422 below). Fewer leaves too little to train on "
+        "and too small a held-out set to trust the gate.",
+    )
+    adapt_keep_uploads: bool = Field(
+        default=False, description="Keep each job's corpus after it ends (default: deleted with the job's scratch)."
+    )
+    adapt_base_models: dict[str, str] = Field(
+        default_factory=dict,
+        description='Extra base models jobs may adapt, as JSON {"name": "/path/to/hf-folder"}; the built-in '
+        "catalog names are always allowed. Paths never come from clients.",
+    )
+    adapt_max_steps: int = Field(
+        default=60, ge=1, description="Default training steps of a job; most of the gain comes within ~100 batches."
+    )
+    adapt_time_budget_s: float = Field(
+        default=150.0, gt=0, description="Default training time budget of a job (whichever of steps/time ends first)."
+    )
+    adapt_train_last_layers: int = Field(
+        default=2,
+        ge=0,
+        description="Default number of top layers trained (0 = all). Fewer is faster and forgets less general "
+        "quality; all layers gain most in-domain.",
+    )
+    adapt_batch_size: int = Field(
+        default=32, ge=2, description="Default batch (in-batch negatives). Larger is a harder task but slower per step."
+    )
+    adapt_max_seq_length: int = Field(
+        default=64,
+        ge=16,
+        description="Token limit of training crops (two sentences fit). The published model keeps the base limit.",
+    )
+    adapt_gate_margin: float = Field(
+        default=2.0, ge=0.0, description="Points the general offline suite may drop and still promote an adapted model."
+    )
+    adapt_worker_threads: int = Field(
+        default=2,
+        ge=1,
+        description="torch threads of a worker. Both cores make a job fastest but raise /embed latency while it runs.",
+    )
+
     @field_validator("models", "api_keys", "admin_api_keys", mode="before")
     @classmethod
     def _lists_from_csv(cls, value: object) -> object:

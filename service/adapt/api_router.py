@@ -91,15 +91,17 @@ class AdaptAPI:
 
     # ------------------------------------------------------------------ checks
     def authorize(self, request: Request) -> None:
-        key = self.config.admin_api_key
-        if not key:
+        keys = self.config.admin_api_keys
+        if not keys:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip().encode()
+        # compare against every key (constant time each) so timing does not reveal which one matched
+        matched = [hmac.compare_digest(given, key.encode()) for key in keys]
+        if scheme.lower() != "bearer" or not any(matched):
             raise AdaptHTTPError(
                 401,
-                "/adapt needs the admin API key: send 'Authorization: Bearer <admin key>'",
+                "/adapt needs an admin API key: send 'Authorization: Bearer <admin key>'",
                 type_="authentication_error",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},

@@ -29,7 +29,7 @@ class AdaptConfig:
     limits: CorpusLimits = field(default_factory=CorpusLimits)
     keep_uploads: bool = False
     base_models: dict[str, str] = field(default_factory=dict)  # extra name → HF folder allowed as base_model
-    admin_api_key: str | None = None
+    admin_api_keys: tuple[str, ...] = ()  # empty = /adapt is open (no keys configured at all)
     # Job defaults (a request may override each): the speed-by-design recipe, see docs/ADAPT.md.
     default_max_steps: int = 60
     default_time_budget_s: float = 150.0
@@ -55,7 +55,7 @@ class AdaptConfig:
     def from_settings(cls, settings: Any) -> AdaptConfig:
         """Read the ``adapt_*`` fields of the service's settings."""
         registry_dir = Path(settings.registry_dir)
-        data_dir = settings.adapt_dir or registry_dir.parent / "adapt-jobs"
+        data_dir = settings.adapt_dir or registry_dir.absolute().parent / "adapt-jobs"
         return cls(
             registry_dir=registry_dir,
             data_dir=Path(data_dir),
@@ -71,7 +71,7 @@ class AdaptConfig:
             ),
             keep_uploads=settings.adapt_keep_uploads,
             base_models=dict(settings.adapt_base_models),
-            admin_api_key=settings.admin_api_key,
+            admin_api_keys=tuple(settings.admin_key_values()),
             default_max_steps=settings.adapt_max_steps,
             default_time_budget_s=settings.adapt_time_budget_s,
             default_train_last_layers=settings.adapt_train_last_layers,
@@ -79,5 +79,5 @@ class AdaptConfig:
             max_seq_length=settings.adapt_max_seq_length,
             gate_margin=settings.adapt_gate_margin,
             worker_threads=settings.adapt_worker_threads,
-            cache_dir=getattr(settings, "cache_dir", None),
+            cache_dir=settings.cache_dir,
         )

@@ -28,7 +28,7 @@ def _config(tmp_path: Path, **overrides) -> AdaptConfig:
         "max_pending_jobs": 2,
         "limits": CorpusLimits(min_documents=4, max_documents=50, max_document_chars=500, max_upload_bytes=20_000),
         "base_models": {"tiny": "/models/tiny"},
-        "admin_api_key": KEY,
+        "admin_api_keys": ("other-key", KEY),
     }
     values.update(overrides)
     return AdaptConfig(**values)
@@ -119,7 +119,7 @@ def test_auth_is_required_when_an_admin_key_is_set(client: TestClient) -> None:
 
 def test_no_key_configured_means_open(tmp_path: Path) -> None:
     app = FastAPI()
-    app.include_router(build_adapt_router(_config(tmp_path, admin_api_key=None)))
+    app.include_router(build_adapt_router(_config(tmp_path, admin_api_keys=())))
     with TestClient(app) as c:
         assert c.post("/adapt", json=_body()).status_code == 202
 
@@ -202,3 +202,16 @@ def test_the_api_side_imports_neither_torch_nor_training() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_config_comes_from_the_service_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import ServiceSettings
+
+    monkeypatch.setenv("EMBED_ADAPT_BASE_MODELS", json.dumps({"tiny": "/models/tiny"}))
+    monkeypatch.setenv("EMBED_API_KEYS", "client-key")
+    settings = ServiceSettings(registry_dir=tmp_path / "reg", adapt_min_documents=5, adapt_max_steps=9)
+    config = AdaptConfig.from_settings(settings)
+    assert config.base_models == {"tiny": "/models/tiny"}
+    assert config.admin_api_keys == ("client-key",)  # no admin keys: the client keys guard /adapt
+    assert config.limits.min_documents == 5 and config.default_max_steps == 9
+    assert config.data_dir == tmp_path / "adapt-jobs" and config.db_path.name == "jobs.sqlite3"

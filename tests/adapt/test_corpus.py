@@ -31,7 +31,7 @@ def test_too_few_usable_documents_says_how_many_and_what_is_needed() -> None:
 def test_limits_on_count_length_and_labels() -> None:
     with pytest.raises(CorpusError, match="3 documents; the limit is 2"):
         check_corpus([TWO_SENTENCES] * 3, None, CorpusLimits(max_documents=2, min_documents=1))
-    with pytest.raises(CorpusError, match="1 documents are longer than 20 characters .first: index 1"):
+    with pytest.raises(CorpusError, match=r"1 documents are longer than 20 characters \(first: index 1"):
         check_corpus(["short. ok.", TWO_SENTENCES], None, CorpusLimits(max_document_chars=20, min_documents=1))
     with pytest.raises(CorpusError, match="got 1 labels for 2 texts"):
         check_corpus([TWO_SENTENCES] * 2, ["a"], CorpusLimits(min_documents=1))
