@@ -2,7 +2,7 @@
 
 Pure, seeded functions (every random choice goes through the ``random.Random`` the caller passes).
 
-* **Crops** — cropping paper ``papers/000`` §2 ("cropping augmentation") and appendix "Cropping
+* **Crops** — cropping paper ``papers/000`` §3.1 ("cropping augmentation") and appendix "Cropping
   augmentation": split a document into sentences on periods, discard sentences under 100 or over
   250 characters, take every chunk of *t* consecutive sentences (t = 2), and sample two chunks of the
   same document as anchor and positive; they may overlap but never coincide. Documents with fewer
@@ -62,7 +62,7 @@ def split_sentences(text: str) -> list[str]:
 
 
 def crop_chunks(text: str, t: int = 2, min_chars: int = PAPER_MIN_CHARS, max_chars: int = PAPER_MAX_CHARS) -> list[str]:
-    """All distinct chunks of ``t`` consecutive kept sentences (paper 000 §2; kept = length in
+    """All distinct chunks of ``t`` consecutive kept sentences (paper 000 §3.1; kept = length in
     ``[min_chars, max_chars]``), in document order. Identical chunks (repeated sentences) count once,
     so two chunks sampled from this list never coincide."""
     _check_crop_args(t, min_chars, max_chars)
@@ -95,7 +95,7 @@ def sample_crop_pair(
     max_chars: int = PAPER_MAX_CHARS,
 ) -> tuple[str, str] | None:
     """(anchor, positive): two different chunks of ``text`` drawn uniformly without replacement
-    (paper 000 §2: they may overlap, never coincide), or ``None`` when ``text`` has fewer than two."""
+    (paper 000 §3.1: they may overlap, never coincide), or ``None`` when ``text`` has fewer than two."""
     return _pick_two(crop_chunks(text, t, min_chars, max_chars), rng)
 
 
@@ -103,7 +103,7 @@ def sample_crop_pair(
 class CropRule:
     """How one document is cut into candidate crops.
 
-    ``sentences``/``min_chars``/``max_chars`` are the paper's rule (000 §2) when left at their defaults.
+    ``sentences``/``min_chars``/``max_chars`` are the paper's rule (000 §3.1) when left at their defaults.
     ``fallback`` applies to a document that yields fewer than two sentence chunks:
 
     * ``"halves"`` — its sentences (any length, ended by ``. ! ? ;``) split into a first and a second

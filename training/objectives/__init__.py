@@ -1,0 +1,15 @@
+"""The registry of objective names the trainer and recipes use (one objective per module here)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from training.objectives.infonce import InfoNCE
+from training.objectives.rank_reduction import RankReduction
+
+# "simcse" is InfoNCE on dropout views (papers/002 §2.1.1): the same loss, different views.
+OBJECTIVES: dict[str, type[nn.Module]] = {
+    "infonce": InfoNCE,
+    "simcse": InfoNCE,
+    "rank_reduction": RankReduction,
+}
