@@ -1,4 +1,4 @@
-"""Crop sampling rules (paper 000 §2), the adaptive crop rule (issue 7), token augmentations."""
+"""Crop sampling rules (paper 000 §3.1), the adaptive crop rule (issue 7), token augmentations."""
 
 from __future__ import annotations
 
