@@ -67,7 +67,8 @@ class TrainConfig:
     objective_params: Mapping[str, Any] = field(default_factory=dict)
     view_params: Mapping[str, Any] = field(default_factory=dict)
     rank_reduction: float = 0.0  # γ of the rank-reduction regulariser (paper 002); 0 disables it
-    crop_sentences: int | None = 2  # t consecutive sentences per crop; None: chosen from the corpus
+    crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
+    crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (training.views.choose_crop_rule)
 
     # --- data ---------------------------------------------------------------------------------
     corpus: str | tuple[str, ...] = "aclsum"  # built-in corpus name, a file/folder path, or the texts
@@ -109,6 +110,8 @@ class TrainConfig:
             problems.append(f"student must be one of {STUDENT_NAMES} or omitted, got {self.student!r}")
         if isinstance(self.truncate, str) and self.truncate != "probe":
             problems.append(f"truncate must be a layer count or 'probe', got {self.truncate!r}")
+        if self.crop_rule not in ("paper", "auto"):
+            problems.append(f"crop_rule must be 'paper' or 'auto', got {self.crop_rule!r}")
         if self.batch_size < 2:
             problems.append(f"batch_size must be at least 2 (in-batch negatives), got {self.batch_size}")
         if self.lr <= 0:
