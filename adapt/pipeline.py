@@ -70,7 +70,9 @@ class WorkerOptions:
     min_held_out: int = 8
     max_held_out: int = 200
     train_max_seq_length: int = 64
-    score_cache: Path | None = None  # JSON file: base model general-suite scores (they never change)
+    # The gate's "general" side: offline tasks unrelated to the customer's corpus (evaluation.tasks).
+    general_tasks: tuple[str, ...] = ("LeeDocSTS", "CropPairRetrieval-LeeBackground", "ACLSumRetrieval")
+    general_fast: bool = False  # a few documents per task: for tests only (scores not comparable)
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,53 @@ def _evaluate(
     texts: list[str],
     labels: list[str] | None,
 ) -> dict[str, Any]:
-    raise JobFailed("evaluation", "evaluation is not wired yet")
+    """Score base (torch, the checkpoint it came from) and adapted (the ONNX bundle that will be served).
+
+    In-domain: `CropPairRetrieval` over the held-out documents (the same crops for both models).
+    General: the configured offline tasks (their mean, in points); the base model's results are
+    cached by its content hash, so only the first job per base model pays for them. kNN (labels
+    given): accuracy of k = 10 cosine neighbours on every labelled document (the cropping paper's
+    protocol, 000 §3.3.1: training never sees labels), averaged over five seeded 9:1 splits.
+    """
+    from evaluation.models import load_model
+    from evaluation.suite import run_suite
+    from evaluation.tasks import CropPairRetrieval
+
+    seed = job.params["hyperparameters"]["seed"]
+    models = {"base": load_model(str(base_path)), "adapted": load_model(str(bundle))}
+    in_domain_task = CropPairRetrieval.from_corpus(split.held_out, seed=seed, name="CropPairRetrieval-heldout")
+    out: dict[str, Any] = {"in_domain": {}, "in_domain_task": "CropPairRetrieval (held-out documents, nDCG@10)"}
+    general_scores: dict[str, dict[str, float]] = {}
+    for which, model in models.items():
+        ctx.check()
+        ctx.stage("evaluating", evaluating=f"{which} in-domain")
+        report = run_suite(model, [in_domain_task], progress=False)
+        out["in_domain"][which] = round(report["scores"][in_domain_task.metadata.name], 3)
+        if options.general_tasks:
+            ctx.check()
+            ctx.stage("evaluating", evaluating=f"{which} general suite")
+            report = run_suite(model, list(options.general_tasks), fast=options.general_fast, progress=False)
+            if report["skipped"]:
+                raise JobFailed("evaluation", f"general tasks could not run here: {report['skipped']}")
+            general_scores[which] = {k: round(v, 3) for k, v in report["scores"].items()}
+    out["crops"] = dict(in_domain_task.crop_stats)
+    if general_scores:
+        out["general_tasks"] = general_scores
+        out["general"] = {w: round(sum(s.values()) / len(s), 3) for w, s in general_scores.items()}
+    if labels is not None:
+        ctx.check()
+        ctx.stage("evaluating", evaluating="kNN accuracy")
+        out["knn"] = {which: round(_knn_points(model, texts, labels), 3) for which, model in models.items()}
+    return out
+
+
+def _knn_points(model: Any, texts: list[str], labels: list[str]) -> float:
+    from evaluation.diagnostics import knn_accuracy
+
+    n_train = round(0.9 * len(texts))
+    k = max(1, min(10, n_train - 1))
+    emb = model.encode(texts)
+    return 100.0 * sum(knn_accuracy(emb, labels, k=k, seed=s) for s in range(5)) / 5
 
 
 def _publish(

@@ -160,6 +160,12 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--base-model", action="append", default=[], metavar="NAME=PATH", help="extra base model (repeatable)"
     )
+    p.add_argument(
+        "--general-tasks",
+        default=",".join(WorkerOptions.general_tasks),
+        help="comma-separated offline tasks of the gate's general side ('' skips that side)",
+    )
+    p.add_argument("--fast-general", action="store_true", help="a few documents per general task (tests only)")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     p.add_argument("--once", action="store_true", help="run at most one job, then exit (Kubernetes Job mode)")
     return p.parse_args(argv)
@@ -183,6 +189,8 @@ def main(argv: list[str]) -> int:
         gate_margin=args.gate_margin,
         keep_uploads=args.keep_uploads,
         base_models=base_models,
+        general_tasks=tuple(t for t in args.general_tasks.split(",") if t),
+        general_fast=args.fast_general,
     )
     store = JobStore(args.db)
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -42,6 +42,8 @@ class AdaptConfig:
     worker_poll_s: float = 0.5
     events_poll_s: float = 0.25
     cache_dir: Path | None = None
+    general_tasks: tuple[str, ...] | None = None  # None: the worker's default general suite
+    general_fast: bool = False  # tests only: a few documents per general task
 
     @property
     def db_path(self) -> Path:

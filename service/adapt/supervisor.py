@@ -65,6 +65,10 @@ class WorkerSupervisor:
             "--poll-s", str(c.worker_poll_s),
             "--parent-pid", str(os.getpid()),
         ]  # fmt: skip
+        if c.general_tasks is not None:
+            cmd += ["--general-tasks", ",".join(c.general_tasks)]
+        if c.general_fast:
+            cmd.append("--fast-general")
         if c.keep_uploads:
             cmd.append("--keep-uploads")
         for name, path in sorted(c.base_models.items()):
