@@ -86,7 +86,9 @@ class AdaptAPI:
 
     def jobs(self) -> JobStore:
         if self.store is None:
-            raise AdaptHTTPError(503, "the adapt job store is not open yet", type_="unavailable", code="not_ready")
+            raise AdaptHTTPError(
+                503, "the adapt job store is not open yet", type_="unavailable_error", code="not_ready"
+            )
         return self.store
 
     # ------------------------------------------------------------------ checks
@@ -254,7 +256,9 @@ def build_adapt_router(config: AdaptConfig) -> APIRouter:
         try:
             api.authorize(request)
             if not config.enabled:
-                raise AdaptHTTPError(503, "/adapt is disabled on this server", type_="unavailable", code="disabled")
+                raise AdaptHTTPError(
+                    503, "/adapt is disabled on this server", type_="unavailable_error", code="disabled"
+                )
             store = api.jobs()
             try:
                 req, texts, labels = await _parse_request(request, config.limits.max_upload_bytes)
@@ -342,7 +346,7 @@ def _queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[st
     except QueueFullError as err:
         shutil.rmtree(folder, ignore_errors=True)
         raise AdaptHTTPError(
-            429, str(err), type_="rate_limit_error", code="queue_full", headers={"Retry-After": "60"}
+            429, str(err), type_="overloaded_error", code="queue_full", headers={"Retry-After": "60"}
         ) from err
 
 
