@@ -23,10 +23,8 @@ promoted (made servable) only when the gate passes and the job says ``promote=au
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,22 +196,7 @@ def run_job(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
     trained = _train(job, ctx, options, base_path, split.train, crop, work)
     ctx.check()
 
-    ctx.stage("exporting")
-    staging = work / "bundle"
-    _export(job, base_path, trained, staging, crop)
-    ctx.check()
-
-    ctx.set_state(EVALUATING)
-    ctx.stage("evaluating")
-    evaluation = _evaluate(job, ctx, options, base_path, staging, split, texts, labels)
-    gate = gate_decision(
-        evaluation["in_domain"], evaluation.get("general"), evaluation.get("knn"), margin=hp["gate_margin"]
-    )
-    ctx.result({"evaluation": evaluation, "gate": gate}, event="evaluation")
-    ctx.check()
-
-    ctx.stage("publishing")
-    version, promoted = _publish(job, options, staging, gate, evaluation)
+    version, promoted = _export_and_publish(job, ctx, options, base_path, trained, split, texts, labels, crop)
     ctx.result({"model": {"name": params["name"], "version": version, "promoted": promoted}}, event="published")
     ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))
 
@@ -307,8 +290,71 @@ def _train(
     return result.best_dir
 
 
-def _export(job: Job, base_path: Path, trained: Path, staging: Path, crop: dict[str, Any]) -> None:
-    raise JobFailed("export", "export is not wired yet")
+def _export_and_publish(
+    job: Job,
+    ctx: JobContext,
+    options: WorkerOptions,
+    base_path: Path,
+    trained: Path,
+    split: Split,
+    texts: list[str],
+    labels: list[str] | None,
+    crop: dict[str, Any],
+) -> tuple[str, bool]:
+    """Export the trained model; evaluate the finished bundle before it is published; promote if it passed.
+
+    Evaluation runs as export's ``validate`` hook, on the complete bundle in export's staging folder:
+    a cancel or failure there publishes nothing, and the published manifest's ``validation`` holds
+    the evaluation and the gate.
+    """
+    from export import registry
+    from export.api import export_bundle
+    from training.encoder import Encoder, read_sentence_transformers_config
+
+    params, hp = job.params, job.params["hyperparameters"]
+    ctx.stage("exporting")
+    # Training capped crops at a short length for speed; the served model keeps the base model's limit.
+    base_length = read_sentence_transformers_config(base_path).get("max_seq_length")
+    if base_length is None:
+        base_length = Encoder.from_pretrained(base_path).max_seq_length
+    encoder = Encoder.from_pretrained(trained, max_seq_length=int(base_length))
+    encoder.source = params["base_model"]  # the manifest's base_model/source name what was adapted
+    verdict: dict[str, Any] = {}
+
+    def validate(bundle: Path) -> dict[str, Any]:
+        ctx.check()
+        ctx.set_state(EVALUATING)
+        try:
+            evaluation = _evaluate(job, ctx, options, base_path, bundle, split, texts, labels)
+        except (JobCancelled, JobFailed):
+            raise
+        except Exception as err:
+            log.exception("%s: evaluation failed", job.id)
+            raise JobFailed("evaluation", f"evaluation failed: {type(err).__name__}: {err}") from err
+        gate = gate_decision(
+            evaluation["in_domain"], evaluation.get("general"), evaluation.get("knn"), margin=hp["gate_margin"]
+        )
+        ctx.result({"evaluation": evaluation, "gate": gate}, event="evaluation")
+        ctx.check()
+        ctx.stage("publishing")
+        verdict["gate"] = gate
+        return {"job": job.id, "evaluation": evaluation, "gate": gate}
+
+    method = {
+        "name": ADAPT_METHOD,
+        "hyperparameters": {**hp, "base_model": params["base_model"], "crop_rule": crop["rule"], "job": job.id},
+    }
+    try:
+        bundle = export_bundle(encoder, options.registry_dir, params["name"], method=method, validate=validate)
+    except (JobCancelled, JobFailed):
+        raise
+    except Exception as err:
+        log.exception("%s: export failed", job.id)
+        raise JobFailed("export", f"export failed: {type(err).__name__}: {err}") from err
+    promoted = bool(verdict["gate"]["passed"]) and params["promote"] == "auto"
+    if promoted:
+        registry.promote(options.registry_dir, params["name"], bundle.name)
+    return bundle.name, promoted
 
 
 def _evaluate(
@@ -368,25 +414,3 @@ def _knn_points(model: Any, texts: list[str], labels: list[str]) -> float:
     k = max(1, min(10, n_train - 1))
     emb = model.encode(texts)
     return 100.0 * sum(knn_accuracy(emb, labels, k=k, seed=s) for s in range(5)) / 5
-
-
-def _publish(
-    job: Job, options: WorkerOptions, staging: Path, gate: dict[str, Any], evaluation: dict[str, Any]
-) -> tuple[str, bool]:
-    from export import registry
-
-    name = job.params["name"]
-    manifest_path = staging / registry.MANIFEST
-    manifest = json.loads(manifest_path.read_text())
-    manifest["validation"] = {"gate": gate, "evaluation": evaluation, "job": job.id, "at": time.time()}
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    version = registry.reserve_version(options.registry_dir, name)
-    try:
-        registry.publish(staging, options.registry_dir, name, version)
-    except BaseException:
-        registry.release(options.registry_dir, name, version)
-        raise
-    promoted = gate["passed"] and job.params["promote"] == "auto"
-    if promoted:
-        registry.promote(options.registry_dir, name, version)
-    return version, promoted
