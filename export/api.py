@@ -1,0 +1,228 @@
+"""Checkpoint → published ONNX bundle: `export_bundle` and `ensure_default_bundle`.
+
+Steps (each a stage of the progress bar): load and truncate the encoder (TMFT, paper 003 §3: keep
+the embedding layer and the first *l* layers and pool there), trace it with pooling and L2
+normalisation inside the graph, optimise the graph for CPU, optionally quantise to int8, check
+parity against torch on the probe set, run the caller's validation, then reserve a version and
+rename the finished folder into ``<registry>/<name>/<version>``. Everything up to the rename
+happens in a private temporary folder, so a failed export leaves the registry untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from export import graph
+from export import registry as reg
+from export.parity import check_parity
+from export.probes import probe_texts
+from training.catalog import BUILTIN_MODELS, resolve_model, sha256_file
+from training.encoder import Encoder
+from training.pooling import check_pooling
+
+log = logging.getLogger(__name__)
+
+QUANTIZATIONS = ("none", "int8")
+ONNX_FILES = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
+DEFAULT_MODEL = "minilm-l6"
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple[Encoder, dict[str, str]]:
+    """A private float32 CPU copy of the encoder, and where it came from (name + sha256)."""
+    if isinstance(model, Encoder):
+        encoder = model.clone()
+        source = {"model": encoder.source or "in-memory Encoder", "sha256": _state_dict_sha256(encoder)}
+        if pooling is not None:
+            encoder.pooling = check_pooling(pooling)
+    else:
+        folder = resolve_model(model)
+        encoder = Encoder.from_pretrained(folder, pooling=pooling)
+        weights = next((folder / f for f in _WEIGHT_FILES if (folder / f).is_file()), None)
+        digest = sha256_file(weights) if weights is not None else _state_dict_sha256(encoder)
+        source = {"model": os.fspath(model), "sha256": digest}
+    encoder.normalize = True  # bundles always serve unit vectors: the normalisation is in the graph
+    return encoder.float().cpu().eval(), source
+
+
+def _state_dict_sha256(encoder: Encoder) -> str:
+    """A digest of an in-memory encoder's weights (it may differ from the folder it was loaded from)."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(encoder.backbone.state_dict().items()):
+        digest.update(key.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _base_model(model: str | os.PathLike[str] | Encoder, encoder: Encoder) -> str:
+    if isinstance(model, str) and model in BUILTIN_MODELS:
+        return model
+    return Path(encoder.source).name if encoder.source else "in-memory Encoder"
+
+
+def _hash_files(folder: Path) -> dict[str, str]:
+    return {
+        path.relative_to(folder).as_posix(): sha256_file(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != reg.MANIFEST
+    }
+
+
+def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    (folder / reg.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+
+
+def export_bundle(
+    model: str | Path | Encoder,
+    registry: Path,
+    name: str,
+    *,
+    layers: int | None = None,
+    quantize: str = "none",
+    promote: bool = False,
+    parent: str | None = None,
+    method: dict | None = None,
+    validate: Callable[[Path], dict] | None = None,
+    pooling: str | None = None,
+) -> Path:
+    """Export ``model`` to a new version of bundle ``name`` in the registry; return its folder.
+
+    Args:
+        model: a built-in model name, a Hugging Face / training checkpoint folder, or an `Encoder`
+            (copied, never modified).
+        registry: the registry root (``<registry>/<name>/<version>``).
+        name: bundle name (a lower-case slug, see `export.reg.validate_name`).
+        layers: keep the embedding layer and the first ``layers`` transformer layers (default: all).
+        quantize: ``none`` (serve fp32) or ``int8`` (also write ``model_int8.onnx`` and serve it).
+        promote: point ``<name>/current`` at the new version once published.
+        parent: the bundle this one derives from, e.g. ``"minilm-l6@3"``.
+        method: how the weights were made: ``{"name": ..., "hyperparameters": {...}}``.
+        validate: called with the finished (unpublished) bundle folder; may write report files
+            into it; its returned dict becomes ``manifest["validation"]``. If it raises, nothing
+            is published and the exception propagates.
+        pooling: override the checkpoint's pooling (``mean``, ``cls``, ``last``).
+
+    Raises:
+        ParityError: ONNX disagrees with torch on the probe set; lists every failed check.
+        ValueError: bad ``layers``, ``quantize`` or ``pooling``; RegistryError: bad ``name``.
+    """
+    reg.validate_name(name)
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
+    registry_dir = Path(registry)
+    stages = ["load", "trace", "optimise"] + (["quantise"] if quantize == "int8" else []) + ["parity", "publish"]
+    progress = tqdm(total=len(stages), desc=f"export {name}", unit="stage", leave=False)
+
+    def stage(label: str) -> None:
+        progress.set_postfix_str(label)
+        log.info("export %s: %s", name, label)
+
+    staging = Path(tempfile.mkdtemp(prefix=f"embedder-export-{name}-"))
+    try:
+        stage("load")
+        encoder, source = _load(model, pooling)
+        source_layers = encoder.num_layers
+        if layers is not None and layers != source_layers:
+            encoder.truncate(layers)
+        progress.update()
+
+        stage("trace")
+        encoder.tokenizer.save_pretrained(staging)
+        traced = staging / "traced.onnx"
+        with torch.no_grad():
+            graph.export_onnx(encoder, traced)
+        progress.update()
+
+        stage("optimise")
+        graph.optimize_graph(traced, staging / ONNX_FILES["fp32"], encoder)
+        traced.unlink()
+        progress.update()
+        variants = ["fp32"]
+        if quantize == "int8":
+            stage("quantise")
+            graph.quantize_int8(staging / ONNX_FILES["fp32"], staging / ONNX_FILES["int8"])
+            variants.append("int8")
+            progress.update()
+
+        manifest: dict[str, Any] = {
+            "name": name,
+            "version": None,  # allocated at publish time, so a failed export never takes a number
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "source": source,
+            "base_model": _base_model(model, encoder),
+            "parent": parent,
+            "method": method or {"name": "pretrained", "hyperparameters": {}},
+            "layers": encoder.num_layers,
+            "source_layers": source_layers,
+            "dim": encoder.dim,
+            "pooling": encoder.pooling,
+            "normalized": True,
+            "max_seq_length": encoder.max_seq_length,
+            "pad_token_id": int(encoder.tokenizer.pad_token_id or 0),
+            "inputs": graph.input_names(encoder),
+            "output": "sentence_embedding",
+            "opset": graph.DEFAULT_OPSET,
+            "graph_optimizer": graph.DEFAULT_OPTIMIZER,
+            "quantization": quantize,
+            "onnx": {variant: ONNX_FILES[variant] for variant in variants},
+            "serve_variant": variants[-1],
+            "files": {},
+            "parity": None,
+            "validation": None,
+        }
+        _write_manifest(staging, manifest)
+
+        stage("parity")
+        manifest["parity"] = check_parity(encoder, staging, probe_texts(), variants)
+        progress.update()
+        if validate is not None:
+            stage("validate")
+            manifest["validation"] = validate(staging)
+
+        stage("publish")
+        path = _publish(staging, registry_dir, name, manifest)
+        progress.update()
+    finally:
+        progress.close()
+        shutil.rmtree(staging, ignore_errors=True)
+    if promote:
+        reg.promote(registry_dir, name, path.name)
+    log.info("exported %s", path)
+    return path
+
+
+def _publish(staging: Path, registry_dir: Path, name: str, manifest: dict[str, Any]) -> Path:
+    """Reserve a version, move the finished folder next to its target, rename it into place."""
+    version = reg.reserve_version(registry_dir, name)
+    target_staging = registry_dir / name / f".staging-{version}"
+    try:
+        manifest["version"] = version
+        manifest["files"] = _hash_files(staging)
+        _write_manifest(staging, manifest)
+        # The temporary folder may be on another filesystem; copy next to the target, then rename.
+        shutil.copytree(staging, target_staging)
+        return reg.publish(target_staging, registry_dir, name, version)
+    except BaseException:
+        shutil.rmtree(target_staging, ignore_errors=True)
+        reg.release(registry_dir, name, version)
+        raise
+
+
+def ensure_default_bundle(registry: Path) -> Path:
+    """Export and promote ``minilm-l6`` unless the registry already serves a ``minilm-l6``; return its folder."""
+    registry_dir = Path(registry)
+    if reg.current_version(registry_dir, DEFAULT_MODEL) is None:
+        export_bundle(DEFAULT_MODEL, registry_dir, DEFAULT_MODEL, promote=True)
+    return reg.current_bundle(registry_dir, DEFAULT_MODEL)

@@ -1,0 +1,126 @@
+"""Parity of an exported bundle against the torch encoder it came from.
+
+Like optimum's exporter validation, every check runs and every failure is collected; one
+`ParityError` then lists them all, so a broken export is diagnosed in one go.
+
+Bars (issue 3): fp32 min cosine ≥ 0.9999; int8 mean cosine ≥ 0.99 and min ≥ 0.97; every output
+finite and unit-norm (normalisation is in the graph); and the bundle's ``tokenizers`` tokenizer
+gives the same ids as the torch side's tokenizer, so serving sees what parity measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.runtime import OnnxBundle
+from training.encoder import Encoder
+
+
+@dataclass(frozen=True)
+class ParityBars:
+    fp32_min_cosine: float = 0.9999
+    int8_mean_cosine: float = 0.99
+    int8_min_cosine: float = 0.97
+    norm_tolerance: float = 1e-3
+
+
+class ParityError(ValueError):
+    """An export whose ONNX output disagrees with torch; ``failures`` lists every failed check."""
+
+    def __init__(self, failures: Sequence[str], figures: dict[str, Any]) -> None:
+        self.failures = list(failures)
+        self.figures = figures
+        lines = "\n".join(f"  - {f}" for f in self.failures)
+        super().__init__(
+            f"export parity failed ({len(self.failures)} check(s)); nothing was published:\n{lines}\n"
+            "Check the source model loads and runs in torch, and that its architecture traces to ONNX "
+            "(see docs/BENCHMARKS.md, Export)."
+        )
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two ``(N, D)`` arrays, in float64."""
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    denom = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return (a * b).sum(axis=1) / np.maximum(denom, 1e-12)
+
+
+def _tokenizer_mismatches(encoder: Encoder, bundle: OnnxBundle, texts: Sequence[str]) -> list[int]:
+    torch_ids = encoder.tokenizer(list(texts), truncation=True, max_length=encoder.max_seq_length)["input_ids"]
+    return [i for i, (enc, ids) in enumerate(zip(bundle.tokenize(texts), torch_ids, strict=True)) if enc.ids != ids]
+
+
+def check_parity(
+    encoder: Encoder,
+    bundle_dir: Path,
+    texts: Sequence[str],
+    variants: Sequence[str],
+    *,
+    bars: ParityBars = ParityBars(),
+    batch_size: int = 16,
+) -> dict[str, Any]:
+    """Compare each ONNX ``variant`` of the bundle with ``encoder`` on ``texts``.
+
+    Returns the figures (per variant: min/mean cosine, max abs difference, max norm error, plus
+    the probe count and the bars). Raises `ParityError` listing every failed check.
+    """
+    reference = encoder.encode(list(texts), batch_size=batch_size)  # (N, dim)
+    figures: dict[str, Any] = {"probes": len(texts), "bars": dict(vars(bars))}
+    failures: list[str] = []
+    for variant in variants:
+        bundle = OnnxBundle(bundle_dir, variant=variant, intra_op_threads=2)
+        if variant == variants[0]:
+            mismatched = _tokenizer_mismatches(encoder, bundle, texts)
+            figures["tokenizer_mismatches"] = len(mismatched)
+            if mismatched:
+                failures.append(
+                    f"tokenizer: the bundle's tokenizer.json gives different ids than the model's tokenizer "
+                    f"on {len(mismatched)} probe(s), e.g. {texts[mismatched[0]][:60]!r}"
+                )
+        try:
+            out = bundle.encode(list(texts), batch_size=batch_size)
+        except Exception as err:  # an unrunnable graph is one more failure to list, not a crash
+            failures.append(f"{variant}: onnxruntime failed to run the graph: {type(err).__name__}: {err}")
+            continue
+        if out.shape != reference.shape:
+            failures.append(f"{variant}: output shape {out.shape} != torch {reference.shape}")
+            continue
+        finite = bool(np.isfinite(out).all())
+        cos = cosines(out, reference) if finite else np.full(len(texts), np.nan)
+        norm_error = float(np.abs(np.linalg.norm(out, axis=1) - 1.0).max()) if finite else float("nan")
+        stats = {
+            "min_cosine": float(np.min(cos)),
+            "mean_cosine": float(np.mean(cos)),
+            "max_abs_diff": float(np.abs(out - reference).max()),
+            "max_norm_error": norm_error,
+            "worst_probe": int(np.nanargmin(cos)) if finite else None,
+        }
+        figures[variant] = stats
+        if not finite:
+            failures.append(f"{variant}: output has NaN or infinite values")
+            continue
+        if norm_error > bars.norm_tolerance:
+            failures.append(f"{variant}: outputs are not unit-norm (max |norm - 1| = {norm_error:.2e})")
+        worst = repr(texts[stats["worst_probe"]][:60])
+        if variant == "int8":
+            if stats["mean_cosine"] < bars.int8_mean_cosine:
+                failures.append(
+                    f"int8: mean cosine to torch {stats['mean_cosine']:.5f} < {bars.int8_mean_cosine}"
+                )
+            if stats["min_cosine"] < bars.int8_min_cosine:
+                failures.append(
+                    f"int8: min cosine to torch {stats['min_cosine']:.5f} < {bars.int8_min_cosine} (probe {worst})"
+                )
+        elif stats["min_cosine"] < bars.fp32_min_cosine:
+            failures.append(
+                f"{variant}: min cosine to torch {stats['min_cosine']:.6f} < {bars.fp32_min_cosine} (probe {worst})"
+            )
+    if failures:
+        raise ParityError(failures, figures)
+    return figures
