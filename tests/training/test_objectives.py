@@ -12,6 +12,7 @@ from training import metrics
 from training.objectives import OBJECTIVES
 from training.objectives.infonce import InfoNCE
 from training.objectives.rank_reduction import RankReduction
+from training.objectives.sct import SCT
 
 
 def seeded(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -122,3 +123,94 @@ def test_rank_reduction_gradient_lowers_rank() -> None:
 def test_registry_names() -> None:
     assert OBJECTIVES["infonce"] is InfoNCE and OBJECTIVES["simcse"] is InfoNCE
     assert OBJECTIVES["rank_reduction"] is RankReduction
+
+
+# --- SCT (paper 001 Eqs. 1-4) ----------------------------------------------------------------------
+
+
+def test_sct_kl_is_zero_when_online_equals_reference() -> None:
+    x = F.normalize(seeded(4, 8, seed=6), dim=-1)
+    sct = SCT(student_dim=8, queue_size=16, tau_online=0.05, tau_ref=0.05, projector_layers=0)
+    loss, stats = sct(x, x, reference1=x, reference2=x)
+    assert loss.item() == pytest.approx(0.0, abs=1e-6) and stats["accuracy"] == 1.0
+    # a different temperature on the reference side makes the distributions differ
+    sharper = SCT(student_dim=8, queue_size=16, tau_online=0.05, tau_ref=0.03, projector_layers=0)
+    assert sharper(x, x, reference1=x, reference2=x)[0].item() > 1e-3
+
+
+def test_sct_matches_equations_written_out() -> None:
+    torch.manual_seed(0)
+    b, d, k, t_on, t_ref = 3, 5, 7, 0.1, 0.07
+    sct = SCT(student_dim=d, queue_size=k, tau_online=t_on, tau_ref=t_ref, projector_layers=0)
+    v1, v2, r1, r2 = (F.normalize(seeded(b, d, seed=s), dim=-1) for s in (10, 11, 12, 13))
+    d1 = torch.cat([sct.queue1.vectors, r1])
+    d2 = torch.cat([sct.queue2.vectors, r2])
+
+    def sr(z: torch.Tensor, queue: torch.Tensor, tau: float) -> torch.Tensor:  # Eq. 1
+        return torch.softmax(z @ queue.T / tau, dim=-1)
+
+    def kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return (p * (p.log() - q.log())).sum(-1).mean()
+
+    expected = 0.5 * kl(sr(r2, d2, t_ref), sr(v1, d2, t_on)) + 0.5 * kl(sr(r1, d1, t_ref), sr(v2, d1, t_on))
+    loss, _ = sct(v1, v2, reference1=r1, reference2=r2)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    # the batch's references were enqueued afterwards, oldest first
+    assert torch.allclose(sct.queue1.ordered()[-b:], r1) and torch.allclose(sct.queue2.ordered()[-b:], r2)
+
+
+def test_sct_gradient_reaches_online_views_and_projector_never_the_reference() -> None:
+    sct = SCT(student_dim=6, reference_dim=10, queue_size=32, expansion=2)
+    v1, v2 = seeded(4, 6, seed=1).requires_grad_(True), seeded(4, 6, seed=2).requires_grad_(True)
+    r1, r2 = seeded(4, 10, seed=3).requires_grad_(True), seeded(4, 10, seed=4).requires_grad_(True)
+    loss, _ = sct(v1, v2, reference1=r1, reference2=r2)
+    loss.backward()
+    assert v1.grad is not None and v1.grad.abs().sum() > 0 and v2.grad is not None
+    assert r1.grad is None and r2.grad is None  # SG on the reference (Eq. 2)
+    grads = [p.grad for p in sct.projector.parameters()]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+    assert all(not b.requires_grad for b in sct.buffers())
+
+
+def test_sct_distillation_student_dim_differs_from_teacher() -> None:
+    sct = SCT(student_dim=4, reference_dim=12, queue_size=20, distillation=True, expansion=2)
+    assert sct.queue1.dim == 12 and sct.projector(torch.ones(2, 4)).shape == (2, 12)
+    v1, v2 = seeded(5, 4, seed=1).requires_grad_(True), seeded(5, 4, seed=2)
+    t1, t2 = seeded(5, 12, seed=3), seeded(5, 12, seed=4)
+    loss, stats = sct(v1, v2, reference1=t1, reference2=t2)
+    assert loss.item() == pytest.approx(stats["loss_sct"] + stats["loss_cd"], rel=1e-5)
+    loss.backward()
+    assert v1.grad is not None and v1.grad.abs().sum() > 0
+    only_cd = SCT(student_dim=4, reference_dim=12, queue_size=20, distillation=True, sct_weight=0.0, expansion=2)
+    only_cd.load_state_dict(sct.state_dict())
+    loss_cd, stats_cd = only_cd(v1, v2, reference1=t1, reference2=t2)
+    assert loss_cd.item() == pytest.approx(stats_cd["loss_cd"], rel=1e-6)
+
+
+def test_sct_training_teaches_the_student_the_teacher_neighbourhoods() -> None:
+    """A few optimiser steps on fixed data raise the cross-view accuracy (a smoke test of the whole loss)."""
+    torch.manual_seed(0)
+    teacher = F.normalize(seeded(16, 12, seed=5), dim=-1)
+    student = seeded(16, 6, seed=6).requires_grad_(True)
+    sct = SCT(student_dim=6, reference_dim=12, queue_size=32, distillation=True, expansion=4)
+    optimiser = torch.optim.Adam([student, *sct.parameters()], lr=1e-2)
+    accuracies = []
+    for _ in range(40):
+        optimiser.zero_grad()
+        loss, stats = sct(student, student, reference1=teacher, reference2=teacher)
+        loss.backward()
+        optimiser.step()
+        accuracies.append(stats["accuracy"])
+    assert accuracies[-1] > accuracies[0] and accuracies[-1] >= 0.9
+
+
+def test_sct_bad_arguments_say_what_to_fix() -> None:
+    with pytest.raises(ValueError, match="tau_online and tau_ref must be > 0"):
+        SCT(student_dim=4, tau_ref=0)
+    with pytest.raises(ValueError, match="set projector_layers >= 1"):
+        SCT(student_dim=4, reference_dim=8, projector_layers=0)
+    sct = SCT(student_dim=4, reference_dim=8, queue_size=8, expansion=1)
+    with pytest.raises(ValueError, match="SCT needs reference1 and reference2"):
+        sct(torch.ones(2, 4), torch.ones(2, 4))
+    with pytest.raises(ValueError, match="set reference_dim"):
+        sct(torch.ones(2, 4), torch.ones(2, 4), reference1=torch.ones(2, 4), reference2=torch.ones(2, 4))

@@ -6,10 +6,12 @@ from torch import nn
 
 from training.objectives.infonce import InfoNCE
 from training.objectives.rank_reduction import RankReduction
+from training.objectives.sct import SCT
 
 # "simcse" is InfoNCE on dropout views (papers/002 §2.1.1): the same loss, different views.
 OBJECTIVES: dict[str, type[nn.Module]] = {
     "infonce": InfoNCE,
     "simcse": InfoNCE,
+    "sct": SCT,
     "rank_reduction": RankReduction,
 }
