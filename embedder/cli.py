@@ -9,6 +9,7 @@ import sys
 # name -> ("module:function", one-line help). The function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("training.catalog_cli:main", "list, prepare and locate the built-in offline models"),
+    "export": ("export.cli:main", "export a model to a parity-checked ONNX bundle (optionally int8) in the registry"),
     "adapt-worker": ("adapt.worker:main", "run queued /adapt jobs (the service starts and supervises this)"),
     "train": ("training.cli:main", "train an embedder from a TOML recipe (sct-tiny, tmft, crop-mpnet, ...)"),
 }

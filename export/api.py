@@ -213,6 +213,7 @@ def _publish(staging: Path, registry_dir: Path, name: str, manifest: dict[str, A
         _write_manifest(staging, manifest)
         # The temporary folder may be on another filesystem; copy next to the target, then rename.
         shutil.copytree(staging, target_staging)
+        os.chmod(target_staging, 0o755)  # mkdtemp made it owner-only; the service may run as another user
         return reg.publish(target_staging, registry_dir, name, version)
     except BaseException:
         shutil.rmtree(target_staging, ignore_errors=True)
