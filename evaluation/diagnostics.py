@@ -1,0 +1,148 @@
+"""Representation diagnostics from the papers.
+
+- `knn_accuracy` — kNN classification accuracy (k = 10, Euclidean or cosine, 9:1 split): cropping
+  paper (000) §4.2, Table 2 and Table S3.
+- `effective_rank` — entropy-based effective rank (Roy & Vetterli, 2007) as defined in the rank
+  paper (002) §2.2.1, Eq. 2.
+- `alignment`, `uniformity` — Wang & Isola (2020), the properties the rank paper (002) §3.1 tracks.
+- `layerwise_scores` — the score of every layer's pooled embedding, layer 0 = the embedding layer:
+  cropping paper (000) Figure 4b and the TMFT paper (003) Figure 2 / §3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from sklearn.neighbors import KNeighborsClassifier
+from tqdm.auto import tqdm
+
+
+def _as_matrix(x: Any, name: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[0] == 0:
+        raise ValueError(f"{name} must be a non-empty (N, dim) matrix, got shape {arr.shape}")
+    return arr
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def knn_accuracy(
+    emb: Any,
+    labels: Sequence[Any],
+    k: int = 10,
+    metric: str = "cosine",
+    split: float = 0.9,
+    seed: int = 0,
+) -> float:
+    """Accuracy (0-1) of a k-nearest-neighbour classifier: fit on a random ``split`` fraction, test on the rest.
+
+    Paper 000 §4.2 (Table 2): k = 10, Euclidean distance, 9:1 train/test split; cosine gives similar
+    values (Table S3). Ties between classes go to the class of the nearest neighbour among them
+    (scikit-learn's majority vote over uniformly weighted neighbours).
+    """
+    x = _as_matrix(emb, "emb")
+    y = np.asarray(labels)
+    if len(y) != len(x):
+        raise ValueError(f"emb has {len(x)} rows but labels has {len(y)} entries")
+    if metric not in ("cosine", "euclidean"):
+        raise ValueError(f"metric must be 'cosine' or 'euclidean', got {metric!r}")
+    if not 0.0 < split < 1.0:
+        raise ValueError(f"split is the train fraction and must be between 0 and 1, got {split}")
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_train = round(split * len(x))
+    if n_train < 1 or n_train >= len(x):
+        raise ValueError(f"{len(x)} points cannot be split {split:.2f}:{1 - split:.2f} into non-empty parts")
+    train, test = order[:n_train], order[n_train:]
+    if k > n_train:
+        raise ValueError(f"k={k} is larger than the {n_train} training points; lower k or add data")
+    clf = KNeighborsClassifier(n_neighbors=k, metric=metric, algorithm="brute")
+    clf.fit(x[train], y[train])
+    return float(np.mean(clf.predict(x[test]) == y[test]))
+
+
+def effective_rank(emb: Any) -> float:
+    """Effective rank of a set of embeddings, paper 002 §2.2.1 Eq. 2.
+
+    ``erank(H) = exp(-Σ_j λ_j log λ_j)`` with ``λ_j`` the eigenvalues of ``ZᵀZ / N``, where the rows
+    of Z are the rows of H scaled to unit length (so the eigenvalues sum to 1). Ranges from 1 (all
+    embeddings on one line) to min(N, dim) (a flat spectrum).
+    """
+    z = _unit_rows(_as_matrix(emb, "emb"))  # (N, dim)
+    singular = np.linalg.svd(z, compute_uv=False)  # eigenvalues of ZᵀZ are singular²
+    lam = singular**2 / z.shape[0]
+    lam = lam[lam > 1e-12]
+    lam = lam / lam.sum()
+    return float(np.exp(-np.sum(lam * np.log(lam))))
+
+
+def alignment(x: Any, y: Any, alpha: float = 2.0) -> float:
+    """Alignment loss of positive pairs, Wang & Isola (2020): ``E ||f(x) - f(y)||₂^α`` on unit vectors.
+
+    Rows ``x[i]`` and ``y[i]`` are two views of the same item. Lower is better (0 = identical views).
+    """
+    a, b = _unit_rows(_as_matrix(x, "x")), _unit_rows(_as_matrix(y, "y"))
+    if a.shape != b.shape:
+        raise ValueError(f"x and y must have the same shape, got {a.shape} and {b.shape}")
+    return float(np.mean(np.linalg.norm(a - b, axis=1) ** alpha))
+
+
+def uniformity(x: Any, t: float = 2.0) -> float:
+    """Uniformity loss, Wang & Isola (2020): ``log E_{i≠j} exp(-t ||f(x_i) - f(x_j)||₂²)`` on unit vectors.
+
+    Lower (more negative) is more uniform on the hypersphere; 0 means every point coincides.
+    """
+    a = _unit_rows(_as_matrix(x, "x"))
+    n = a.shape[0]
+    if n < 2:
+        raise ValueError("uniformity needs at least two embeddings")
+    sq = np.maximum(2.0 - 2.0 * (a @ a.T), 0.0)  # squared distances of unit vectors
+    off_diagonal = sq[~np.eye(n, dtype=bool)]
+    # log-mean-exp, stable
+    values = -t * off_diagonal
+    peak = values.max()
+    return float(peak + np.log(np.mean(np.exp(values - peak))))
+
+
+def layerwise_scores(
+    encoder: Any,
+    task_or_fn: Any,
+    *,
+    fast: bool = False,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> list[float]:
+    """Score every layer's pooled embedding; index 0 = the embedding layer.
+
+    Paper 000 Figure 4b (kNN accuracy after each layer, before and after fine-tuning) and paper 003
+    Figure 2 (STS Spearman per layer; TMFT picks the layer *l* to truncate at).
+
+    Args:
+        encoder: a `training.encoder.Encoder`, a torch `EmbeddingModel`, or a spec for `load_model`.
+        task_or_fn: an evaluation task (name, class or instance; scored in points 0-100 with its main
+            metric) or a callable ``fn(embed) -> float`` where ``embed(texts) -> (N, dim)`` returns one
+            layer's unit-norm embeddings.
+        fast: small version of a named task.
+
+    Every text is encoded once (all layers in the same forward pass, ``Encoder.encode(all_layers=True)``).
+    """
+    from evaluation.adapter import EmbeddingMemo
+    from evaluation.models import load_model
+
+    model = load_model(encoder)
+    memo = EmbeddingMemo(model, all_layers=True, batch_size=batch_size, progress=progress)
+    n_layers = int(model.num_layers or 0) + 1
+    if callable(task_or_fn) and not isinstance(task_or_fn, type):
+        fn: Callable[[Callable[[Sequence[str]], np.ndarray]], float] = task_or_fn
+        return [float(fn(lambda texts, layer=layer: memo.embed(list(texts), layer))) for layer in range(n_layers)]
+    from evaluation.suite import score_task
+    from evaluation.tasks import resolve_task
+
+    task = resolve_task(task_or_fn, fast=fast)
+    scores = []
+    for layer in tqdm(range(n_layers), desc=f"layers {task.metadata.name}", disable=not progress, leave=False):
+        scores.append(score_task(memo, task, layer=layer)["score"])
+    return scores

@@ -1,0 +1,139 @@
+"""The rollout gate: a candidate may replace a baseline only if no task drops too far and it is fast enough.
+
+Used by ``embedder validate --baseline`` (exit code), export (before publishing a bundle) and the
+``/adapt`` worker (base vs adapted, with ``must_improve`` on the in-domain crop task).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """Outcome of `check`: ``passed``, one line per failure, and the comparison as rows.
+
+    ``table`` rows: ``{"task", "candidate", "baseline", "delta", "status"}`` with scores in points and
+    status one of ``ok``, ``FAIL``, ``skipped``; a final ``speedup`` row when speed was compared.
+    """
+
+    passed: bool
+    failures: list[str]
+    table: list[dict[str, Any]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "failures": list(self.failures), "table": list(self.table)}
+
+    def format_table(self) -> str:
+        """The comparison as aligned plain text (for the terminal)."""
+        lines = [f"{'task':<34} {'candidate':>9} {'baseline':>9} {'delta':>8}  status"]
+        for row in self.table:
+            lines.append(
+                f"{row['task']:<34} {_fmt(row['candidate']):>9} {_fmt(row['baseline']):>9} "
+                f"{_fmt(row['delta'], signed=True):>8}  {row['status']}"
+            )
+        lines.append("PASSED" if self.passed else "FAILED: " + "; ".join(self.failures))
+        return "\n".join(lines)
+
+
+def _fmt(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
+
+
+def _scores(report: Mapping[str, Any], which: str) -> tuple[dict[str, float], dict[str, str]]:
+    """Task scores and skip reasons of a `run_suite`/validate report, or of a plain ``{task: points}`` mapping."""
+    if "scores" in report:
+        scores, skipped = report["scores"], report.get("skipped", {})
+    else:
+        scores, skipped = report, {}
+    bad = {k: v for k, v in scores.items() if not isinstance(v, int | float) or isinstance(v, bool)}
+    if bad:
+        raise ValueError(
+            f"{which} report: scores must be numbers in points (0-100), got {bad}; pass run_suite()'s result"
+        )
+    return {k: float(v) for k, v in scores.items()}, dict(skipped)
+
+
+def throughput_speedup(report: Mapping[str, Any], baseline: Mapping[str, Any]) -> float | None:
+    """Geometric mean over the speed settings both reports measured of candidate / baseline texts/s."""
+    ours = {row["setting"]: row["texts_per_s"] for row in (report.get("speed") or {}).get("settings", [])}
+    theirs = {row["setting"]: row["texts_per_s"] for row in (baseline.get("speed") or {}).get("settings", [])}
+    shared = [k for k in ours if k in theirs and ours[k] > 0 and theirs[k] > 0]
+    if not shared:
+        return None
+    return math.exp(sum(math.log(ours[k] / theirs[k]) for k in shared) / len(shared))
+
+
+def check(
+    report: Mapping[str, Any],
+    baseline_report: Mapping[str, Any],
+    *,
+    max_drop: float = 1.0,
+    min_speedup: float | None = None,
+    must_improve: Sequence[str] = (),
+) -> GateResult:
+    """Compare a candidate report with a baseline report.
+
+    Args:
+        report, baseline_report: results of `evaluation.suite.run_suite` (or validate reports that add
+            ``speed``), or plain ``{task: points}`` mappings.
+        max_drop: largest allowed drop in points (baseline − candidate) on any task both ran.
+        min_speedup: when set, the candidate's throughput must be at least this multiple of the
+            baseline's (geometric mean over the shared speed settings; both reports need ``speed``).
+        must_improve: tasks on which the candidate must score strictly higher (e.g. the in-domain
+            crop-pair task of an ``/adapt`` job).
+
+    A task the baseline ran but the candidate did not (or skipped) fails: the gate cannot vouch for it.
+    """
+    if max_drop < 0:
+        raise ValueError(f"max_drop is a number of points and must be >= 0, got {max_drop}")
+    if min_speedup is not None and min_speedup <= 0:
+        raise ValueError(f"min_speedup must be a positive ratio (e.g. 1.5), got {min_speedup}")
+    ours, our_skips = _scores(report, "candidate")
+    theirs, their_skips = _scores(baseline_report, "baseline")
+    failures: list[str] = []
+    table: list[dict[str, Any]] = []
+    for task in list(theirs) + [t for t in ours if t not in theirs]:
+        cand, base = ours.get(task), theirs.get(task)
+        row: dict[str, Any] = {"task": task, "candidate": cand, "baseline": base, "delta": None, "status": "ok"}
+        if base is None:
+            row["status"] = "new" if task not in their_skips else "skipped"
+        elif cand is None:
+            reason = our_skips.get(task, "not run")
+            row["status"] = "FAIL"
+            failures.append(f"{task}: baseline scored {base:.2f} but the candidate has no score ({reason})")
+        else:
+            row["delta"] = round(cand - base, 4)
+            if base - cand > max_drop:
+                row["status"] = "FAIL"
+                failures.append(f"{task}: {cand:.2f} vs {base:.2f} ({cand - base:+.2f} points, allowed -{max_drop:g})")
+        table.append(row)
+    for task in must_improve:
+        cand, base = ours.get(task), theirs.get(task)
+        if cand is None or base is None or cand <= base:
+            failures.append(f"{task}: must improve on the baseline ({_fmt(cand)} vs {_fmt(base)})")
+            for row in table:
+                if row["task"] == task:
+                    row["status"] = "FAIL"
+    if min_speedup is not None:
+        speedup = throughput_speedup(report, baseline_report)
+        row = {"task": "speedup (x)", "candidate": speedup, "baseline": min_speedup, "delta": None, "status": "ok"}
+        if speedup is None:
+            row["status"] = "FAIL"
+            failures.append("speed: a speed floor was set but the reports have no shared speed measurements")
+        elif speedup < min_speedup:
+            row["status"] = "FAIL"
+            failures.append(f"speed: {speedup:.2f}x the baseline's throughput, required {min_speedup:g}x")
+        table.append(row)
+    for task in our_skips:
+        if task not in theirs and task not in their_skips:
+            table.append({"task": task, "candidate": None, "baseline": None, "delta": None, "status": "skipped"})
+    return GateResult(passed=not failures, failures=failures, table=table)

@@ -1,0 +1,165 @@
+"""Run the offline task suite on one model: scores in points (0-100), details, skips, cached by model hash.
+
+Results of a (model hash, task) pair are stored under ``<cache_dir>/evaluation/<hash>/`` so
+re-validating an unchanged model only re-reads JSON files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mteb
+from threadpoolctl import threadpool_limits
+from tqdm.auto import tqdm
+
+from embedder.settings import get_settings
+from evaluation.adapter import EmbeddingMemo, MtebEncoder
+from evaluation.models import EmbeddingModel, load_model
+from evaluation.tasks import DEFAULT_TASKS, OfflineTask, resolve_task
+
+log = logging.getLogger(__name__)
+
+
+def _quiet_libraries() -> None:
+    import datasets
+
+    datasets.disable_progress_bars()
+    logging.getLogger("mteb").setLevel(logging.ERROR)
+
+
+def _scalar_details(scores: dict[str, Any]) -> dict[str, float]:
+    return {
+        key: round(float(value), 6)
+        for key, value in scores.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+def task_texts(task: OfflineTask) -> list[str]:
+    """Every text a loaded task will ask the model to embed (to embed them before mteb runs)."""
+    texts: list[str] = []
+    dataset = task.dataset
+    if isinstance(dataset, dict) and "default" in dataset:  # retrieval: subset -> split -> RetrievalSplitData
+        for split in dataset["default"].values():
+            texts += list(split["queries"]["text"]) + list(split["corpus"]["text"])
+        return texts
+    for split in dataset.values():
+        for column in ("sentence1", "sentence2", "sentences", "text"):
+            if column in split.column_names:
+                texts += list(split[column])
+    return texts
+
+
+def score_task(memo: EmbeddingMemo, task: OfflineTask, *, layer: int | None = None) -> dict[str, Any]:
+    """Run one task through mteb with the memo's embeddings (``layer``: that layer's, 0 = embeddings).
+
+    Returns ``{"score": points, "main_metric", "details": {metric: raw value}, "seconds"}``.
+    """
+    _quiet_libraries()
+    start = time.perf_counter()
+    if not task.data_loaded:
+        task.load_data()  # loaded by us, so mteb keeps it for the next layer's run
+    memo.embed(task_texts(task), layer)  # encode with every thread first, then the classifiers on one:
+    # scikit-learn's k-means on a few thousand points is 20x slower with threads on a busy 2-core machine
+    with threadpool_limits(1):
+        result = mteb.evaluate(MtebEncoder(memo, layer), [task], cache=None, show_progress_bar=False, raise_error=True)
+    (task_result,) = result.task_results
+    scores = task_result.scores["test"][0]
+    main = float(scores["main_score"])
+    details = _scalar_details(scores)
+    stats = getattr(task, "crop_stats", None)
+    if stats:
+        details.update({f"crops_{k}": v for k, v in stats.items() if isinstance(v, int | float)})
+    return {
+        "score": round(100.0 * main, 4),
+        "main_metric": task.metadata.main_score,
+        "details": details,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def result_cache_dir(model: EmbeddingModel) -> Path:
+    return get_settings().cache_dir / "evaluation" / model.hash[:24]
+
+
+def _read_cached(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_cached(path: Path, value: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(value, handle, indent=1)
+    os.replace(tmp, path)
+
+
+def run_suite(
+    model: Any,
+    tasks: Sequence[Any] | None = None,
+    *,
+    fast: bool = False,
+    progress: bool = True,
+    cache: bool = True,
+    batch_size: int = 32,
+    memo: EmbeddingMemo | None = None,
+) -> dict[str, Any]:
+    """Score ``model`` on the offline tasks.
+
+    Args:
+        model: anything `evaluation.models.load_model` accepts (built-in name, checkpoint, bundle,
+            ``registry:NAME[@VERSION]``, an ``Encoder`` or an ``EmbeddingModel``).
+        tasks: task names, classes or instances (default: every task in `evaluation.tasks.TASKS`).
+        fast: a few documents per task (smoke runs and tests; not comparable to full scores).
+        progress: tqdm bars for tasks and batches.
+        cache: reuse / store results keyed by the model's content hash and the task's data.
+        memo: share embeddings with another call (e.g. layer-wise curves after the suite).
+
+    Returns:
+        ``{"model": info, "fast": bool, "scores": {task: points 0-100}, "tasks": {task: {"score",
+        "main_metric", "details", "seconds", "cached"}}, "skipped": {task: reason}, "seconds": float}``.
+        A task whose data package is missing is listed in ``skipped`` with the reason, never raised.
+    """
+    emb_model = load_model(model)
+    memo = memo or EmbeddingMemo(emb_model, batch_size=batch_size, progress=progress)
+    resolved = [resolve_task(t, fast=fast) for t in (tasks if tasks is not None else DEFAULT_TASKS)]
+    report: dict[str, Any] = {
+        "model": emb_model.info(),
+        "fast": fast,
+        "scores": {},
+        "tasks": {},
+        "skipped": {},
+    }
+    start = time.perf_counter()
+    bar = tqdm(resolved, desc=f"suite {emb_model.name}", unit="task", disable=not progress)
+    for task in bar:
+        name = task.metadata.name
+        bar.set_postfix_str(name)
+        reason = task.unavailable_reason()
+        if reason is not None:
+            log.warning("skipping %s: %s", name, reason)
+            report["skipped"][name] = reason
+            continue
+        path = result_cache_dir(emb_model) / f"{task.cache_key}.json"
+        entry = _read_cached(path) if cache else None
+        if entry is None:
+            entry = score_task(memo, task)
+            if cache:
+                _write_cached(path, entry)
+            entry = {**entry, "cached": False}
+        else:
+            entry = {**entry, "cached": True}
+        report["tasks"][name] = entry
+        report["scores"][name] = entry["score"]
+    report["seconds"] = round(time.perf_counter() - start, 2)
+    return report

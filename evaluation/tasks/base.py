@@ -1,0 +1,72 @@
+"""What every offline task shares: mteb metadata that never points at a hub, a fast mode, and a
+reason to skip when the package holding its data is missing."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from mteb.abstasks.task_metadata import TaskMetadata
+
+from evaluation.data import DataUnavailableError
+
+
+def offline_metadata(
+    name: str, type_: str, main_score: str, description: str, reference: str | None = None
+) -> TaskMetadata:
+    """mteb metadata for a task whose ``load_data`` reads package files: ``dataset.path`` is never fetched."""
+    return TaskMetadata(
+        name=name,
+        type=type_,
+        main_score=main_score,
+        description=description,
+        reference=reference,
+        dataset={"path": f"local/{name}", "revision": "1"},
+        category="t2t",
+        eval_splits=["test"],
+        eval_langs=["eng-Latn"],
+        date=None,
+        dialect=[],
+        domains=[],
+        task_subtypes=[],
+        license=None,
+        annotations_creators=None,
+        modalities=["text"],
+        sample_creation="found",
+        bibtex_citation=None,
+    )
+
+
+class OfflineTask(ABC):
+    """Mixin for the mteb task classes below.
+
+    Args:
+        fast: a few documents per task, for tests and smoke runs (scores are not comparable to full runs).
+        seed: mteb's seed (k-means, classifier initialisation).
+    """
+
+    metadata: TaskMetadata
+    dataset: Any
+    data_loaded: bool
+    revision: ClassVar[str] = "1"  # bump when the data or protocol changes: cached results are keyed by it
+
+    def __init__(self, fast: bool = False, seed: int = 42, **kwargs: Any) -> None:
+        self.fast = fast
+        super().__init__(seed=seed, **kwargs)  # type: ignore[call-arg]
+
+    @abstractmethod
+    def check_data(self) -> None:
+        """Raise `DataUnavailableError` when the data cannot be read (cheap: files are read once per process)."""
+
+    def unavailable_reason(self) -> str | None:
+        """Why this task cannot run here, or None when its data is installed."""
+        try:
+            self.check_data()
+        except DataUnavailableError as exc:
+            return str(exc)
+        return None
+
+    @property
+    def cache_key(self) -> str:
+        """Identifies the exact data and protocol of this task instance, for result caching."""
+        return f"{self.metadata.name}-r{self.revision}-{'fast' if self.fast else 'full'}"
