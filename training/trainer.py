@@ -270,6 +270,7 @@ def _freeze(module: nn.Module) -> nn.Module:
 class Models:
     student: Encoder
     reference: Encoder | None  # SCT's frozen teacher / frozen copy; None for other objectives
+    distillation: bool  # the reference is a teacher (a different, usually larger model), not a frozen copy
     layers: int
     probe: list[float] | None
 
@@ -304,17 +305,23 @@ def build_models(config: TrainConfig, device: torch.device, validation: Any | No
         student.truncate(config.truncate)
     student.freeze(config.train_last_layers)
     reference = None
+    distillation = False
     if config.objective == "sct":
         if config.teacher is not None:
             reference = Encoder.from_pretrained(config.teacher, max_seq_length=config.max_seq_length, device=device)
         else:
             # distillation from the full model when the student is smaller, else SCT's self-supervised mode
             reference = base if student is not base else base.clone()
+        distillation = config.teacher is not None or config.student is not None or config.truncate is not None
         _freeze(reference)
-    return Models(student=student, reference=reference, layers=student.num_layers, probe=probe)
+    return Models(
+        student=student, reference=reference, distillation=distillation, layers=student.num_layers, probe=probe
+    )
 
 
-def build_objective(config: TrainConfig, student_dim: int, reference_dim: int | None) -> nn.Module:
+def build_objective(
+    config: TrainConfig, student_dim: int, reference_dim: int | None, distillation: bool = False
+) -> nn.Module:
     """The objective named by the config, with the dimensions it needs passed when it asks for them."""
     from training.objectives import OBJECTIVES
 
@@ -329,6 +336,8 @@ def build_objective(config: TrainConfig, student_dim: int, reference_dim: int | 
         "reference_dim": reference_dim or student_dim,
         "teacher_dim": reference_dim or student_dim,
     }
+    if "distillation" in accepted:
+        sizes["distillation"] = distillation
     for key, value in sizes.items():
         if key in accepted and key not in params:
             params[key] = value
@@ -462,7 +471,9 @@ def train(
     mask_token = student.tokenizer.mask_token or "[MASK]"
     stream = PairStream(config, documents, rule, mask_token, scored_pairs)
     objective = (
-        None if scored_pairs is not None else build_objective(config, student.dim, reference.dim if reference else None)
+        None if scored_pairs is not None else build_objective(
+            config, student.dim, reference.dim if reference else None, models.distillation
+        )
     )
     rank_reduction = build_rank_reduction(config.rank_reduction)
     trained_modules: list[nn.Module] = [student] + ([objective] if objective is not None else [])
