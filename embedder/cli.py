@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("training.catalog_cli:main", "list, prepare and locate the built-in offline models"),
     "export": ("export.cli:main", "export a model to a parity-checked ONNX bundle (optionally int8) in the registry"),
     "adapt-worker": ("adapt.worker:main", "run queued /adapt jobs (the service starts and supervises this)"),
+    "serve": ("service.cli:main", "serve promoted bundles over HTTP (OpenAI/TEI routes, metrics); see --help"),
     "train": ("training.cli:main", "train an embedder from a TOML recipe (sct-tiny, tmft, crop-mpnet, ...)"),
 }
 

@@ -1,0 +1,1 @@
+"""HTTP layer: schemas (`protocol`), request logic (`serving`) and thin routes (`routes`)."""

@@ -1,0 +1,126 @@
+"""Request and response schemas: OpenAI embeddings, TEI ``/embed`` and ``/similarity``, model listings.
+
+Request models ignore unknown fields (clients send extras such as ``user``). Limits that need the
+server's settings (input count, characters, tokens) are checked in `service.api.serving` so the
+error messages can name the offending index and the configured limit.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class OpenAIEmbeddingRequest(_Request):
+    """``POST /v1/embeddings`` (OpenAI). Token-id inputs are not accepted: send text."""
+
+    input: str | list[str] = Field(description="One text or a list of texts.")
+    model: str | None = Field(default=None, description="Served model name; the server's default when omitted.")
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float", description="base64 = the raw little-endian float32 bytes of each vector, base64-encoded."
+    )
+    dimensions: int | None = Field(
+        default=None, ge=1, description="Keep the first N dimensions and re-normalise (Matryoshka-style)."
+    )
+    user: str | None = Field(default=None, description="Accepted for compatibility; ignored.")
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: Usage
+
+
+class TEIEmbedRequest(_Request):
+    """``POST /embed`` (text-embeddings-inference)."""
+
+    inputs: str | list[str] = Field(description="One text or a list of texts.")
+    normalize: bool = Field(
+        default=True,
+        description="L2-normalise the vectors. Bundles exported with normalisation in the graph always return "
+        "unit vectors; false then changes nothing.",
+    )
+    truncate: bool = Field(
+        default=False, description="Cut texts longer than the model's max_seq_length; false answers 422 instead."
+    )
+    dimensions: int | None = Field(default=None, ge=1, description="Keep the first N dimensions (Matryoshka).")
+    model: str | None = Field(default=None, description="Served model name; the server's default when omitted.")
+
+
+class SimilarityInputs(BaseModel):
+    source_sentence: str
+    sentences: list[str]
+
+
+class TEISimilarityRequest(_Request):
+    """``POST /similarity`` (Hugging Face sentence-similarity / TEI): cosine of each sentence with the source."""
+
+    inputs: SimilarityInputs
+    truncate: bool = Field(default=True, description="Cut over-long texts (false answers 422 instead).")
+    model: str | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of ``GET /v1/models`` (OpenAI fields plus what a client needs to size requests)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "embedder"
+    version: str
+    dim: int
+    max_seq_length: int
+    quantization: str
+    base_model: str | None = None
+    method: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Limits(BaseModel):
+    max_client_batch_size: int
+    max_input_chars: int
+    max_body_bytes: int
+    max_batch_tokens: int
+    max_batch_size: int
+    max_queue_size: int
+
+
+class Info(BaseModel):
+    """``GET /info`` (TEI-like): the service version, the default model, every served model and the limits."""
+
+    version: str
+    default_model: str
+    models: list[ModelCard]
+    limits: Limits
+    auth: bool
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

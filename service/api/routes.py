@@ -1,0 +1,195 @@
+"""Thin HTTP routes: parse → `EmbeddingService` → render. See docs/API.md for every shape and error."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.api.protocol import (
+    ErrorResponse,
+    Info,
+    Limits,
+    ModelCard,
+    ModelList,
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+    TEIEmbedRequest,
+    TEISimilarityRequest,
+)
+from service.api.serving import EmbeddingService, shape_embeddings, to_base64
+from service.engine.models import ServedModel
+
+router = APIRouter()
+
+try:
+    SERVICE_VERSION = version("embedder")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    SERVICE_VERSION = "0+unknown"
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in {
+        401: "missing or wrong API key",
+        404: "unknown model (the message lists the served ones)",
+        413: "body larger than max_body_bytes",
+        422: "invalid input: empty, too many texts, too long, bad dimensions",
+        429: "queue full; retry after Retry-After seconds",
+        503: "model not ready or server shutting down",
+    }.items()
+}
+
+
+def _service(request: Request) -> EmbeddingService:
+    return request.app.state.embedding_service
+
+
+def _json(payload: Any, headers: dict[str, str]) -> Response:
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json",
+                    headers=headers)  # fmt: skip
+
+
+def _as_list(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+@router.post(
+    "/v1/embeddings",
+    response_model=OpenAIEmbeddingResponse,
+    responses=_ERRORS,
+    summary="OpenAI-compatible embeddings",
+    tags=["embeddings"],
+)
+async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
+    """Texts longer than the model's max_seq_length are truncated (OpenAI clients have no truncate flag)."""
+    svc = _service(request)
+    async with svc.track("/v1/embeddings") as track:
+        svc.check_api_key(request.headers.get("authorization"))
+        model = svc.resolve(track, body.model)
+        texts = _as_list(body.input)
+        svc.check_texts(texts, "input")
+        result = await svc.embed(track, model, texts, truncate=True, field_name="input")
+        vectors = shape_embeddings(
+            result.embeddings, dimensions=body.dimensions, normalize=True,
+            already_normalized=model.info.normalized,
+        )  # fmt: skip
+        encode = to_base64 if body.encoding_format == "base64" else _identity
+        payload = {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": encode(row)} for i, row in enumerate(vectors)],
+            "model": model.name,
+            "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
+        }
+        return _json(payload, track.headers())
+
+
+def _identity(row: np.ndarray) -> np.ndarray:
+    return row
+
+
+@router.post("/embed", response_model=list[list[float]], responses=_ERRORS, summary="TEI embed", tags=["embeddings"])
+async def tei_embed(body: TEIEmbedRequest, request: Request) -> Response:
+    svc = _service(request)
+    async with svc.track("/embed") as track:
+        svc.check_api_key(request.headers.get("authorization"))
+        model = svc.resolve(track, body.model)
+        texts = _as_list(body.inputs)
+        svc.check_texts(texts, "inputs")
+        result = await svc.embed(track, model, texts, truncate=body.truncate, field_name="inputs")
+        vectors = shape_embeddings(
+            result.embeddings, dimensions=body.dimensions, normalize=body.normalize,
+            already_normalized=model.info.normalized,
+        )  # fmt: skip
+        return _json(vectors, track.headers())
+
+
+@router.post(
+    "/similarity", response_model=list[float], responses=_ERRORS, summary="TEI sentence similarity", tags=["embeddings"]
+)
+async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Response:
+    """Cosine similarity of each of ``sentences`` with ``source_sentence``."""
+    svc = _service(request)
+    async with svc.track("/similarity") as track:
+        svc.check_api_key(request.headers.get("authorization"))
+        model = svc.resolve(track, body.model)
+        if not body.inputs.sentences:
+            svc.check_texts([], "inputs.sentences")
+        texts = [body.inputs.source_sentence, *body.inputs.sentences]
+        svc.check_texts(texts, "inputs")
+        result = await svc.embed(track, model, texts, truncate=body.truncate, field_name="inputs")
+        unit = shape_embeddings(result.embeddings, dimensions=None, normalize=True, already_normalized=False)
+        scores = unit[1:] @ unit[0]
+        return _json(scores.astype(np.float32), track.headers())
+
+
+def _card(model: ServedModel) -> ModelCard:
+    manifest = model.info.manifest
+    return ModelCard(
+        id=model.name,
+        created=int(model.loaded_at),
+        version=model.info.version,
+        dim=model.info.dim,
+        max_seq_length=model.info.max_seq_length,
+        quantization=str(manifest.get("quantization", "none")),
+        base_model=manifest.get("base_model"),
+        method=(manifest.get("method") or {}).get("name"),
+    )
+
+
+@router.get("/v1/models", response_model=ModelList, responses=_ERRORS, tags=["models"])
+async def list_models(request: Request) -> ModelList:
+    svc = _service(request)
+    svc.check_api_key(request.headers.get("authorization"))
+    return ModelList(data=[_card(model) for model in svc.models.models()])
+
+
+@router.get("/info", response_model=Info, responses=_ERRORS, tags=["models"])
+async def info(request: Request) -> Info:
+    svc = _service(request)
+    svc.check_api_key(request.headers.get("authorization"))
+    s = svc.settings
+    return Info(
+        version=SERVICE_VERSION,
+        default_model=s.default_model,
+        models=[_card(model) for model in svc.models.models()],
+        limits=Limits(
+            max_client_batch_size=s.max_client_batch_size,
+            max_input_chars=s.max_input_chars,
+            max_body_bytes=s.max_body_bytes,
+            max_batch_tokens=s.max_batch_tokens,
+            max_batch_size=s.max_batch_size,
+            max_queue_size=s.max_queue_size,
+        ),
+        auth=svc.auth_enabled,
+    )
+
+
+@router.get("/health", tags=["operations"])
+async def health() -> dict[str, str]:
+    """Liveness: the process answers (no model needed)."""
+    return {"status": "ok"}
+
+
+@router.get("/ready", tags=["operations"], responses={503: {"model": ErrorResponse}})
+async def ready(request: Request) -> Response:
+    """Readiness: every model loaded and warmed, and not shutting down."""
+    svc = _service(request)
+    if svc.models.ready and not request.app.state.draining:
+        return _json({"status": "ready", "models": svc.models.names}, {})
+    reason = "shutting down" if request.app.state.draining else "models are loading"
+    return Response(
+        orjson.dumps({"error": {"message": f"not ready: {reason}", "type": "unavailable_error",
+                                "code": "model_not_ready"}}),
+        status_code=503, media_type="application/json",
+    )  # fmt: skip
+
+
+@router.get("/metrics", tags=["operations"])
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    return Response(generate_latest(_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

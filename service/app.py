@@ -1,0 +1,206 @@
+"""`create_app(settings)`: the FastAPI application — routes, error table, guards, and a lifespan that loads,
+warms and finally drains the models.
+
+Layers (STYLE.md §8): ``service.api`` (HTTP shapes and routes) → ``service.engine`` (batching queues,
+served models, hot reload) → ``service.backend`` (onnxruntime over an exported bundle). Nothing
+here imports torch or ``training``.
+
+The /adapt routes (``service.adapt``) are built by their own package; `create_app` includes them
+with ``include_adapt=True`` (the default) through ``service.adapt.api_router.build_adapt_router``,
+whose router lifespan FastAPI merges into the app's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.api.routes import SERVICE_VERSION, router
+from service.api.serving import EmbeddingService
+from service.backend.base import BackendFactory
+from service.engine.models import ModelManager
+from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_body
+from service.metrics import EMBEDDING_ROUTES, NO_MODEL, ServiceMetrics
+from service.settings import ServiceSettings
+
+log = logging.getLogger("service")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# Probes and scrapes keep answering while the server drains; everything else gets 503.
+_ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
+
+
+def _error_response(kind: ErrorKind, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(error_body(kind, message)), status_code=kind.status, media_type="application/json",
+        headers=headers,
+    )  # fmt: skip
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class GuardMiddleware:
+    """Pure ASGI (no per-request task like BaseHTTPMiddleware): rejects bodies over ``max_body_bytes`` with 413
+    (by Content-Length, or while a chunked body streams in), answers 503 while draining, counts requests in flight."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], *, state: Any, max_body_bytes: int) -> None:
+        self.app = app
+        self.state = state
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path in _ALWAYS_OPEN:
+            await self.app(scope, receive, send)
+            return
+        svc: EmbeddingService = self.state.embedding_service
+        route = path if path in EMBEDDING_ROUTES else None
+        if self.state.draining:
+            if route:
+                svc.count_failure(route, NO_MODEL, ErrorKind.shutting_down)
+            await _error_response(ErrorKind.shutting_down, "the server is shutting down; retry on another replica")(
+                scope, receive, send
+            )
+            return
+        limit = self.max_body_bytes
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._too_large(route, svc, scope, receive, send)
+                return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        self.state.in_flight += 1
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await self._too_large(route, svc, scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
+
+    async def _too_large(self, route: str | None, svc: EmbeddingService, scope: Scope, receive: Receive,
+                         send: Send) -> None:  # fmt: skip
+        if route:
+            svc.count_failure(route, NO_MODEL, ErrorKind.payload_too_large)
+        message = f"request body exceeds max_body_bytes={self.max_body_bytes}; send fewer or shorter texts"
+        await _error_response(ErrorKind.payload_too_large, message)(scope, receive, send)
+
+
+def _validation_message(err: RequestValidationError) -> str:
+    parts = []
+    for error in err.errors()[:3]:
+        loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {error.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def create_app(
+    settings: ServiceSettings | None = None,
+    *,
+    backend_factory: BackendFactory | None = None,
+    include_adapt: bool = True,
+) -> FastAPI:
+    """Build the service. ``backend_factory(bundle_dir, settings)`` loads one model (default: onnxruntime);
+    tests pass a deterministic fake. ``include_adapt`` mounts the /adapt routes of ``service.adapt``."""
+    settings = settings or ServiceSettings()
+    if backend_factory is None:
+        from service.backend.onnx import onnx_backend_factory
+
+        backend_factory = onnx_backend_factory
+    metrics = ServiceMetrics()
+    models = ModelManager(settings, backend_factory, metrics)
+    embedding_service = EmbeddingService(settings, models, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not embedding_service.auth_enabled:
+            log.warning(
+                "no API keys configured (EMBED_API_KEYS): the embedding routes are open to anyone who can reach "
+                "%s:%s", settings.host, settings.port,
+            )  # fmt: skip
+        await models.start()
+        log.info("ready: serving %s (default %s)", ", ".join(models.names), settings.default_model)
+        try:
+            yield
+        finally:
+            app.state.draining = True
+            await models.stop(settings.shutdown_grace_seconds)
+            log.info("stopped")
+
+    app = FastAPI(
+        title="embedder",
+        version=SERVICE_VERSION,
+        summary="Sentence embeddings over ONNX bundles: OpenAI- and TEI-compatible routes.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.embedding_service = embedding_service
+    app.state.draining = False
+    app.state.in_flight = 0
+    app.include_router(router)
+    if include_adapt:
+        from service.adapt.api_router import build_adapt_router
+        from service.adapt.config import AdaptConfig
+
+        app.include_router(build_adapt_router(AdaptConfig.from_settings(settings)))
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, err: ServiceError) -> Response:
+        return _error_response(err.kind, err.message, err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> Response:
+        if request.url.path in EMBEDDING_ROUTES:
+            embedding_service.count_failure(request.url.path, NO_MODEL, ErrorKind.invalid_request)
+        return _error_response(ErrorKind.invalid_request, _validation_message(err))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
+        if err.status_code == 404:
+            return _error_response(ErrorKind.not_found, f"no route {request.method} {request.url.path}; see /docs")
+        if err.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+            return _error_response(ErrorKind.method_not_allowed, message)
+        body = {"error": {"message": str(err.detail), "type": "invalid_request_error", "code": "http_error"}}
+        return Response(orjson.dumps(body), status_code=err.status_code, media_type="application/json",
+                        headers=err.headers)  # fmt: skip
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, err: Exception) -> Response:
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
+        return _error_response(ErrorKind.internal, INTERNAL_MESSAGE)
+
+    app.add_middleware(GuardMiddleware, state=app.state, max_body_bytes=settings.max_body_bytes)
+    return app

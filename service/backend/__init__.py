@@ -1,0 +1,1 @@
+"""Backends: turn tokenised texts into embeddings (onnxruntime over an exported bundle)."""

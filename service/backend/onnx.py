@@ -1,0 +1,70 @@
+"""The production backend: an exported bundle run by `export.runtime.OnnxBundle` (no torch)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from export.runtime import OnnxBundle
+from service.backend.base import Backend, ModelInfo, Tokenized
+from service.settings import ServiceSettings
+
+
+def resolve_threads(intra_op_threads: int) -> int:
+    """0 means one thread per CPU this process may run on (not onnxruntime's own default)."""
+    if intra_op_threads > 0:
+        return intra_op_threads
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class OnnxBackend(Backend):
+    """Tokenise with the bundle's fast tokenizer; embed with its onnxruntime session (pooled and normalised
+    in the graph, so one `run` gives final embeddings)."""
+
+    def __init__(self, bundle_dir: Path, *, intra_op_threads: int = 0, inter_op_threads: int = 1) -> None:
+        self.bundle = OnnxBundle(
+            bundle_dir,
+            intra_op_threads=resolve_threads(intra_op_threads),
+            inter_op_threads=inter_op_threads,
+        )
+        manifest = self.bundle.manifest
+        self.info = ModelInfo(
+            name=self.bundle.name,
+            version=self.bundle.version,
+            dim=self.bundle.dim,
+            max_seq_length=self.bundle.max_seq_length,
+            normalized=bool(manifest.get("normalized", True)),
+            path=Path(bundle_dir),
+            manifest=manifest,
+        )
+        self._counter: Tokenizer | None = None
+        self._counter_lock = threading.Lock()
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:
+        return [Tokenized(enc, len(enc), bool(enc.overflowing)) for enc in self.bundle.tokenize(texts)]
+
+    def count_tokens(self, text: str) -> int:
+        # A second tokenizer without truncation: the shared one's settings must not change under other threads.
+        with self._counter_lock:
+            if self._counter is None:
+                self._counter = Tokenizer.from_str(self.bundle.tokenizer.to_str())
+                self._counter.no_truncation()
+            return len(self._counter.encode(text, add_special_tokens=True))
+
+    def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:
+        return self.bundle.run(self.bundle.pad([item.payload for item in batch]))
+
+
+def onnx_backend_factory(bundle_dir: Path, settings: ServiceSettings) -> Backend:
+    """The app's default `BackendFactory`."""
+    return OnnxBackend(
+        bundle_dir, intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads
+    )

@@ -1,0 +1,157 @@
+"""`embedder serve`: every `ServiceSettings` field is a flag (and an ``EMBED_`` variable); flags win.
+
+On a fresh machine the registry is empty, so the default model's bundle is created first — in a
+subprocess (``embedder export``), because exporting needs torch and this process must never import it.
+Shutdown is graceful: on SIGTERM/SIGINT the server stops taking work (503), lets requests in flight
+finish (up to ``shutdown_grace_seconds``), then drains the model queues and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, get_args, get_origin
+
+import uvicorn
+from pydantic import SecretStr, ValidationError
+
+from export import registry
+from service.settings import ServiceSettings
+
+log = logging.getLogger("service")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but a first exit signal only starts draining: new requests get 503 (readiness fails, so a load
+    balancer moves traffic away) while in-flight ones finish; then uvicorn's own shutdown runs. A second signal
+    exits at once."""
+
+    def __init__(self, config: uvicorn.Config, app_state: Any, grace_seconds: float) -> None:
+        super().__init__(config)
+        self.app_state = app_state
+        self.grace_seconds = grace_seconds
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.app_state.draining or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self.app_state.draining = True
+        log.info("draining: %d requests in flight", self.app_state.in_flight)
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain_then_exit(sig, frame)))
+
+    async def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
+        deadline = time.monotonic() + self.grace_seconds
+        while self.app_state.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        super().handle_exit(sig, frame)
+
+
+def _is_bool(annotation: Any) -> bool:
+    return annotation is bool
+
+
+def _is_dict(annotation: Any) -> bool:
+    return get_origin(annotation) is dict or any(get_origin(a) is dict for a in get_args(annotation))
+
+
+def _default_text(name: str, field: Any) -> str:
+    default = field.get_default(call_default_factory=True)
+    if isinstance(default, list):
+        return ",".join("***" if isinstance(v, SecretStr) else str(v) for v in default) or "empty"
+    return "none" if default is None else str(default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="embedder serve",
+        description="Serve promoted embedding bundles over HTTP (OpenAI /v1/embeddings, TEI /embed and /similarity, "
+        "/metrics). Each option is also an environment variable; the command line wins. API keys are safer in "
+        "the environment than on a command line other users can read.",
+    )
+    for name, field in ServiceSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        text = f"{field.description} (env EMBED_{name.upper()}; default {_default_text(name, field)})"
+        text = text.replace("%", "%%")
+        if _is_bool(field.annotation):
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=text)
+    return parser
+
+
+def settings_from_args(argv: list[str]) -> ServiceSettings:
+    """Environment first, then the flags given (pydantic coerces the strings and checks every limit)."""
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for name, value in vars(args).items():
+        if value is None:
+            continue
+        if _is_dict(ServiceSettings.model_fields[name].annotation) and isinstance(value, str):
+            value = json.loads(value)
+        overrides[name] = value
+    return ServiceSettings(**overrides)
+
+
+def export_command(settings: ServiceSettings) -> list[str]:
+    """The subprocess that builds the default bundle from the built-in model of the same name."""
+    name = settings.default_model
+    return [
+        sys.executable, "-m", "embedder.cli", "export", name, "--name", name,
+        "--registry", str(Path(settings.registry_dir).absolute()), "--promote",
+    ]  # fmt: skip
+
+
+def ensure_default_bundle(settings: ServiceSettings) -> None:
+    """When the registry has no promoted model at all, export the default model in a child process."""
+    if registry.served_models(Path(settings.registry_dir)):
+        return
+    command = export_command(settings)
+    log.info(
+        "registry %s has no promoted model: creating %r once (a minute or two; next starts skip this)",
+        Path(settings.registry_dir).absolute(), settings.default_model,
+    )  # fmt: skip
+    env = {**os.environ, "EMBED_CACHE_DIR": str(settings.cache_dir)}
+    completed = subprocess.run(command, env=env, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(
+            f"creating the default bundle failed (exit {completed.returncode}); run it yourself to see why: "
+            + " ".join(command)
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        settings = settings_from_args(argv)
+    except (ValidationError, json.JSONDecodeError) as err:
+        print(f"embedder serve: invalid settings:\n{err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        ensure_default_bundle(settings)
+    except RuntimeError as err:
+        log.error("%s", err)
+        return 1
+    from service.app import create_app
+
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
+    )  # fmt: skip
+    server = DrainingServer(config, app.state, settings.shutdown_grace_seconds)
+    server.run()
+    return 0 if server.started else 1

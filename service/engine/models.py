@@ -1,0 +1,183 @@
+"""The models this process serves: loaded from the registry at start, hot-swapped when a new version is promoted.
+
+A swap never interrupts clients: the new version is loaded and warmed in a worker thread while the
+old one keeps answering; then the name points at the new model (one dict assignment on the event
+loop) and the old model's queue drains before its session is freed. Requests that already hold the
+old model finish on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from export import registry
+from service.backend.base import Backend, BackendFactory, ModelInfo
+from service.engine.batcher import Batcher
+from service.errors import ErrorKind, ServiceError
+from service.metrics import ServiceMetrics
+from service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """A loaded, warmed model and its queue."""
+
+    name: str  # the registry name (what clients send as `model`)
+    backend: Backend
+    batcher: Batcher
+    loaded_at: float
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.backend.info
+
+
+class ModelManager:
+    """Loads the promoted bundles named by the settings and keeps them current."""
+
+    def __init__(self, settings: ServiceSettings, backend_factory: BackendFactory, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.root = Path(settings.registry_dir)
+        self.backend_factory = backend_factory
+        self.metrics = metrics
+        self._models: dict[str, ServedModel] = {}
+        self._failed: dict[str, Path] = {}  # name -> bundle that failed to load (not retried until it changes)
+        self._ready = False
+        self._poller: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._refresh_lock = asyncio.Lock()
+
+    # ---------------------------------------------------------------------------------- lookup
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def models(self) -> list[ServedModel]:
+        return [self._models[name] for name in sorted(self._models)]
+
+    def get(self, name: str | None) -> ServedModel:
+        """The model a request names (the default when ``None``); 404 lists the served names."""
+        wanted = name or self.settings.default_model
+        model = self._models.get(wanted)
+        if model is not None:
+            return model
+        if not self._ready:
+            raise ServiceError(ErrorKind.model_not_ready, "models are still loading; retry when /ready answers 200")
+        served = ", ".join(self.names) or "none"
+        raise ServiceError(ErrorKind.model_not_found, f"model {wanted!r} is not served here; served models: {served}")
+
+    # ---------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Load and warm every model to serve; fail with a message naming what is missing."""
+        found = await asyncio.to_thread(registry.served_models, self.root)
+        wanted = list(self.settings.models) or sorted(found)
+        missing = [name for name in wanted if name not in found]
+        if missing or not wanted:
+            raise RuntimeError(
+                f"no promoted bundle for {missing or 'any model'} in registry {self.root.absolute()} "
+                f"(promoted: {sorted(found) or 'none'}); export one with `embedder export ... --promote` "
+                "or change EMBED_MODELS"
+            )
+        if self.settings.default_model not in wanted:
+            raise RuntimeError(
+                f"default model {self.settings.default_model!r} is not among the served models {wanted}; "
+                "set EMBED_DEFAULT_MODEL to one of them"
+            )
+        for name in wanted:
+            self._install(await self._load(name, found[name]))
+        self._ready = True
+        if self.settings.registry_poll_seconds > 0:
+            self._poller = asyncio.get_running_loop().create_task(self._poll(), name="registry-poll")
+
+    async def stop(self, timeout: float) -> None:
+        """Stop polling, then drain every queue (in-flight texts finish, up to ``timeout`` s)."""
+        self._ready = False
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        closing = [model.batcher.close(timeout) for model in self._models.values()]
+        await asyncio.gather(*closing, *self._retiring, return_exceptions=True)
+        self._models.clear()
+        self.metrics.models_loaded.set(0)
+
+    async def refresh(self) -> list[str]:
+        """Load newly promoted versions (and new names when serving everything); returns what changed."""
+        async with self._refresh_lock:
+            found = await asyncio.to_thread(registry.served_models, self.root)
+            wanted = list(self.settings.models) or sorted(found)
+            changed = []
+            for name in wanted:
+                bundle = found.get(name)
+                current = self._models.get(name)
+                if bundle is None or (current is not None and current.info.path == bundle):
+                    continue
+                if self._failed.get(name) == bundle:
+                    continue
+                try:
+                    model = await self._load(name, bundle)
+                except Exception:
+                    log.exception("model %s: could not load %s; still serving the previous version", name, bundle)
+                    self._failed[name] = bundle
+                    continue
+                self._install(model)
+                changed.append(name)
+            return changed
+
+    # ---------------------------------------------------------------------------------- internals
+    async def _load(self, name: str, bundle: Path) -> ServedModel:
+        started = time.perf_counter()
+        backend = await asyncio.to_thread(self._load_and_warm, bundle)
+        if backend.info.name != name:
+            log.warning("bundle %s says its name is %r; serving it as %r", bundle, backend.info.name, name)
+        batcher = Batcher(
+            backend,
+            name=name,
+            max_batch_tokens=self.settings.max_batch_tokens,
+            max_batch_size=self.settings.max_batch_size,
+            max_queue_size=self.settings.max_queue_size,
+            metrics=self.metrics,
+        )
+        log.info(
+            "model %s version %s loaded from %s in %.1fs (dim %d, max_seq_length %d)",
+            name, backend.info.version, bundle, time.perf_counter() - started, backend.info.dim,
+            backend.info.max_seq_length,
+        )  # fmt: skip
+        return ServedModel(name=name, backend=backend, batcher=batcher, loaded_at=time.time())
+
+    def _load_and_warm(self, bundle: Path) -> Backend:
+        backend = self.backend_factory(bundle, self.settings)
+        if self.settings.warmup:
+            backend.warmup()
+        return backend
+
+    def _install(self, model: ServedModel) -> None:
+        name = model.name
+        self.metrics.register_model(name)
+        model.batcher.start()
+        old = self._models.get(name)
+        self._models[name] = model
+        self._failed.pop(name, None)
+        self.metrics.models_loaded.set(len(self._models))
+        if old is not None:
+            log.info("model %s: now serving version %s (was %s)", name, model.info.version, old.info.version)
+            task = asyncio.get_running_loop().create_task(old.batcher.close(self.settings.shutdown_grace_seconds))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.registry_poll_seconds)
+            try:
+                await self.refresh()
+            except Exception:  # a broken registry must not stop serving what is loaded
+                log.exception("registry poll failed")

@@ -1,0 +1,108 @@
+"""Prometheus metrics of one app instance, pre-registered so every series exists before the first request.
+
+Each app gets its own `CollectorRegistry` (tests build several apps in one process). Label sets:
+``route`` is the route template, ``model`` the served model name (``-`` before a model is resolved,
+so unknown names sent by clients cannot blow up the series count), ``error_type`` an `ErrorKind` code.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.errors import ErrorKind
+
+EMBEDDING_ROUTES = ("/v1/embeddings", "/embed", "/similarity")
+NO_MODEL = "-"
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class ServiceMetrics:
+    """All series of the service (names follow Prometheus conventions: seconds, ``_total`` counters)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "embed_requests", "Requests received, by route and model.", ["route", "model"], registry=r
+        )
+        self.failures = Counter(
+            "embed_request_failures",
+            "Requests that ended in an error, by route, model and error type (ErrorKind code).",
+            ["route", "model", "error_type"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "embed_request_duration_seconds",
+            "Time from the request reaching the handler to the response body being ready.",
+            ["route", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "embed_queue_seconds",
+            "Wait from enqueue until the request's last batch started.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenization_time = Histogram(
+            "embed_tokenization_seconds",
+            "Tokenisation time per request.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_time = Histogram(
+            "embed_inference_seconds",
+            "Forward-pass time per batch (padding included).",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "embed_batch_size", "Texts per forward pass.", ["model"], buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "embed_batch_tokens",
+            "Padded tokens per forward pass (what max_batch_tokens bounds).",
+            ["model"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.input_length = Histogram(
+            "embed_input_length_tokens",
+            "Tokens per input text after truncation.",
+            ["model"],
+            buckets=_TOKEN_BUCKETS[:8],
+            registry=r,
+        )
+        self.queue_depth = Gauge("embed_queue_depth", "Texts waiting for a batch.", ["model"], registry=r)
+        self.models_loaded = Gauge("embed_models_loaded", "Models loaded and warmed.", registry=r)
+        self.tokens = Counter("embed_tokens", "Tokens embedded.", ["model"], registry=r)
+        self.embeddings = Counter("embed_embeddings", "Embeddings returned.", ["model"], registry=r)
+        self.register_model(NO_MODEL)
+
+    def register_model(self, model: str) -> None:
+        """Create every labelled series of ``model`` at zero (Prometheus shows a series only once it exists)."""
+        for route in EMBEDDING_ROUTES:
+            self.requests.labels(route, model)
+            self.request_duration.labels(route, model)
+            for kind in ErrorKind:
+                self.failures.labels(route, model, kind.code)
+        if model == NO_MODEL:
+            return
+        for histogram in (
+            self.queue_time,
+            self.tokenization_time,
+            self.inference_time,
+            self.batch_size,
+            self.batch_tokens,
+            self.input_length,
+        ):
+            histogram.labels(model)
+        self.queue_depth.labels(model)
+        self.tokens.labels(model)
+        self.embeddings.labels(model)
