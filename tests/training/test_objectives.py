@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from training import metrics
 from training.objectives import OBJECTIVES
+from training.objectives.barlow_twins import BarlowTwins
 from training.objectives.infonce import InfoNCE
 from training.objectives.rank_reduction import RankReduction
 from training.objectives.sct import SCT
+from training.objectives.vicreg import VICReg
+from training.objectives.vicreg import variance_term as vicreg_variance
 
 
 def seeded(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -122,7 +126,8 @@ def test_rank_reduction_gradient_lowers_rank() -> None:
 
 def test_registry_names() -> None:
     assert OBJECTIVES["infonce"] is InfoNCE and OBJECTIVES["simcse"] is InfoNCE
-    assert OBJECTIVES["rank_reduction"] is RankReduction
+    assert OBJECTIVES["rank_reduction"] is RankReduction and OBJECTIVES["sct"] is SCT
+    assert OBJECTIVES["barlow_twins"] is BarlowTwins and OBJECTIVES["vicreg"] is VICReg
 
 
 # --- SCT (paper 001 Eqs. 1-4) ----------------------------------------------------------------------
@@ -214,3 +219,77 @@ def test_sct_bad_arguments_say_what_to_fix() -> None:
         sct(torch.ones(2, 4), torch.ones(2, 4))
     with pytest.raises(ValueError, match="set reference_dim"):
         sct(torch.ones(2, 4), torch.ones(2, 4), reference1=torch.ones(2, 4), reference2=torch.ones(2, 4))
+
+
+# --- Barlow Twins and VICReg (paper 004 Eqs. 2-3) -----------------------------------------------------
+
+
+def whitened(b: int, d: int, seed: int = 0) -> torch.Tensor:
+    """Rows whose columns have mean 0, biased variance 1 and zero correlation."""
+    x = seeded(b, d, seed=seed)
+    x = x - x.mean(0)
+    cov = x.T @ x / b
+    return x @ torch.linalg.inv(torch.linalg.cholesky(cov)).T
+
+
+def test_barlow_twins_zero_for_identical_whitened_views() -> None:
+    z = whitened(64, 8).double()
+    loss, stats = BarlowTwins(input_dim=8, projector_dim=0)(z, z)
+    assert loss.item() == pytest.approx(0.0, abs=1e-8)
+    assert stats["off_diagonal"] == pytest.approx(0.0, abs=1e-8)
+    # identical but correlated views: perfect invariance, yet the redundancy term is positive
+    mixed = z @ torch.tensor(np.eye(8) + 0.5, dtype=torch.float64)
+    loss, stats = BarlowTwins(input_dim=8, projector_dim=0)(mixed, mixed)
+    assert stats["on_diagonal"] == pytest.approx(0.0, abs=1e-8) and stats["off_diagonal"] > 0.1
+
+
+def test_barlow_twins_matches_pearson_cross_correlation() -> None:
+    a, b = seeded(32, 5, seed=1).double(), seeded(32, 5, seed=2).double()
+    c = torch.tensor(np.corrcoef(a.T.numpy(), b.T.numpy())[:5, 5:])  # Pearson C_ij
+    lam = 0.01
+    expected = ((1 - c.diagonal()) ** 2).sum() + lam * (c**2).sum() - lam * (c.diagonal() ** 2).sum()
+    loss, _ = BarlowTwins(input_dim=5, projector_dim=0, off_diagonal_weight=lam)(a, b)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+
+
+def test_vicreg_variance_term_zero_when_every_std_at_least_one() -> None:
+    wide = 3 * seeded(64, 6, seed=3)
+    assert vicreg_variance(wide).item() == 0.0
+    assert vicreg_variance(torch.ones(8, 6)).item() == pytest.approx(1 - math.sqrt(1e-4))  # collapsed
+    half = torch.tensor([[0.5], [-0.5]]).repeat(1, 3)  # unbiased variance 0.5 in every dimension
+    assert vicreg_variance(half).item() == pytest.approx(1 - math.sqrt(0.5 + 1e-4))
+
+
+def test_vicreg_terms_written_out() -> None:
+    a, b = seeded(16, 4, seed=4), seeded(16, 4, seed=5)
+    loss, stats = VICReg(input_dim=4, projector_dim=0)(a, b)
+    ca, cb = torch.cov(a.T), torch.cov(b.T)
+    off = lambda m: (m**2).sum() - (m.diagonal() ** 2).sum()  # noqa: E731
+    assert stats["invariance"] == pytest.approx(((a - b) ** 2).mean().item(), rel=1e-5)
+    assert stats["covariance"] == pytest.approx((off(ca) / 4 + off(cb) / 4).item(), rel=1e-4)
+    expected = 25 * stats["invariance"] + 25 * stats["variance"] + stats["covariance"]
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    z = whitened(64, 4, seed=6)
+    assert VICReg(input_dim=4, projector_dim=0)(z, z)[1]["covariance"] == pytest.approx(0.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("cls", [BarlowTwins, VICReg])
+def test_non_contrastive_projector_gets_gradients(cls: type) -> None:
+    objective = cls(input_dim=6, projector_dim=16)
+    v1, v2 = seeded(8, 6, seed=7).requires_grad_(True), seeded(8, 6, seed=8)
+    loss, stats = objective(v1, v2)
+    loss.backward()
+    assert v1.grad is not None and v1.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in objective.projector.parameters())
+    assert {"loss", "accuracy", "effective_rank", "std"} <= stats.keys()
+
+
+def test_non_contrastive_bad_arguments_say_what_to_fix() -> None:
+    with pytest.raises(ValueError, match=r"off_diagonal_weight \(λ\) must be >= 0"):
+        BarlowTwins(input_dim=4, off_diagonal_weight=-1)
+    with pytest.raises(ValueError, match="variance_weight must be >= 0"):
+        VICReg(input_dim=4, variance_weight=-1)
+    with pytest.raises(ValueError, match="projector_dim >= 0"):
+        VICReg(input_dim=4, projector_dim=-2)
+    with pytest.raises(ValueError, match="same shape with B >= 2"):
+        BarlowTwins(input_dim=4, projector_dim=0)(torch.ones(1, 4), torch.ones(1, 4))

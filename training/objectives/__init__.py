@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from torch import nn
 
+from training.objectives.barlow_twins import BarlowTwins
 from training.objectives.infonce import InfoNCE
 from training.objectives.rank_reduction import RankReduction
 from training.objectives.sct import SCT
+from training.objectives.vicreg import VICReg
 
 # "simcse" is InfoNCE on dropout views (papers/002 §2.1.1): the same loss, different views.
 OBJECTIVES: dict[str, type[nn.Module]] = {
     "infonce": InfoNCE,
     "simcse": InfoNCE,
     "sct": SCT,
+    "barlow_twins": BarlowTwins,
+    "vicreg": VICReg,
     "rank_reduction": RankReduction,
 }
