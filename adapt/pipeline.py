@@ -15,9 +15,9 @@ published bundle keeps the base model's limit), both cores are used, and the ste
 Evaluation is never skipped; the base model's general-suite scores are cached per base model,
 since they do not change between jobs.
 
-Gate (two-sided, base vs adapted): held-out ``CropPairRetrieval`` must improve (and kNN accuracy
-must not fall when labels were given); the general offline suite may drop at most
-``gate_margin`` points. The adapted model is always published as a new version of ``name``; it is
+Gate (two-sided, base vs adapted, `evaluation.gate.check`): held-out ``CropPairRetrieval`` must
+improve; each task of the general offline suite — and kNN accuracy when labels were given — may
+drop at most ``gate_margin`` points. The adapted model is always published as a new version of ``name``; it is
 promoted (made servable) only when the gate passes and the job says ``promote=auto``.
 """
 
@@ -43,6 +43,8 @@ ADAPT_METHOD = "adapt"  # manifest method.name; the API lets /adapt publish new 
 OBJECTIVES = {"crop-infonce": ("infonce", "crop"), "sct": ("sct", "crop"), "simcse": ("simcse", "dropout")}
 # The yield below which a crop rule leaves too few documents to learn the domain from.
 MIN_CROP_YIELD = 0.25
+IN_DOMAIN_TASK = "CropPairRetrieval-heldout"
+KNN_TASK = "kNN-accuracy-labels"
 
 
 class JobCancelled(Exception):
@@ -115,40 +117,30 @@ def split_corpus(
 
 def gate_decision(
     in_domain: dict[str, float],
-    general: dict[str, float] | None,
+    general_tasks: dict[str, dict[str, float]] | None,
     knn: dict[str, float] | None,
     *,
     margin: float,
 ) -> dict[str, Any]:
-    """The two-sided rollout gate on base vs adapted scores (all in points, 0–100).
+    """The two-sided rollout gate on base vs adapted scores, in points (`evaluation.gate.check`).
 
-    ``in_domain`` / ``general`` / ``knn`` hold ``{"base": x, "adapted": y}``. Passing needs
-    in-domain adapted > base, general adapted ≥ base − margin, and (with labels) kNN adapted ≥ base.
+    ``in_domain`` and ``knn`` hold ``{"base": x, "adapted": y}``; ``general_tasks`` holds
+    ``{"base": {task: x}, "adapted": {task: y}}``. The held-out crop task must improve strictly; every
+    other score (each general task, and kNN accuracy when labels were given) may drop at most
+    ``margin`` points.
     """
-    reasons = []
-    checks = {}
-    delta = in_domain["adapted"] - in_domain["base"]
-    checks["in_domain"] = {**in_domain, "delta": round(delta, 3), "passed": delta > 0}
-    if delta <= 0:
-        reasons.append(
-            f"held-out crop-pair retrieval did not improve ({in_domain['base']:.2f} → {in_domain['adapted']:.2f})"
-        )
-    if general is not None:
-        drop = general["base"] - general["adapted"]
-        ok = drop <= margin
-        checks["general"] = {**general, "delta": round(-drop, 3), "margin": margin, "passed": ok}
-        if not ok:
-            reasons.append(
-                f"the general suite fell {drop:.2f} points ({general['base']:.2f} → {general['adapted']:.2f}), "
-                f"more than the {margin:g}-point margin"
-            )
+    from evaluation.gate import check
+
+    candidate = {IN_DOMAIN_TASK: in_domain["adapted"]}
+    baseline = {IN_DOMAIN_TASK: in_domain["base"]}
+    if general_tasks is not None:
+        candidate.update(general_tasks["adapted"])
+        baseline.update(general_tasks["base"])
     if knn is not None:
-        knn_delta = knn["adapted"] - knn["base"]
-        ok = knn_delta >= 0
-        checks["knn"] = {**knn, "delta": round(knn_delta, 3), "passed": ok}
-        if not ok:
-            reasons.append(f"kNN accuracy on the labels fell ({knn['base']:.2f} → {knn['adapted']:.2f})")
-    return {"passed": not reasons, "checks": checks, "reasons": reasons}
+        candidate[KNN_TASK] = knn["adapted"]
+        baseline[KNN_TASK] = knn["base"]
+    result = check(candidate, baseline, max_drop=margin, must_improve=[IN_DOMAIN_TASK])
+    return {"passed": result.passed, "margin": margin, "reasons": result.failures, "table": result.table}
 
 
 def _base_path(name: str, options: WorkerOptions) -> Path:
@@ -237,7 +229,7 @@ def _train(
         objective=objective,
         views=views,
         corpus=tuple(documents),
-        crop_sentences=None,  # the trainer picks the crop rule from the corpus (training.views.choose_crop_rule)
+        crop_rule="auto",  # the trainer picks the rule from the corpus, as _crop_rule reported it
         validation=None,
         max_steps=hp["max_steps"],
         epochs=None,
@@ -254,9 +246,12 @@ def _train(
     total = hp["max_steps"]
     ctx.stage("training", step=0, total=total, loss=None, eta_s=None)
 
+    last: dict[str, Any] = {}
+
     def on_progress(record: dict[str, Any]) -> None:
         if record.get("kind") != "train":
             return
+        last.update(record)
         ctx.progress(
             {
                 "stage": "training",
@@ -273,7 +268,6 @@ def _train(
         raise JobFailed("training", f"training failed: {err}") from err
     if result.stopped_by == "cancelled":
         raise JobCancelled("cancelled during training")
-    last = result.history[-1] if result.history else {}
     ctx.progress(
         {
             "stage": "trained",
@@ -332,7 +326,7 @@ def _export_and_publish(
             log.exception("%s: evaluation failed", job.id)
             raise JobFailed("evaluation", f"evaluation failed: {type(err).__name__}: {err}") from err
         gate = gate_decision(
-            evaluation["in_domain"], evaluation.get("general"), evaluation.get("knn"), margin=hp["gate_margin"]
+            evaluation["in_domain"], evaluation.get("general_tasks"), evaluation.get("knn"), margin=hp["gate_margin"]
         )
         ctx.result({"evaluation": evaluation, "gate": gate}, event="evaluation")
         ctx.check()
@@ -381,17 +375,17 @@ def _evaluate(
 
     seed = job.params["hyperparameters"]["seed"]
     models = {"base": load_model(str(base_path)), "adapted": load_model(str(bundle))}
-    in_domain_task = CropPairRetrieval.from_corpus(split.held_out, seed=seed, name="CropPairRetrieval-heldout")
+    in_domain_task = CropPairRetrieval.from_corpus(split.held_out, seed=seed, name=IN_DOMAIN_TASK)
     out: dict[str, Any] = {"in_domain": {}, "in_domain_task": "CropPairRetrieval (held-out documents, nDCG@10)"}
     general_scores: dict[str, dict[str, float]] = {}
     for which, model in models.items():
         ctx.check()
-        ctx.stage("evaluating", evaluating=f"{which} in-domain")
+        ctx.stage("evaluating", detail=f"{which} in-domain")
         report = run_suite(model, [in_domain_task], progress=False)
         out["in_domain"][which] = round(report["scores"][in_domain_task.metadata.name], 3)
         if options.general_tasks:
             ctx.check()
-            ctx.stage("evaluating", evaluating=f"{which} general suite")
+            ctx.stage("evaluating", detail=f"{which} general suite")
             report = run_suite(model, list(options.general_tasks), fast=options.general_fast, progress=False)
             if report["skipped"]:
                 raise JobFailed("evaluation", f"general tasks could not run here: {report['skipped']}")
@@ -402,7 +396,7 @@ def _evaluate(
         out["general"] = {w: round(sum(s.values()) / len(s), 3) for w, s in general_scores.items()}
     if labels is not None:
         ctx.check()
-        ctx.stage("evaluating", evaluating="kNN accuracy")
+        ctx.stage("evaluating", detail="kNN accuracy")
         out["knn"] = {which: round(_knn_points(model, texts, labels), 3) for which, model in models.items()}
     return out
 

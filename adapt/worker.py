@@ -72,7 +72,9 @@ class JobContext:
         return time.monotonic() - self._started
 
     def stage(self, name: str, **data: Any) -> None:
-        self.store.update_progress(self.job.id, {"stage": name, "elapsed_s": round(self.elapsed(), 2), **data})
+        """Enter a stage (``detail`` names the step inside it; cleared when not given)."""
+        record = {"stage": name, "detail": None, "elapsed_s": round(self.elapsed(), 2), **data}
+        self.store.update_progress(self.job.id, record)
 
     def progress(self, data: dict[str, Any], *, force: bool = False) -> None:
         """Record training progress, at most every `PROGRESS_EVERY_S` unless ``force``."""

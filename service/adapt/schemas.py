@@ -41,7 +41,8 @@ class AdaptRequest(BaseModel):
 
 
 class JobProgress(BaseModel):
-    stage: str | None = None
+    stage: str | None = None  # preparing, training, trained, exporting, evaluating, publishing, done
+    detail: str | None = None
     step: int | None = None
     total: int | None = None
     loss: float | None = None

@@ -121,14 +121,15 @@ def test_split_is_seeded_disjoint_and_holds_out_only_croppable_documents() -> No
 
 
 def test_gate_is_two_sided() -> None:
-    passed = gate_decision(
-        {"base": 50.0, "adapted": 55.0}, {"base": 60.0, "adapted": 58.5}, {"base": 70.0, "adapted": 71.0}, margin=2
-    )
-    assert passed["passed"] and passed["reasons"] == []
-    assert passed["checks"]["general"]["delta"] == -1.5
+    general = {"base": {"LeeDocSTS": 60.0, "ACL": 40.0}, "adapted": {"LeeDocSTS": 58.5, "ACL": 41.0}}
+    passed = gate_decision({"base": 50.0, "adapted": 55.0}, general, {"base": 70.0, "adapted": 69.0}, margin=2)
+    assert passed["passed"] and passed["reasons"] == [] and passed["margin"] == 2
+    assert {row["task"]: row["delta"] for row in passed["table"]}["LeeDocSTS"] == -1.5
     no_gain = gate_decision({"base": 50.0, "adapted": 50.0}, None, None, margin=2)
-    assert not no_gain["passed"] and "did not improve (50.00 → 50.00)" in no_gain["reasons"][0]
-    forgot = gate_decision({"base": 50.0, "adapted": 56.0}, {"base": 60.0, "adapted": 57.5}, None, margin=2)
-    assert not forgot["passed"] and "fell 2.50 points" in forgot["reasons"][0]
-    knn = gate_decision({"base": 50.0, "adapted": 56.0}, None, {"base": 70.0, "adapted": 69.0}, margin=2)
-    assert not knn["passed"] and "kNN accuracy" in knn["reasons"][0]
+    assert not no_gain["passed"]
+    assert no_gain["reasons"] == ["CropPairRetrieval-heldout: must improve on the baseline (50.00 vs 50.00)"]
+    forgot = {"base": {"LeeDocSTS": 60.0}, "adapted": {"LeeDocSTS": 57.5}}
+    result = gate_decision({"base": 50.0, "adapted": 56.0}, forgot, None, margin=2)
+    assert not result["passed"] and result["reasons"][0].startswith("LeeDocSTS: 57.50 vs 60.00 (-2.50 points")
+    knn = gate_decision({"base": 50.0, "adapted": 56.0}, None, {"base": 70.0, "adapted": 67.0}, margin=2)
+    assert not knn["passed"] and knn["reasons"][0].startswith("kNN-accuracy-labels")
