@@ -220,6 +220,19 @@ class ServiceSettings(BaseSettings):
         ge=1,
         description="torch threads of a worker. Both cores make a job fastest but raise /embed latency while it runs.",
     )
+    adapt_lr: float = Field(
+        default=2e-5, gt=0, description="Peak learning rate of a job (the cropping paper's 2e-5); higher forgets more."
+    )
+    adapt_general_tasks: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["LeeDocSTS", "CropPairRetrieval-LeeBackground", "ACLSumRetrieval"],
+        description="Offline tasks (evaluation.tasks) of the gate's general side (comma-separated). More tasks guard "
+        "general quality better; each costs evaluation time per job (the base model's scores are cached).",
+    )
+
+    @field_validator("adapt_general_tasks", mode="before")
+    @classmethod
+    def _adapt_tasks_from_csv(cls, value: object) -> object:
+        return _split_csv(value)
 
     @field_validator("models", "api_keys", "admin_api_keys", mode="before")
     @classmethod

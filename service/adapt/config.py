@@ -81,5 +81,7 @@ class AdaptConfig:
             max_seq_length=settings.adapt_max_seq_length,
             gate_margin=settings.adapt_gate_margin,
             worker_threads=settings.adapt_worker_threads,
+            lr=settings.adapt_lr,
+            general_tasks=tuple(settings.adapt_general_tasks),
             cache_dir=settings.cache_dir,
         )

@@ -209,9 +209,11 @@ def test_config_comes_from_the_service_settings(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setenv("EMBED_ADAPT_BASE_MODELS", json.dumps({"tiny": "/models/tiny"}))
     monkeypatch.setenv("EMBED_API_KEYS", "client-key")
-    settings = ServiceSettings(registry_dir=tmp_path / "reg", adapt_min_documents=5, adapt_max_steps=9)
+    monkeypatch.setenv("EMBED_ADAPT_GENERAL_TASKS", "LeeDocSTS")
+    settings = ServiceSettings(registry_dir=tmp_path / "reg", adapt_min_documents=5, adapt_max_steps=9, adapt_lr=1e-3)
     config = AdaptConfig.from_settings(settings)
     assert config.base_models == {"tiny": "/models/tiny"}
     assert config.admin_api_keys == ("client-key",)  # no admin keys: the client keys guard /adapt
     assert config.limits.min_documents == 5 and config.default_max_steps == 9
+    assert config.lr == 1e-3 and config.general_tasks == ("LeeDocSTS",)
     assert config.data_dir == tmp_path / "adapt-jobs" and config.db_path.name == "jobs.sqlite3"
