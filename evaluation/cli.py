@@ -1,0 +1,204 @@
+"""``embedder validate``, ``embedder layers`` and ``embedder bench``.
+
+Exit codes: 0 = passed (or nothing to gate), 1 = the gate failed (the failing tasks are printed),
+2 = bad arguments or a model that cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+MODEL_HELP = (
+    "built-in name (minilm-l6, minilm-l3, mpnet-base), a Hugging Face folder or training checkpoint, "
+    "a bundle folder (with manifest.json) or registry:NAME[@VERSION]"
+)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fast", action="store_true", help="a few documents per task (smoke test; not comparable)")
+    parser.add_argument("--out", type=Path, help="report folder (default: the bundle folder, else the cache dir)")
+    parser.add_argument("--device", default=None, help="torch device for checkpoints (default: settings.device)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _setup_torch(device: str | None) -> str:
+    import torch
+
+    from embedder.settings import get_settings
+
+    settings = get_settings()
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    return device or settings.device
+
+
+def _load(spec: str, device: str):  # type: ignore[no-untyped-def]
+    from evaluation.models import load_model
+
+    return load_model(spec, device=device)
+
+
+def validate_main(argv: list[str]) -> int:
+    """``embedder validate MODEL [--baseline MODEL] [--max-drop 1.0] [--min-speedup X] [--tasks ...]``."""
+    parser = argparse.ArgumentParser(
+        prog="embedder validate",
+        description="Run the offline suite, layer-wise curves, diagnostics and speed on MODEL (and BASELINE on "
+        "the same tasks), write report.json/report.md/PNG plots, and exit 1 when a task drops more than "
+        "--max-drop points or the speed floor is missed. Results are cached by model content hash.",
+    )
+    parser.add_argument("model", help=MODEL_HELP)
+    parser.add_argument("--baseline", help="model to compare against (same kinds of spec as MODEL)")
+    parser.add_argument("--max-drop", type=float, default=1.0, help="largest allowed drop per task, in points")
+    parser.add_argument(
+        "--min-speedup",
+        type=float,
+        default=None,
+        help="required throughput ratio vs the baseline (geometric mean over speed settings)",
+    )
+    parser.add_argument("--tasks", nargs="+", help="task names (default: all); see `embedder validate --list-tasks`")
+    parser.add_argument(
+        "--layer-tasks",
+        nargs="*",
+        default=None,
+        help="tasks for layer-wise curves (default: LeeDocSTS BBCNewsKNN; none to skip)",
+    )
+    parser.add_argument("--no-speed", action="store_true", help="skip the speed measurement")
+    parser.add_argument("--no-cache", action="store_true", help="recompute instead of reusing cached results")
+    parser.add_argument("--list-tasks", action="store_true", help="print the task names and exit")
+    _common(parser)
+    if "--list-tasks" in argv:
+        from evaluation.tasks import TASKS
+
+        print("\n".join(TASKS))
+        return 0
+    args = parser.parse_args(argv)
+    if args.min_speedup is not None and args.baseline is None:
+        parser.error("--min-speedup compares throughput with a baseline: pass --baseline too")
+    if args.min_speedup is not None and args.no_speed:
+        parser.error("--min-speedup needs the speed measurement: drop --no-speed")
+    device = _setup_torch(args.device)
+    from evaluation.models import ModelSpecError
+    from evaluation.tasks import resolve_task
+    from evaluation.validate import DEFAULT_LAYER_TASKS, validate
+
+    try:
+        for name in (args.tasks or []) + (args.layer_tasks or []):
+            resolve_task(name, fast=True)
+        model = _load(args.model, device)
+        baseline = _load(args.baseline, device) if args.baseline else None
+    except (ModelSpecError, ValueError) as exc:
+        print(f"embedder validate: {exc}", file=sys.stderr)
+        return 2
+    report, gate, written = validate(
+        model,
+        baseline,
+        tasks=args.tasks,
+        fast=args.fast,
+        max_drop=args.max_drop,
+        min_speedup=args.min_speedup,
+        layer_tasks=DEFAULT_LAYER_TASKS if args.layer_tasks is None else args.layer_tasks,
+        speed=not args.no_speed,
+        out_dir=args.out,
+        cache=not args.no_cache,
+        progress=not args.quiet,
+        command="embedder validate " + shlex.join(argv),
+    )
+    if gate is not None:
+        print(gate.format_table())
+    else:
+        cand = report["candidate"]
+        for task, score in cand["scores"].items():
+            print(f"{task:<34} {score:8.2f}")
+        for task, reason in cand["skipped"].items():
+            print(f"{task:<34} skipped: {reason}")
+    print(f"report: {written['report.md']}")
+    if gate is not None and not gate.passed:
+        print("failing: " + ", ".join(f.split(":")[0] for f in gate.failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+def layers_main(argv: list[str]) -> int:
+    """``embedder layers MODEL [--baseline MODEL] [--tasks ...]``: the layer-wise table and plot."""
+    parser = argparse.ArgumentParser(
+        prog="embedder layers",
+        description="Score the pooled embedding of every layer (layer 0 = embeddings) on offline tasks, as in "
+        "the cropping paper's Figure 4b and the TMFT paper's Figure 2; TMFT truncates at the best layer l.",
+    )
+    parser.add_argument("model", help="a torch model: built-in name or checkpoint folder (bundles have no layers)")
+    parser.add_argument("--baseline", help="a second torch model on the same axes (e.g. before fine-tuning)")
+    parser.add_argument("--tasks", nargs="+", default=["LeeDocSTS", "BBCNewsKNN"], help="tasks to score per layer")
+    parser.add_argument("--no-cache", action="store_true", help="recompute instead of reusing cached results")
+    _common(parser)
+    args = parser.parse_args(argv)
+    device = _setup_torch(args.device)
+    from evaluation.models import ModelSpecError
+    from evaluation.report import plot_layers
+    from evaluation.tasks import resolve_task
+    from evaluation.validate import default_out_dir, layer_curves
+
+    try:
+        for name in args.tasks:
+            resolve_task(name, fast=True)
+        models = [_load(args.model, device)] + ([_load(args.baseline, device)] if args.baseline else [])
+        for m in models:
+            if not m.supports_layers:
+                raise ValueError(f"{m.name} is an exported bundle: layer-wise scores need the torch checkpoint")
+    except (ModelSpecError, ValueError) as exc:
+        print(f"embedder layers: {exc}", file=sys.stderr)
+        return 2
+    curves = {
+        m.name: layer_curves(m, args.tasks, fast=args.fast, cache=not args.no_cache, progress=not args.quiet)
+        for m in models
+    }
+    for label, per_task in curves.items():
+        for task, ys in per_task.items():
+            best = max(range(len(ys)), key=ys.__getitem__)
+            print(f"{label} {task} (best layer {best})")
+            for layer, y in enumerate(ys):
+                print(f"  layer {layer:>2}  {y:7.2f}" + ("  <- best" if layer == best else ""))
+    out = args.out or default_out_dir(models[0])
+    out.mkdir(parents=True, exist_ok=True)
+    plot_layers(curves, out / "layers.png", title="Layer-wise quality" + (" (fast mode)" if args.fast else ""))
+    (out / "layers.json").write_text(json.dumps({"fast": args.fast, "curves": curves}, indent=1) + "\n")
+    print(f"plot: {out / 'layers.png'}")
+    return 0
+
+
+def bench_main(argv: list[str]) -> int:
+    """``embedder bench MODEL [MODEL ...]``: texts/s and p50 latency, batch 1 and 32, short and long texts."""
+    parser = argparse.ArgumentParser(
+        prog="embedder bench",
+        description="Measure encode speed (tokenisation included) for each MODEL: texts/s and median latency "
+        "per call, batch 1 and 32, short and long texts. Set EMBED_NUM_THREADS to fix torch's thread count.",
+    )
+    parser.add_argument("models", nargs="+", help=MODEL_HELP)
+    parser.add_argument("--calls", type=int, default=24, help="timed calls per batch-1 setting (batch 32: calls/8)")
+    _common(parser)
+    args = parser.parse_args(argv)
+    if args.calls < 1:
+        parser.error("--calls must be at least 1")
+    device = _setup_torch(args.device)
+    from evaluation.models import ModelSpecError
+    from evaluation.speed import measure_speed
+
+    results = {}
+    for spec in args.models:
+        try:
+            model = _load(spec, device)
+        except ModelSpecError as exc:
+            print(f"embedder bench: {exc}", file=sys.stderr)
+            return 2
+        results[model.name] = measure_speed(model, calls=args.calls, fast=args.fast, progress=not args.quiet)
+    print(f"{'model':<24} {'setting':<10} {'texts/s':>9} {'p50 ms':>9}")
+    for name, speed in results.items():
+        for row in speed["settings"]:
+            print(f"{name:<24} {row['setting']:<10} {row['texts_per_s']:>9.1f} {row['p50_ms']:>9.1f}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "speed.json").write_text(json.dumps(results, indent=1) + "\n")
+    return 0

@@ -1,0 +1,173 @@
+"""Validation of one model (optionally against a baseline): suite + layer-wise curves + diagnostics +
+speed → gate → report files. The library behind ``embedder validate``; export and adapt call it too."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from embedder.settings import get_settings
+from evaluation import data
+from evaluation.adapter import EmbeddingMemo
+from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
+from evaluation.gate import GateResult, check
+from evaluation.models import EmbeddingModel, OnnxModel, load_model
+from evaluation.report import write_report
+from evaluation.speed import measure_speed
+from evaluation.suite import _read_cached, _write_cached, result_cache_dir, run_suite, score_task
+from evaluation.tasks import CropPairRetrieval, resolve_task
+from evaluation.tasks.bbc import bbc_task_split
+
+DEFAULT_LAYER_TASKS = ("LeeDocSTS", "BBCNewsKNN")
+DIAGNOSTICS_REVISION = "1"
+
+
+def layer_curves(
+    model: EmbeddingModel,
+    tasks: Sequence[Any],
+    *,
+    memo: EmbeddingMemo | None = None,
+    fast: bool = False,
+    cache: bool = True,
+    progress: bool = True,
+) -> dict[str, list[float]]:
+    """``{task: [points per layer]}`` (layer 0 = embeddings), cached by model hash; empty for bundles."""
+    if not model.supports_layers or not tasks:
+        return {}
+    if memo is None or not memo.all_layers:
+        memo = EmbeddingMemo(model, all_layers=True, progress=progress)
+    curves: dict[str, list[float]] = {}
+    for task in (resolve_task(t, fast=fast) for t in tasks):
+        if task.unavailable_reason() is not None:
+            continue
+        path = result_cache_dir(model) / f"layers-{task.cache_key}.json"
+        cached = _read_cached(path) if cache else None
+        if cached is None:
+            layers = range(int(model.num_layers or 0) + 1)
+            bar = tqdm(layers, desc=f"layers {task.metadata.name}", disable=not progress, leave=False)
+            cached = {"scores": [score_task(memo, task, layer=layer)["score"] for layer in bar]}
+            if cache:
+                _write_cached(path, cached)
+        curves[task.metadata.name] = cached["scores"]
+    return curves
+
+
+def compute_diagnostics(memo: EmbeddingMemo, *, fast: bool = False) -> dict[str, float]:
+    """Paper diagnostics on BBC articles (kNN 9:1, effective rank, uniformity) and Lee-background
+    crop pairs (alignment). Parts whose data is missing are left out."""
+    out: dict[str, float] = {}
+    try:
+        texts, labels = data.bbc_articles()
+        if fast:
+            train, test = bbc_task_split(True)
+            idx = sorted(train + test)
+            texts, labels = tuple(texts[i] for i in idx), tuple(labels[i] for i in idx)
+        emb = memo.embed(list(texts))
+        out["bbc_knn10_euclidean_9to1"] = 100 * knn_accuracy(emb, labels, k=10, metric="euclidean", split=0.9)
+        out["bbc_knn10_cosine_9to1"] = 100 * knn_accuracy(emb, labels, k=10, metric="cosine", split=0.9)
+        out["bbc_effective_rank"] = effective_rank(emb)
+        out["bbc_uniformity_t2"] = uniformity(emb, t=2)
+    except data.DataUnavailableError:
+        pass
+    try:
+        pairs = CropPairRetrieval(fast=fast).crop_pairs()
+        queries = memo.embed([q for q, _ in pairs])
+        positives = memo.embed([p for _, p in pairs])
+        out["crop_alignment_a2"] = alignment(queries, positives)
+        out["crop_uniformity_t2"] = uniformity(positives, t=2)
+    except data.DataUnavailableError:
+        pass
+    return {k: round(float(v), 4) for k, v in out.items()}
+
+
+def evaluate_model(
+    model: Any,
+    *,
+    tasks: Sequence[Any] | None = None,
+    fast: bool = False,
+    layer_tasks: Sequence[Any] = DEFAULT_LAYER_TASKS,
+    speed: bool = True,
+    diagnostics: bool = True,
+    cache: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`run_suite` plus ``layers`` (torch models), ``diagnostics`` and ``speed`` for one model."""
+    emb = load_model(model)
+    memo = EmbeddingMemo(emb, all_layers=emb.supports_layers and bool(layer_tasks), progress=progress)
+    report = run_suite(emb, tasks, fast=fast, progress=progress, cache=cache, memo=memo)
+    report["layers"] = layer_curves(emb, layer_tasks, memo=memo, fast=fast, cache=cache, progress=progress)
+    if diagnostics:
+        path = result_cache_dir(emb) / f"diagnostics-r{DIAGNOSTICS_REVISION}-{'fast' if fast else 'full'}.json"
+        cached = _read_cached(path) if cache else None
+        if cached is None:
+            cached = compute_diagnostics(memo, fast=fast)
+            if cache:
+                _write_cached(path, cached)
+        report["diagnostics"] = cached
+    if speed:
+        report["speed"] = measure_speed(emb, fast=fast, progress=progress)
+    return report
+
+
+def default_out_dir(model: EmbeddingModel) -> Path:
+    """Next to the bundle for a bundle; else ``<cache_dir>/reports/<name>-<hash>``."""
+    if isinstance(model, OnnxModel):
+        return model.path
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", model.name).strip("-") or "model"
+    return get_settings().cache_dir / "reports" / f"{safe}-{model.hash[:12]}"
+
+
+def validate(
+    model: Any,
+    baseline: Any | None = None,
+    *,
+    tasks: Sequence[Any] | None = None,
+    fast: bool = False,
+    max_drop: float = 1.0,
+    min_speedup: float | None = None,
+    layer_tasks: Sequence[Any] = DEFAULT_LAYER_TASKS,
+    speed: bool = True,
+    out_dir: str | Path | None = None,
+    cache: bool = True,
+    progress: bool = True,
+    command: str = "",
+) -> tuple[dict[str, Any], GateResult | None, dict[str, Path]]:
+    """Evaluate ``model`` (and ``baseline`` on the same tasks), gate, and write the report files.
+
+    Returns ``(report, gate result or None without a baseline, {file name: path written})``.
+    """
+    if min_speedup is not None and baseline is None:
+        raise ValueError("--min-speedup compares throughput with a baseline: pass --baseline too")
+    if min_speedup is not None and not speed:
+        raise ValueError("--min-speedup needs the speed measurement: do not disable speed")
+    candidate = load_model(model)
+    kwargs = {
+        "tasks": tasks,
+        "fast": fast,
+        "layer_tasks": layer_tasks,
+        "speed": speed,
+        "cache": cache,
+        "progress": progress,
+    }
+    report: dict[str, Any] = {
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "fast": fast,
+        "max_drop": max_drop,
+        "min_speedup": min_speedup,
+        "candidate": evaluate_model(candidate, **kwargs),
+        "baseline": None,
+        "gate": None,
+    }
+    result = None
+    if baseline is not None:
+        report["baseline"] = evaluate_model(load_model(baseline), **kwargs)
+        result = check(report["candidate"], report["baseline"], max_drop=max_drop, min_speedup=min_speedup)
+        report["gate"] = result.as_dict()
+    written = write_report(report, Path(out_dir) if out_dir is not None else default_out_dir(candidate))
+    return report, result, written
