@@ -85,28 +85,30 @@ class GuardMiddleware:
                 await self._too_large(route, svc, scope, receive, send)
                 return
         received = 0
-        started = False
+        too_large = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, too_large
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
+                    too_large = True
                     raise _BodyTooLarge
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def guarded_send(message: Message) -> None:
+            # The framework turns a failed body read into its own 400; answer 413 instead.
+            if not too_large:
+                await send(message)
+            elif message["type"] == "http.response.start":
+                await self._too_large(route, svc, scope, receive, send)
 
         self.state.in_flight += 1
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, guarded_send)
         except _BodyTooLarge:
-            if not started:
-                await self._too_large(route, svc, scope, receive, send)
+            await self._too_large(route, svc, scope, receive, send)
         finally:
             self.state.in_flight -= 1
 

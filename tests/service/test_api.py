@@ -1,0 +1,232 @@
+"""HTTP shapes and the error table, against the deterministic fake backend (in-process TestClient)."""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@pytest.fixture
+def client(make_app):
+    with TestClient(make_app(), raise_server_exceptions=False) as client:
+        yield client
+
+
+def _vector(client: TestClient, text: str, model: str = "fake-a") -> np.ndarray:
+    response = client.post("/embed", json={"inputs": text, "model": model})
+    assert response.status_code == 200, response.text
+    return np.asarray(response.json()[0], dtype=np.float32)
+
+
+def test_openai_shape_usage_and_timing_headers(client):
+    response = client.post("/v1/embeddings", json={"input": ["hello there world", "hi"]})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == "fake-a"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    assert all(d["object"] == "embedding" and len(d["embedding"]) == 16 for d in body["data"])
+    # fake tokens = words + [CLS] + [SEP]
+    assert body["usage"] == {"prompt_tokens": 5 + 3, "total_tokens": 5 + 3}
+    for header in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
+        assert float(response.headers[header]) >= 0.0
+    assert float(response.headers["x-total-time"]) >= float(response.headers["x-inference-time"])
+
+
+def test_single_string_input_and_named_model(client):
+    response = client.post("/v1/embeddings", json={"input": "one text", "model": "fake-b"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["model"] == "fake-b" and len(body["data"]) == 1 and len(body["data"][0]["embedding"]) == 8
+
+
+def test_base64_is_little_endian_float32_of_the_float_vector(client):
+    floats = client.post("/v1/embeddings", json={"input": ["a b c"]}).json()["data"][0]["embedding"]
+    encoded = client.post("/v1/embeddings", json={"input": ["a b c"], "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(encoded["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(decoded, np.asarray(floats, dtype=np.float32), rtol=0, atol=1e-7)
+
+
+def test_dimensions_truncate_and_renormalise(client):
+    full = np.asarray(client.post("/v1/embeddings", json={"input": "x y"}).json()["data"][0]["embedding"])
+    short = client.post("/v1/embeddings", json={"input": "x y", "dimensions": 4}).json()["data"][0]["embedding"]
+    expected = full[:4] / np.linalg.norm(full[:4])
+    np.testing.assert_allclose(short, expected, atol=1e-6)
+    tei = client.post("/embed", json={"inputs": "x y", "dimensions": 4}).json()[0]
+    np.testing.assert_allclose(tei, expected, atol=1e-6)
+
+
+def test_tei_embed_and_similarity(client):
+    vectors = client.post("/embed", json={"inputs": ["red apple", "green pear"]}).json()
+    assert len(vectors) == 2 and all(len(v) == 16 for v in vectors)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+    scores = client.post(
+        "/similarity", json={"inputs": {"source_sentence": "red apple", "sentences": ["red apple", "green pear"]}}
+    ).json()
+    a, b = np.asarray(vectors[0]), np.asarray(vectors[1])
+    assert scores == pytest.approx([1.0, float(a @ b)], abs=1e-6)
+
+
+def test_models_info_health_ready_and_docs(client):
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list"
+    assert {(m["id"], m["dim"]) for m in models["data"]} == {("fake-a", 16), ("fake-b", 8)}
+    info = client.get("/info").json()
+    assert info["default_model"] == "fake-a" and info["limits"]["max_batch_tokens"] == 256 and info["auth"] is False
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/ready").json() == {"status": "ready", "models": ["fake-a", "fake-b"]}
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/embeddings", "/embed", "/similarity", "/v1/models", "/info", "/metrics"} <= set(paths)
+    assert client.get("/docs").status_code == 200
+
+
+def _error(response, status: int, code: str, message_part: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "code"}
+    assert error["code"] == code
+    assert message_part in error["message"], error["message"]
+    return error
+
+
+def test_error_table_rows(make_app):
+    app = make_app(max_client_batch_size=3, max_input_chars=50, max_body_bytes=2048)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        _error(client.post("/v1/embeddings", json={"input": []}), 422, "invalid_request", "input is empty")
+        empty_string = client.post("/v1/embeddings", json={"input": ["ok", ""]})
+        _error(empty_string, 422, "invalid_request", "input[1] is an empty")
+        _error(client.post("/embed", json={"inputs": ""}), 422, "invalid_request", "inputs[0] is an empty")
+        _error(
+            client.post("/embed", json={"inputs": ["a", "b", "c", "d"]}), 422, "invalid_request",
+            "4 texts, more than max_client_batch_size=3",
+        )  # fmt: skip
+        _error(
+            client.post("/embed", json={"inputs": ["a", "x" * 51]}), 422, "invalid_request",
+            "inputs[1] has 51 characters, more than max_input_chars=50",
+        )  # fmt: skip
+        long_text = " ".join(["w"] * 20)  # 22 fake tokens > max_seq_length 16
+        _error(
+            client.post("/embed", json={"inputs": ["short", long_text], "truncate": False}), 422, "input_too_long",
+            "inputs[1] has 22 tokens, more than model 'fake-a' accepts (16)",
+        )  # fmt: skip
+        assert client.post("/embed", json={"inputs": long_text, "truncate": True}).status_code == 200
+        assert client.post("/v1/embeddings", json={"input": long_text}).status_code == 200  # OpenAI route truncates
+        _error(
+            client.post("/v1/embeddings", json={"input": "a", "model": "nope"}), 404, "model_not_found",
+            "model 'nope' is not served here; served models: fake-a, fake-b",
+        )  # fmt: skip
+        _error(
+            client.post("/v1/embeddings", json={"input": "a", "dimensions": 17}), 422, "invalid_request",
+            "dimensions=17 exceeds the model's 16",
+        )  # fmt: skip
+        _error(
+            client.post("/v1/embeddings", json={"input": "a", "encoding_format": "int8"}), 422, "invalid_request",
+            "encoding_format",
+        )  # fmt: skip
+        _error(client.post("/v1/embeddings", json={"input": [1, 2]}), 422, "invalid_request", "input")
+        _error(
+            client.post("/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"}),
+            422, "invalid_request", "JSON",
+        )  # fmt: skip
+        _error(
+            client.post("/similarity", json={"inputs": {"source_sentence": "a", "sentences": []}}), 422,
+            "invalid_request", "inputs.sentences is empty",
+        )  # fmt: skip
+        padded = client.post("/embed", json={"inputs": "a", "pad": "y" * 3000})
+        _error(padded, 413, "payload_too_large", "max_body_bytes=2048")
+        _error(client.get("/nowhere"), 404, "not_found", "no route GET /nowhere")
+        _error(client.get("/v1/embeddings"), 405, "method_not_allowed", "GET is not allowed")
+
+
+def test_chunked_body_over_the_limit_is_413(make_app):
+    app = make_app(max_body_bytes=1024)
+
+    def chunks():
+        yield b'{"inputs": ["'
+        for _ in range(20):
+            yield b"z" * 100
+        yield b'"]}'
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.post("/embed", content=chunks(), headers={"content-type": "application/json"})
+        _error(response, 413, "payload_too_large", "max_body_bytes=1024")
+
+
+def test_internal_error_is_generic_for_clients(tmp_path, make_app, publish_fake, caplog):
+    root = tmp_path / "reg"
+    publish_fake(root, "fake-a", fail_word="explode")
+    app = make_app(registry_dir=root)
+    with TestClient(app, raise_server_exceptions=False) as client, caplog.at_level(logging.ERROR):
+        response = client.post("/v1/embeddings", json={"input": ["fine", "please explode now"]})
+        assert response.status_code == 500
+        expected = {"message": "internal error", "type": "server_error", "code": "internal_error"}
+        assert response.json() == {"error": expected}
+        assert "secret detail" not in response.text
+        assert "secret detail" in caplog.text  # the traceback is in the log
+        assert client.post("/v1/embeddings", json={"input": "fine"}).status_code == 200  # the model still serves
+
+
+def test_api_keys(make_app, caplog):
+    app = make_app(api_keys="key-one,key-two")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        body = {"input": "a"}
+        _error(client.post("/v1/embeddings", json=body), 401, "invalid_api_key", "Authorization: Bearer")
+        wrong = client.post("/v1/embeddings", json=body, headers={"Authorization": "Bearer key-three"})
+        _error(wrong, 401, "invalid_api_key", "invalid API key")
+        assert wrong.headers["www-authenticate"] == "Bearer"
+        basic = client.post("/embed", json={"inputs": "a"}, headers={"Authorization": "Basic key-one"})
+        _error(basic, 401, "invalid_api_key", "API key")
+        for key in ("key-one", "key-two"):
+            ok = client.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {key}"})
+            assert ok.status_code == 200
+        _error(client.get("/v1/models"), 401, "invalid_api_key", "API key")
+        assert client.get("/v1/models", headers={"Authorization": "Bearer key-two"}).status_code == 200
+        # probes and scrapes stay open
+        assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200
+        assert client.get("/metrics").status_code == 200
+    assert "key-one" not in caplog.text and "key-two" not in caplog.text
+
+
+def test_open_server_warns_at_start(make_app, caplog):
+    with caplog.at_level(logging.WARNING, logger="service"), TestClient(make_app()):
+        pass
+    assert "no API keys configured" in caplog.text
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_metrics_exist_before_traffic_and_count_requests_and_failures(client):
+    before = _samples(client.get("/metrics").text)
+    key_ok = ("embed_requests_total", (("model", "fake-a"), ("route", "/v1/embeddings")))
+    key_fail = (
+        "embed_request_failures_total",
+        (("error_type", "invalid_request"), ("model", "fake-a"), ("route", "/v1/embeddings")),
+    )
+    assert before[key_ok] == 0 and before[key_fail] == 0
+    for name in (
+        "embed_request_duration_seconds_count", "embed_queue_seconds_count", "embed_tokenization_seconds_count",
+        "embed_inference_seconds_count", "embed_batch_size_count", "embed_batch_tokens_count",
+        "embed_input_length_tokens_count", "embed_queue_depth", "embed_tokens_total", "embed_embeddings_total",
+    ):  # fmt: skip
+        assert any(key[0] == name and ("model", "fake-b") in key[1] for key in before), name
+    assert before[("embed_models_loaded", ())] == 2
+
+    client.post("/v1/embeddings", json={"input": ["a b", "c"]})
+    client.post("/v1/embeddings", json={"input": ["ok", ""]})
+    after = _samples(client.get("/metrics").text)
+    assert after[key_ok] == 2  # one success, one failure: both are requests
+    assert after[key_fail] == 1
+    assert after[("embed_embeddings_total", (("model", "fake-a"),))] == 2
+    assert after[("embed_tokens_total", (("model", "fake-a"),))] == 4 + 3
+    assert after[("embed_input_length_tokens_count", (("model", "fake-a"),))] == 2
+    assert after[("embed_request_duration_seconds_count", (("model", "fake-a"), ("route", "/v1/embeddings")))] == 1
