@@ -36,12 +36,15 @@ class Track:
     route: str
     started: float
     model: str = NO_MODEL
+    version: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     def headers(self) -> dict[str, str]:
         """TEI-style timing headers in milliseconds."""
         total = time.perf_counter() - self.started
         out = {"x-total-time": f"{total * 1000:.3f}"}
+        if self.version is not None:
+            out["x-model-version"] = self.version
         for key in ("tokenization", "queue", "inference"):
             if key in self.timings:
                 out[f"x-{key}-time"] = f"{self.timings[key] * 1000:.3f}"
@@ -108,6 +111,7 @@ class EmbeddingService:
     def resolve(self, track: Track, model_name: str | None) -> ServedModel:
         model = self.models.get(model_name)
         track.model = model.name
+        track.version = model.info.version
         return model
 
     def check_texts(self, texts: list[str], field_name: str) -> None:

@@ -27,7 +27,7 @@ VOCAB = 997
 class FakeBackend(Backend):
     """Whitespace tokens; an embedding is the normalised sum of seeded random vectors of its token ids, so it
     depends only on the text (never on the batch). Manifest key ``fake`` tunes it: ``seed`` (changes every
-    vector: tells versions apart), ``delay_s`` (per batch), ``fail_word`` (a text containing it makes the
+    vector: tells versions apart), ``delay_s`` (per batch), ``warmup_s``, ``fail_word`` (a text containing it makes the
     batch raise)."""
 
     def __init__(self, bundle_dir: Path, settings: Any = None) -> None:
@@ -44,6 +44,7 @@ class FakeBackend(Backend):
         )
         self.seed = int(fake.get("seed", 0))
         self.delay_s = float(fake.get("delay_s", 0.0))
+        self.warmup_s = float(fake.get("warmup_s", 0.0))
         fail_word = fake.get("fail_word")
         self.fail_id = self._word_id(fail_word) if fail_word else None
         self.basis = np.random.default_rng(self.seed).standard_normal((VOCAB, self.info.dim)).astype(np.float32)
@@ -77,6 +78,7 @@ class FakeBackend(Backend):
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
     def warmup(self) -> None:
+        time.sleep(self.warmup_s)
         self.warmed = True
 
     def close(self) -> None:
@@ -107,6 +109,11 @@ def make_fake_bundle(
     if promote:
         registry.promote(root, name, version)
     return bundle
+
+
+@pytest.fixture
+def fake_backend_cls() -> type[FakeBackend]:
+    return FakeBackend
 
 
 @pytest.fixture

@@ -1,0 +1,133 @@
+"""The batching engine: token budget, count cap, length sorting, FIFO fairness, no wait when idle, 429s."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from service.engine.batcher import Batcher
+from service.errors import ErrorKind, ServiceError
+from service.metrics import ServiceMetrics
+
+
+def _batcher(backend, **limits) -> Batcher:
+    values = {"max_batch_tokens": 40, "max_batch_size": 4, "max_queue_size": 100} | limits
+    return Batcher(backend, name=backend.info.name, metrics=ServiceMetrics(), **values)
+
+
+def _text(n_tokens: int, word: str = "w") -> str:
+    return " ".join(f"{word}{i}" for i in range(n_tokens - 2))  # + [CLS] [SEP]
+
+
+def test_batches_respect_budget_and_cap_and_sort_by_length(publish_fake, tmp_path, fake_backend_cls):
+    bundle = publish_fake(tmp_path, "m", max_seq_length=64, delay_s=0.05)
+    backend = fake_backend_cls(bundle)
+    lengths = [3, 12, 5, 20, 4, 9, 15, 3, 7, 11, 6, 18]
+
+    async def run() -> list:
+        batcher = _batcher(backend)
+        batcher.start()
+        first = batcher.submit(backend.tokenize([_text(5)]))
+        await asyncio.sleep(0.01)  # the first text runs alone while the rest queue up
+        jobs = [batcher.submit(backend.tokenize([_text(n)])) for n in lengths]
+        await asyncio.gather(first.future, *(job.future for job in jobs))
+        await batcher.close(timeout=5)
+        return jobs
+
+    jobs = asyncio.run(run())
+    assert backend.batches[0] == [5]
+    rest = backend.batches[1:]
+    assert sorted(n for batch in rest for n in batch) == sorted(lengths)
+    for batch in rest:
+        assert len(batch) <= 4 and max(batch) * len(batch) <= 40, batch
+        assert batch == sorted(batch, reverse=True), batch
+    assert len(rest) >= 4  # 12 texts under a cap of 4 and a budget of 40 tokens
+    # results land in the right rows
+    for job, n in zip(jobs, lengths, strict=True):
+        expected = backend.embed(backend.tokenize([_text(n)]))[0]
+        np.testing.assert_allclose(job.out[0], expected, atol=1e-6)
+    assert backend.closed
+
+
+def test_one_request_larger_than_a_batch_keeps_its_row_order(publish_fake, tmp_path, fake_backend_cls):
+    bundle = publish_fake(tmp_path, "m", max_seq_length=64)
+    backend = fake_backend_cls(bundle)
+    texts = [_text(3 + (i * 7) % 17, word=f"t{i}_") for i in range(23)]
+
+    async def run() -> np.ndarray:
+        batcher = _batcher(backend)
+        batcher.start()
+        job = batcher.submit(backend.tokenize(texts))
+        await job.future
+        await batcher.close(timeout=5)
+        return job.out
+
+    out = asyncio.run(run())
+    assert len(backend.batches) >= 6
+    alone = np.stack([backend.embed(backend.tokenize([t]))[0] for t in texts])
+    np.testing.assert_allclose(out, alone, atol=1e-6)
+
+
+def test_idle_request_starts_at_once(publish_fake, tmp_path, fake_backend_cls):
+    backend = fake_backend_cls(publish_fake(tmp_path, "m"))
+
+    async def run() -> float:
+        batcher = _batcher(backend)
+        batcher.start()
+        await asyncio.sleep(0.01)
+        job = batcher.submit(backend.tokenize(["hello"]))
+        await job.future
+        await batcher.close(timeout=5)
+        return job.queue_time
+
+    assert asyncio.run(run()) < 0.005
+
+
+def test_full_queue_rejects_at_once_with_retry_after(publish_fake, tmp_path, fake_backend_cls):
+    backend = fake_backend_cls(publish_fake(tmp_path, "m", delay_s=0.05))
+
+    async def run() -> ServiceError:
+        batcher = _batcher(backend, max_queue_size=5)
+        batcher.start()
+        running = batcher.submit(backend.tokenize(["a"]))
+        await asyncio.sleep(0.01)  # the first batch is running; the queue is empty
+        waiting = batcher.submit(backend.tokenize(["b"] * 5))
+        with pytest.raises(ServiceError) as info:
+            batcher.submit(backend.tokenize(["c"]))
+        await asyncio.gather(running.future, waiting.future)
+        await batcher.close(timeout=5)
+        return info.value
+
+    err = asyncio.run(run())
+    assert err.kind is ErrorKind.overloaded and "5 texts queued, limit 5" in err.message
+    assert int(err.headers["Retry-After"]) >= 1
+
+
+def test_flood_against_a_tiny_queue_gets_429s_and_no_other_errors(make_app, serve):
+    app = make_app(max_queue_size=3, max_batch_size=2)
+
+    async def flood(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            return await asyncio.gather(
+                *(client.post("/embed", json={"inputs": [f"text {i}", "two"]}) for i in range(40))
+            )
+
+    with serve(app) as (url, _):
+        for backend in app.state.embedding_service.models.models():
+            backend.backend.delay_s = 0.02
+        started = time.perf_counter()
+        responses = asyncio.run(flood(url))
+        elapsed = time.perf_counter() - started
+        statuses = [r.status_code for r in responses]
+        assert set(statuses) <= {200, 429}, statuses
+        assert statuses.count(429) >= 10 and statuses.count(200) >= 1
+        rejected = next(r for r in responses if r.status_code == 429)
+        assert rejected.json()["error"]["code"] == "queue_full" and int(rejected.headers["retry-after"]) >= 1
+        assert elapsed < 20
+        metrics = httpx.get(f"{url}/metrics").text
+        line = 'embed_request_failures_total{error_type="queue_full",model="fake-a",route="/embed"}'
+        assert f"{line} {float(statuses.count(429))}" in metrics

@@ -1,0 +1,115 @@
+"""Hot reload of newly promoted bundles under traffic, and graceful shutdown."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from export import registry
+
+
+def test_new_version_is_served_without_a_restart_and_no_request_fails(
+    fake_registry, make_app, serve, publish_fake, fake_backend_cls
+):
+    app = make_app(registry_poll_seconds=0.05)
+    results: list[tuple[int, str | None]] = []
+    stop = threading.Event()
+
+    def client_loop(url: str) -> None:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            while not stop.is_set():
+                r = client.post("/embed", json={"inputs": ["steady traffic", "more words here"]})
+                results.append((r.status_code, r.headers.get("x-model-version")))
+
+    with serve(app) as (url, _):
+        models = app.state.embedding_service.models
+        old = models.get("fake-a")
+        old.backend.delay_s = 0.01
+        threads = [threading.Thread(target=client_loop, args=(url,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        # slow warm-up: the old version must keep answering meanwhile
+        new_bundle = publish_fake(fake_registry, "fake-a", dim=16, seed=42, warmup_s=0.4, delay_s=0.01)
+        deadline = time.monotonic() + 10
+        while models.get("fake-a") is old and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert models.get("fake-a") is not old and models.get("fake-a").info.path == new_bundle
+        response = httpx.post(f"{url}/embed", json={"inputs": "which version"})
+    statuses = [status for status, _ in results]
+    versions = [version for _, version in results]
+    assert statuses and set(statuses) == {200}, f"{len(statuses)} requests, statuses {set(statuses)}"
+    assert "1" in versions and "2" in versions
+    first_new = versions.index("2")
+    assert set(versions[first_new:]) <= {"1", "2"} and versions[:first_new].count("1") >= 3
+    expected = fake_backend_cls(new_bundle)
+    np.testing.assert_allclose(
+        response.json()[0], expected.embed(expected.tokenize(["which version"]))[0], atol=1e-6
+    )
+    assert old.backend.closed  # the old version was drained and released
+
+
+def test_new_model_name_appears_and_broken_bundle_keeps_old_one(fake_registry, make_app, publish_fake):
+    with TestClient(make_app(), raise_server_exceptions=False) as client:
+        models = client.app.state.embedding_service.models
+        publish_fake(fake_registry, "fake-c", dim=4)
+        # a bundle whose manifest cannot be read must not take the served version down
+        broken = publish_fake(fake_registry, "fake-b", dim=8)
+        (broken / "manifest.json").write_text("{")
+        changed = client.portal.call(models.refresh)
+        assert changed == ["fake-c"]
+        assert client.post("/embed", json={"inputs": "a", "model": "fake-c"}).status_code == 200
+        assert client.post("/embed", json={"inputs": "a", "model": "fake-b"}).headers["x-model-version"] == "1"
+
+
+def _start(app) -> None:
+    with TestClient(app):
+        pass
+
+
+def test_missing_models_fail_at_start_with_what_to_do(make_app, tmp_path):
+    with pytest.raises(RuntimeError, match=r"no promoted bundle for \['ghost'\].*promoted: \['fake-a', 'fake-b'\]"):
+        _start(make_app(models="fake-a,ghost"))
+    with pytest.raises(RuntimeError, match="default model 'fake-z' is not among the served models"):
+        _start(make_app(default_model="fake-z"))
+    with pytest.raises(RuntimeError, match="promoted: none"):
+        _start(make_app(registry_dir=tmp_path / "empty"))
+
+
+def test_graceful_shutdown_finishes_in_flight_and_refuses_new(make_app, serve):
+    app = make_app()
+    with serve(app, grace_seconds=10) as (url, server):
+        app.state.embedding_service.models.get("fake-a").backend.delay_s = 0.6
+        slow: list[httpx.Response] = []
+        thread = threading.Thread(target=lambda: slow.append(httpx.post(f"{url}/embed", json={"inputs": "slow"})))
+        thread.start()
+        deadline = time.monotonic() + 10
+        while app.state.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.handle_exit(signal.SIGTERM, None)
+        refused = httpx.post(f"{url}/embed", json={"inputs": "late"})
+        ready = httpx.get(f"{url}/ready")
+        thread.join(timeout=30)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+        assert ready.status_code == 503
+        assert slow and slow[0].status_code == 200 and len(slow[0].json()[0]) == 16
+        deadline = time.monotonic() + 15
+        while server.started and not server.should_exit and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.should_exit
+
+
+def test_versions_listed_in_registry_match_what_is_served(fake_registry, make_app):
+    with TestClient(make_app()) as client:
+        cards = {m["id"]: m["version"] for m in client.get("/v1/models").json()["data"]}
+    assert cards == {name: registry.current_version(fake_registry, name) for name in ("fake-a", "fake-b")}
