@@ -1,0 +1,351 @@
+"""Chart unit tests against `helm template` output: settings cannot drift, the gate gates, replicas share
+the registry, probes hit real routes, and every pod keeps the hardened security context."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from service.settings import ServiceSettings
+
+
+def _mentions(annotation: Any, target: type) -> bool:
+    """Whether a type annotation is or contains `target` (list[SecretStr], SecretStr | None, Annotated[...])."""
+    if annotation is target:
+        return True
+    return any(_mentions(arg, target) for arg in typing.get_args(annotation))
+
+
+SECRET_FIELDS = sorted(name for name, f in ServiceSettings.model_fields.items() if _mentions(f.annotation, SecretStr))
+CONFIG_FIELDS = sorted(name for name in ServiceSettings.model_fields if name not in SECRET_FIELDS)
+
+
+def _env_name(field: str) -> str:
+    return "EMBED_" + field.upper()
+
+
+def test_settings_split_into_config_and_secret() -> None:
+    # The split itself: the API keys are SecretStr lists and must never land in the ConfigMap.
+    assert SECRET_FIELDS == ["admin_api_keys", "api_keys"]
+    assert "port" in CONFIG_FIELDS and "registry_dir" in CONFIG_FIELDS
+
+
+@pytest.mark.parametrize("production", [False, True], ids=["default", "production"])
+def test_configmap_keys_are_exactly_the_service_settings(deploy, production: bool) -> None:
+    docs = deploy.render_production() if production else deploy.render()
+    data = deploy.find(docs, "ConfigMap")["data"]
+    expected = {_env_name(f) for f in CONFIG_FIELDS}
+    missing, unknown = expected - set(data), set(data) - expected
+    assert not missing and not unknown, (
+        f"helm/embedder ConfigMap and service.settings.ServiceSettings drifted: missing {sorted(missing)} "
+        f"(add them under `config:` in values.yaml and values.schema.json), unknown {sorted(unknown)} "
+        "(remove them, or add the field to ServiceSettings)"
+    )
+
+
+def test_values_config_lists_every_field_even_null_ones(deploy) -> None:
+    # A null value renders no key; values.yaml must still name every field so none is forgotten.
+    assert sorted(deploy.values()["config"]) == CONFIG_FIELDS
+
+
+def test_secret_keys_are_exactly_the_secret_settings(deploy) -> None:
+    secret = deploy.find(deploy.render("--set", "auth.apiKeys={k1,k2}"), "Secret")
+    assert set(secret["stringData"]) == {_env_name(f) for f in SECRET_FIELDS}
+    assert secret["stringData"]["EMBED_API_KEYS"] == "k1,k2"
+    configmap = deploy.find(deploy.render("--set", "auth.apiKeys={k1,k2}"), "ConfigMap")
+    assert not any("k1" in value for value in configmap["data"].values())
+
+
+def test_existing_secret_replaces_the_chart_secret(deploy) -> None:
+    docs = deploy.render_production()
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    container = deploy.pod_spec(deploy.find(docs, "Deployment"))["containers"][0]
+    assert {"secretRef": {"name": "embedder-keys"}} in container["envFrom"]
+
+
+@pytest.mark.parametrize("production", [False, True], ids=["default", "production"])
+def test_configmap_values_parse_back_to_the_chart_values(deploy, monkeypatch, production: bool) -> None:
+    """The rendered text (lists comma-joined, maps as JSON, big ints without exponent) is what the service
+    reads: building ServiceSettings from it must give back every value of the chart."""
+    docs = deploy.render_production() if production else deploy.render("--set", "auth.apiKeys={a,b}")
+    env = dict(deploy.find(docs, "ConfigMap")["data"])
+    env.update({"EMBED_API_KEYS": "a,b", "EMBED_ADMIN_API_KEYS": ""})
+    for name in [n for n in os.environ if n.startswith("EMBED_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = ServiceSettings()
+    dumped = settings.model_dump(mode="json", exclude=set(SECRET_FIELDS))
+    wanted = deploy.values(production=production)["config"]
+    for field, value in wanted.items():
+        if value is not None:
+            assert dumped[field] == value, f"config.{field}: chart {value!r} reached the service as {dumped[field]!r}"
+    assert settings.api_key_values() == ["a", "b"]
+
+
+def test_big_integers_render_without_exponent(deploy) -> None:
+    data = deploy.find(deploy.render("--set", "config.adapt_max_upload_bytes=123456789"), "ConfigMap")["data"]
+    assert data["EMBED_ADAPT_MAX_UPLOAD_BYTES"] == "123456789"
+
+
+def test_values_schema_config_matches_the_settings_schema(deploy) -> None:
+    schema = json.loads((deploy.chart / "values.schema.json").read_text())["properties"]["config"]
+    assert schema["additionalProperties"] is False
+    assert sorted(schema["properties"]) == CONFIG_FIELDS
+    model = ServiceSettings.model_json_schema()["properties"]
+    for field in CONFIG_FIELDS:
+        ours, theirs = schema["properties"][field], model[field]
+        their_types = sorted(a["type"] for a in theirs["anyOf"]) if "anyOf" in theirs else [theirs["type"]]
+        our_types = sorted(ours["type"]) if isinstance(ours["type"], list) else [ours["type"]]
+        assert our_types == their_types, f"config.{field}: schema type {our_types} != ServiceSettings {their_types}"
+        for bound in ("minimum", "maximum", "exclusiveMinimum", "enum"):
+            assert ours.get(bound) == theirs.get(bound), f"config.{field}: {bound} differs from ServiceSettings"
+
+
+# --- the validation gate --------------------------------------------------------------------------
+
+
+def test_gate_job_runs_validate_before_install_and_upgrade(deploy) -> None:
+    job = deploy.find(deploy.render(), "Job", "-gate")
+    annotations = job["metadata"]["annotations"]
+    assert set(annotations["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+    # One attempt, no restarts: a failed gate must fail the release, not retry into a pass.
+    assert job["spec"]["backoffLimit"] == 0
+    spec = deploy.pod_spec(job)
+    assert spec["restartPolicy"] == "Never"
+    (container,) = spec["containers"]
+    assert container["args"] == [
+        "validate", "/tmp/gate/registry/minilm-l6/current", "--baseline", "minilm-l6", "--max-drop", "1",
+    ]  # fmt: skip
+    # The image's bundle is copied to writable scratch first (validate writes its report next to it).
+    (stage,) = spec["initContainers"]
+    assert "cp -R" in stage["args"][0] and "/opt/embedder/registry/minilm-l6" in stage["args"][0]
+
+
+def test_gate_takes_candidate_baseline_and_margin_from_values(deploy) -> None:
+    docs = deploy.render(
+        "--set", "gate.candidate=/var/lib/embedder/registry/legal/3", "--set", "gate.baseline=minilm-l3",
+        "--set-json", "gate.maxDrop=0.5", "--set", "gate.extraArgs={--min-speedup,1.5}",
+        "--set", "persistence.existingClaim=shared-registry",
+    )  # fmt: skip
+    spec = deploy.pod_spec(deploy.find(docs, "Job", "-gate"))
+    assert spec["containers"][0]["args"] == [
+        "validate", "/var/lib/embedder/registry/legal/3", "--baseline", "minilm-l3", "--max-drop", "0.5",
+        "--min-speedup", "1.5",
+    ]  # fmt: skip
+    assert "initContainers" not in spec
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "shared-registry"}} in spec["volumes"]
+
+
+def test_gate_reads_nothing_created_by_the_release(deploy) -> None:
+    """Pre-install hooks run before the release's ConfigMap, Secret and claim exist."""
+    spec = deploy.pod_spec(deploy.find(deploy.render(), "Job", "-gate"))
+    text = json.dumps(spec)
+    assert "configMapRef" not in text and "secretRef" not in text and "persistentVolumeClaim" not in text
+
+
+def test_gate_can_be_disabled(deploy) -> None:
+    docs = deploy.render("--set", "gate.enabled=false")
+    assert not [d for d in docs if d["kind"] == "Job"]
+
+
+def test_gate_pods_get_no_service_traffic(deploy) -> None:
+    docs = deploy.render()
+    selector = deploy.find(docs, "Service")["spec"]["selector"]
+    for doc in (deploy.find(docs, "Job", "-gate"), deploy.find(docs, "Pod", "-test-embeddings")):
+        labels = deploy.pod_labels(doc)
+        assert not selector.items() <= labels.items(), f"{doc['metadata']['name']} would receive Service traffic"
+    assert selector.items() <= deploy.pod_labels(deploy.find(docs, "Deployment")).items()
+
+
+# --- shared registry and scaling --------------------------------------------------------------------
+
+
+def test_replicas_share_one_readwritemany_registry(deploy) -> None:
+    docs = deploy.render()
+    values = deploy.values()
+    pvc = deploy.find(docs, "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    spec = deploy.pod_spec(deploy.find(docs, "Deployment"))
+    data = next(v for v in spec["volumes"] if v["name"] == "data")
+    assert data["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    mount = values["persistence"]["mountPath"]
+    for container in spec["containers"] + spec["initContainers"]:
+        assert {"name": "data", "mountPath": mount} in container["volumeMounts"]
+    # The registry and the adapt job store live on that volume, so every replica sees adapted models.
+    for key in ("registry_dir", "adapt_dir"):
+        assert Path(values["config"][key]).is_relative_to(mount), f"config.{key} is not on the shared volume"
+
+
+def test_production_adapt_worker_cronjob_uses_the_shared_registry(deploy) -> None:
+    docs = deploy.render_production()
+    cron = deploy.find(docs, "CronJob", "-adapt-worker")
+    spec = deploy.pod_spec(cron)
+    args = spec["containers"][0]["args"]
+    assert args[:2] == ["adapt-worker", "--once"]
+    assert args[args.index("--db") + 1] == "/var/lib/embedder/adapt-jobs/jobs.sqlite3"
+    assert args[args.index("--registry-dir") + 1] == "/var/lib/embedder/registry"
+    claim = deploy.find(docs, "PersistentVolumeClaim")["metadata"]["name"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": claim}} in spec["volumes"]
+    # With workers outside, the serving pods must not start their own.
+    assert deploy.find(docs, "ConfigMap")["data"]["EMBED_ADAPT_SUPERVISE_WORKER"] == "false"
+
+
+def test_seed_script_never_overwrites_a_model(deploy, tmp_path: Path) -> None:
+    """Run the init container's script for real: it copies missing models and leaves existing ones alone."""
+    spec = deploy.pod_spec(deploy.find(deploy.render(), "Deployment"))
+    script = spec["initContainers"][0]["args"][0]
+    seed, registry = tmp_path / "seed", tmp_path / "registry"
+    (seed / "minilm-l6" / "1").mkdir(parents=True)
+    (seed / "minilm-l6" / "1" / "manifest.json").write_text("{}")
+    (seed / "minilm-l6" / "current").symlink_to("1")
+    (seed / "other" / "1").mkdir(parents=True)
+    (registry / "other" / "7").mkdir(parents=True)
+    script = script.replace('"/opt/embedder/registry"', f'"{seed}"').replace('"/var/lib/embedder/registry"',
+                                                                            f'"{registry}"')  # fmt: skip
+    for _ in range(2):  # the second run (a later pod) finds everything in place
+        result = deploy.run(["sh", "-c", script])
+        assert result.returncode == 0, result.stderr
+    assert (registry / "minilm-l6" / "current").is_symlink()
+    assert (registry / "minilm-l6" / "current" / "manifest.json").is_file()
+    assert sorted(p.name for p in (registry / "other").iterdir()) == ["7"]
+    assert not [p for p in registry.iterdir() if p.name.startswith(".seed-")]
+
+
+def test_hpa_scales_the_deployment_on_cpu_and_optionally_queue_depth(deploy) -> None:
+    hpa = deploy.find(deploy.render(), "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == deploy.find(deploy.render(), "Deployment")["metadata"]["name"]
+    assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
+    assert "replicas" not in deploy.find(deploy.render(), "Deployment")["spec"]  # the HPA owns the count
+    metrics = deploy.find(deploy.render_production(), "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert metrics[1]["pods"]["metric"]["name"] == "embedder_queue_depth"
+    fixed = deploy.render("--set", "autoscaling.enabled=false", "--set", "replicaCount=3")
+    assert deploy.find(fixed, "Deployment")["spec"]["replicas"] == 3
+    assert "HorizontalPodAutoscaler" not in [d["kind"] for d in fixed]
+
+
+def test_pdb_selects_the_serving_pods(deploy) -> None:
+    docs = deploy.render()
+    pdb = deploy.find(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == deploy.find(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+# --- routes and probes ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def service_routes() -> dict[str, set[str]]:
+    """Path -> HTTP methods of the real FastAPI app (built, not started: no model is loaded)."""
+    from service.app import create_app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = ServiceSettings(registry_dir=Path(tmp) / "registry", adapt_dir=Path(tmp) / "adapt", warmup=False)
+        app = create_app(settings, backend_factory=lambda bundle, settings: None)
+        return {path: {m.upper() for m in ops} for path, ops in app.openapi()["paths"].items()}
+
+
+def test_probes_point_at_real_routes(deploy, service_routes: dict[str, set[str]]) -> None:
+    docs = deploy.render()
+    (container,) = deploy.pod_spec(deploy.find(docs, "Deployment"))["containers"]
+    probes = {kind: container[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"]["path"] == "/health" and probes["readinessProbe"]["path"] == "/ready"
+    for probe in probes.values():
+        assert "GET" in service_routes[probe["path"]], f"probe path {probe['path']} is not a GET route of the service"
+        assert probe["port"] == "http"
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
+    assert port == deploy.values()["config"]["port"] == 8080
+    assert deploy.find(docs, "Service")["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_helm_test_and_servicemonitor_call_real_routes(deploy, service_routes: dict[str, set[str]]) -> None:
+    docs = deploy.render_production()
+    monitor = deploy.find(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics" and "GET" in service_routes["/metrics"]
+    test_pod = deploy.find(docs, "Pod", "-test-embeddings")
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = test_pod["spec"]["containers"][0]["args"][0]
+    assert "/v1/embeddings" in script and "POST" in service_routes["/v1/embeddings"]
+    assert f"http://{deploy.release}-embedder:80/v1/embeddings" in script
+    compile(script, "helm-test", "exec")  # the inline client is valid Python
+
+
+def test_container_runs_serve(deploy) -> None:
+    (container,) = deploy.pod_spec(deploy.find(deploy.render(), "Deployment"))["containers"]
+    assert container["args"] == ["serve"]
+    assert container["image"] == "registry.example.com/embedder:0.1.0"
+
+
+def test_digest_pins_the_image(deploy) -> None:
+    docs = deploy.render_production()
+    digest = deploy.values(production=True)["image"]["digest"]
+    for doc in docs:
+        if doc["kind"] in {"Deployment", "Job", "CronJob", "Pod"}:
+            spec = deploy.pod_spec(doc)
+            for container in spec["containers"] + spec.get("initContainers", []):
+                assert container["image"] == f"registry.example.com/ml/embedder@{digest}"
+
+
+# --- hardening -----------------------------------------------------------------------------------------
+
+
+def _all_pods(deploy) -> list[dict[str, Any]]:
+    return [d for d in deploy.render_production() if d["kind"] in {"Deployment", "Job", "CronJob", "Pod"}]
+
+
+def test_every_container_is_hardened(deploy) -> None:
+    pods = _all_pods(deploy)
+    assert sorted(d["kind"] for d in pods) == ["CronJob", "Deployment", "Job", "Pod"]
+    for doc in pods:
+        spec = deploy.pod_spec(doc)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        for container in spec["containers"] + spec.get("initContainers", []):
+            where = f"{doc['kind']}/{doc['metadata']['name']}/{container['name']}"
+            ctx = container["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True, where
+            assert ctx["allowPrivilegeEscalation"] is False, where
+            assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] >= 10000, where
+            assert ctx["capabilities"]["drop"] == ["ALL"], where
+            assert {"limits", "requests"} <= set(container["resources"]), where
+            # The root filesystem is read-only: /tmp must be a writable volume.
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"], where
+        tmp = next(v for v in spec["volumes"] if v["name"] == "tmp")
+        assert "emptyDir" in tmp
+
+
+def test_schema_refuses_weakening_the_security_context(deploy) -> None:
+    helm = deploy.tool("bin/helm")
+    weakened = "securityContext.readOnlyRootFilesystem=false"
+    result = deploy.run([helm, "lint", "--strict", deploy.chart, "--set", weakened])
+    assert result.returncode != 0
+    assert "readOnlyRootFilesystem" in result.stdout + result.stderr
+
+
+def test_network_policy_covers_every_pod_of_the_release(deploy) -> None:
+    docs = deploy.render()
+    policy = deploy.find(docs, "NetworkPolicy")
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    for doc in docs:
+        if doc["kind"] in {"Deployment", "Job", "Pod"}:
+            assert selector.items() <= deploy.pod_labels(doc).items(), doc["metadata"]["name"]
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert "NetworkPolicy" not in [d["kind"] for d in deploy.render("--set", "networkPolicy.enabled=false")]
+
+
+def test_notes_tell_how_to_call_the_service(deploy) -> None:
+    helm = deploy.tool("bin/helm")
+    result = deploy.run([helm, "install", deploy.release, deploy.chart, "-n", deploy.namespace, "--dry-run=client"])
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "http://rel-embedder.embedder.svc:80/v1/embeddings" in notes
+    assert "WARNING: no API keys are set" in notes
