@@ -13,7 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "adapt-worker": ("adapt.worker:main", "run queued /adapt jobs (the service starts and supervises this)"),
     "serve": ("service.cli:main", "serve promoted bundles over HTTP (OpenAI/TEI routes, metrics); see --help"),
     "train": ("training.cli:main", "train an embedder from a TOML recipe (sct-tiny, tmft, crop-mpnet, ...)"),
-    "validate": ("evaluation.cli:validate_main", "offline suite + gate vs a baseline; report.md, plots (exit 1 on a drop)"),
+    "validate": ("evaluation.cli:validate_main", "offline suite, report, plots; gate vs a baseline (exit 1 on a drop)"),
     "layers": ("evaluation.cli:layers_main", "score every layer's pooled embedding (TMFT: pick the layer to keep)"),
     "bench": ("evaluation.cli:bench_main", "encode speed: texts/s and p50 latency, batch 1/32, short/long texts"),
 }
