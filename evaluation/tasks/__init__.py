@@ -3,7 +3,7 @@
 | task | data | main score |
 |---|---|---|
 | `LeeDocSTS` | gensim Lee corpus, 1,225 human-scored document pairs | Spearman (cosine) |
-| `BBCNewsClustering` | 2,225 BBC articles, 5 classes | V-measure |
+| `BBCNewsClustering` | 2,125 distinct BBC articles, 5 classes | V-measure |
 | `BBCNewsClassification` | BBC, seeded 70/30 split | logistic-regression accuracy |
 | `BBCNewsKNN` | BBC, same split | kNN accuracy (k = 10, cosine) |
 | `ACLSumRetrieval` | 750 ACLSum summaries → 250 abstracts | nDCG@10 |

@@ -1,0 +1,74 @@
+"""Metric functions against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
+
+
+def test_knn_accuracy_separated_clusters_is_perfect() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(50, 8)) * 0.05 + np.eye(8)[0] * 5
+    b = rng.normal(size=(50, 8)) * 0.05 + np.eye(8)[1] * 5
+    emb = np.vstack([a, b])
+    labels = ["a"] * 50 + ["b"] * 50
+    for metric in ("cosine", "euclidean"):
+        assert knn_accuracy(emb, labels, k=10, metric=metric) == 1.0
+
+
+def test_knn_accuracy_hand_computed_with_flipped_labels() -> None:
+    # Points on a line, two classes; one test point's 3 neighbours are 2 "x" and 1 "y".
+    emb = np.array([[0.0], [1.0], [2.0], [10.0], [11.0], [1.4], [10.5], [1.6]])
+    emb = np.hstack([emb, np.ones((8, 1))])  # avoid zero vectors
+    labels = ["x", "x", "y", "y", "y", "x", "y", "y"]
+    # split=0.75 with seed 0: find the test rows, then compute the expected accuracy by hand.
+    order = np.random.default_rng(0).permutation(8)
+    train, test = order[:6], order[6:]
+    expected = 0
+    for i in test:
+        dist = np.abs(emb[train, 0] - emb[i, 0])
+        nearest = train[np.argsort(dist, kind="stable")[:3]]
+        votes = [labels[j] for j in nearest]
+        expected += max(set(votes), key=votes.count) == labels[i]
+    assert knn_accuracy(emb, labels, k=3, metric="euclidean", split=0.75, seed=0) == expected / 2
+
+
+def test_knn_accuracy_errors_say_what_to_fix() -> None:
+    with pytest.raises(ValueError, match="metric must be 'cosine' or 'euclidean'"):
+        knn_accuracy(np.ones((10, 2)), [0] * 10, metric="manhattan")
+    with pytest.raises(ValueError, match="labels has 3 entries"):
+        knn_accuracy(np.ones((10, 2)), [0, 1, 0])
+    with pytest.raises(ValueError, match="k=10 is larger than the 9 training points"):
+        knn_accuracy(np.ones((10, 2)), [0] * 10, k=10)
+
+
+def test_effective_rank_of_known_spectra() -> None:
+    assert effective_rank(np.eye(16)) == pytest.approx(16.0)
+    assert effective_rank(np.tile([[3.0, 4.0, 0.0]], (7, 1))) == pytest.approx(1.0)
+    # rows e1, e1, e1, e2 -> eigenvalues (3/4, 1/4)
+    z = np.array([[1.0, 0], [2.0, 0], [0.5, 0], [0, 7.0]])
+    expected = math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert effective_rank(z) == pytest.approx(expected)
+
+
+def test_alignment_of_known_points() -> None:
+    x = np.array([[1.0, 0.0], [0.0, 2.0]])
+    assert alignment(x, x) == pytest.approx(0.0)
+    assert alignment(x, -x) == pytest.approx(4.0)  # antipodal unit vectors: squared distance 4
+    assert alignment(x, np.array([[0.0, 1.0], [0.0, 1.0]])) == pytest.approx(1.0)  # (2 + 0) / 2
+    with pytest.raises(ValueError, match="same shape"):
+        alignment(x, x[:1])
+
+
+def test_uniformity_of_known_points() -> None:
+    assert uniformity(np.array([[1.0, 0.0], [-1.0, 0.0]]), t=2) == pytest.approx(-8.0)
+    assert uniformity(np.ones((5, 3)), t=2) == pytest.approx(0.0)
+    square = np.array([[1.0, 0], [0, 1.0], [-1.0, 0], [0, -1.0]])
+    # each point: two neighbours at squared distance 2, one at 4
+    assert uniformity(square, t=1) == pytest.approx(math.log((2 * math.exp(-2) + math.exp(-4)) / 3))
+    with pytest.raises(ValueError, match="at least two"):
+        uniformity(np.ones((1, 3)))
