@@ -13,6 +13,7 @@ place only when it is complete, and promotion happens only after the gate.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import shutil
@@ -137,6 +138,15 @@ def process_job(
     return state
 
 
+def _preload() -> None:
+    """Import the heavy stack (torch, transformers, onnx, mteb) while idle, so a job does not wait for it."""
+    for module in ("training.trainer", "export.api", "evaluation.suite", "evaluation.tasks"):
+        try:
+            importlib.import_module(module)
+        except Exception:  # the job that needs it will report the failure with its reason
+            log.exception("could not preload %s", module)
+
+
 def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
     while not stop.wait(1.0):
         if os.getppid() != parent_pid:
@@ -201,6 +211,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
     if args.parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(args.parent_pid, stop), daemon=True).start()
+    threading.Thread(target=_preload, name="preload", daemon=True).start()
     log.info("adapt worker %s polling %s", worker_id, args.db)
     while not stop.is_set():
         job = store.claim_next(worker_id, max_running=args.max_running)
