@@ -56,7 +56,8 @@ class DrainingServer(uvicorn.Server):
         deadline = time.monotonic() + self.grace_seconds
         while self.app_state.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        super().handle_exit(sig, frame)
+        # should_exit (not handle_exit): a drained server exits 0 instead of re-raising the signal.
+        self.should_exit = True
 
 
 def _is_bool(annotation: Any) -> bool:

@@ -53,9 +53,7 @@ def test_new_version_is_served_without_a_restart_and_no_request_fails(
     first_new = versions.index("2")
     assert set(versions[first_new:]) <= {"1", "2"} and versions[:first_new].count("1") >= 3
     expected = fake_backend_cls(new_bundle)
-    np.testing.assert_allclose(
-        response.json()[0], expected.embed(expected.tokenize(["which version"]))[0], atol=1e-6
-    )
+    np.testing.assert_allclose(response.json()[0], expected.embed(expected.tokenize(["which version"]))[0], atol=1e-6)
     assert old.backend.closed  # the old version was drained and released
 
 

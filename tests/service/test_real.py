@@ -1,0 +1,159 @@
+"""The real path: ONNX bundles exported by `export.api`, served by uvicorn, called by real clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from export.runtime import OnnxBundle
+from service.app import create_app
+from service.settings import ServiceSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def reference(real_registry: Path) -> OnnxBundle:
+    return OnnxBundle(real_registry / "tiny" / "current")
+
+
+def _settings(registry: Path, **overrides) -> ServiceSettings:
+    values = {
+        "registry_dir": registry, "default_model": "tiny", "registry_poll_seconds": 0, "adapt_enabled": False,
+        "intra_op_threads": 1, "max_batch_size": 16, "max_batch_tokens": 2048,
+    } | overrides  # fmt: skip
+    return ServiceSettings(**values)
+
+
+def test_openai_client_float_and_base64_equal_the_bundle(real_registry, reference, serve, varied_texts):
+    app = create_app(_settings(real_registry), include_adapt=False)
+    with serve(app) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0, timeout=60)
+        single = client.embeddings.create(model="tiny", input="A man is playing a guitar.", encoding_format="float")
+        np.testing.assert_allclose(
+            single.data[0].embedding, reference.encode(["A man is playing a guitar."])[0], atol=1e-5
+        )
+        assert single.model == "tiny" and single.usage.prompt_tokens == len(
+            reference.tokenize(["A man is playing a guitar."])[0]
+        )
+        listed = client.embeddings.create(model="tiny", input=varied_texts)  # the client asks for base64, decodes it
+        got = np.array([d.embedding for d in sorted(listed.data, key=lambda d: d.index)], dtype=np.float32)
+        np.testing.assert_allclose(got, reference.encode(varied_texts), atol=1e-5)
+        floats = client.embeddings.create(model="tiny", input=varied_texts, encoding_format="float")
+        np.testing.assert_allclose([d.embedding for d in floats.data], got, atol=1e-6)
+        assert listed.usage.total_tokens == sum(len(e) for e in reference.tokenize(varied_texts))
+        with pytest.raises(openai.NotFoundError, match="served models: tiny"):
+            client.embeddings.create(model="other", input="x")
+        with pytest.raises(openai.UnprocessableEntityError, match="input is empty"):
+            client.embeddings.create(model="tiny", input=[])
+
+
+def test_tei_shapes_truncation_and_prometheus(real_registry, reference, serve, varied_texts):
+    app = create_app(_settings(real_registry), include_adapt=False)
+    long_text = "word " * 400  # more than the bundle's 128 tokens
+    with serve(app) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        vectors = client.post("/embed", json={"inputs": varied_texts, "truncate": True}).json()
+        np.testing.assert_allclose(vectors, reference.encode(varied_texts), atol=1e-5)
+        refused = client.post("/embed", json={"inputs": ["fine", long_text]})
+        assert refused.status_code == 422
+        assert "inputs[1] has 402 tokens, more than model 'tiny' accepts (128)" in refused.json()["error"]["message"]
+        cut = client.post("/embed", json={"inputs": [long_text], "truncate": True}).json()
+        np.testing.assert_allclose(cut[0], reference.encode([long_text])[0], atol=1e-5)
+        scores = client.post(
+            "/similarity", json={"inputs": {"source_sentence": varied_texts[0], "sentences": varied_texts[1:4]}}
+        ).json()
+        ref = reference.encode(varied_texts[:4])
+        np.testing.assert_allclose(scores, ref[1:] @ ref[0], atol=1e-5)
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        batches = [s for s in families["embed_batch_size"].samples if s.name.endswith("_count")]
+        assert sum(s.value for s in batches if s.labels["model"] == "tiny") >= 1
+        served = [s for s in families["embed_embeddings"].samples if s.labels.get("model") == "tiny"]
+        assert served[0].value == len(varied_texts) + 1 + 4  # the refused request embedded nothing
+
+
+def test_a_text_alone_equals_the_same_text_inside_a_large_mixed_batch(real_registry, reference, serve, varied_texts):
+    app = create_app(_settings(real_registry, max_batch_size=64, max_batch_tokens=8192), include_adapt=False)
+    rng = np.random.default_rng(0)
+    mixed = [varied_texts[i] for i in rng.integers(0, len(varied_texts), 120)]
+    mixed += [" ".join(["token"] * int(n)) for n in rng.integers(1, 150, 60)]
+    with serve(app) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        alone = {text: np.asarray(client.post("/embed", json={"inputs": text, "truncate": True}).json()[0])
+                 for text in varied_texts}  # fmt: skip
+        batch = client.post("/embed", json={"inputs": mixed, "truncate": True}).json()
+    for text, vector in zip(mixed, batch, strict=True):
+        if text in alone:
+            np.testing.assert_allclose(vector, alone[text], atol=1e-5)
+    assert sum(text in alone for text in mixed) == 120
+
+
+def test_the_service_never_imports_torch_or_training(real_registry):
+    code = f"""
+import sys
+from fastapi.testclient import TestClient
+from service.app import create_app
+import service.cli
+from service.settings import ServiceSettings
+settings = ServiceSettings(registry_dir={str(real_registry)!r}, default_model="tiny", adapt_supervise_worker=False,
+                           adapt_dir={str(real_registry.parent / "adapt-jobs")!r})
+with TestClient(create_app(settings)) as client:
+    assert client.post("/embed", json={{"inputs": "hello"}}).status_code == 200
+    assert client.get("/adapt").status_code in (200, 401)
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "training", "transformers"))
+print("LEAKED", leaked)
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "LEAKED []" in result.stdout, result.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_embedder_serve_end_to_end_and_sigterm(real_registry, tmp_path):
+    port = _free_port()
+    env = {**os.environ, "EMBED_API_KEYS": "s3cret", "HF_HUB_OFFLINE": "1"}
+    command = [
+        sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(real_registry), "--port", str(port),
+        "--default-model", "tiny", "--no-adapt-enabled", "--no-adapt-supervise-worker",
+        "--adapt-dir", str(tmp_path / "adapt"), "--intra-op-threads", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.1)
+        else:
+            pytest.fail("embedder serve did not become ready in 60 s")
+        url = f"http://127.0.0.1:{port}/v1/embeddings"
+        assert httpx.post(url, json={"input": "hi"}).status_code == 401
+        ok = httpx.post(url, json={"input": "hi"}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 32
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output
+    assert "s3cret" not in output
+    assert "stopped" in output
