@@ -41,37 +41,24 @@ def _site_file(package: str, *parts: str) -> Path:
 
 def aclsum_body_paragraphs() -> list[str]:
     """Body paragraphs of the ACLSum papers (abstracts and summaries are evaluation data: excluded)."""
-    try:
-        from evaluation.data import acl_body_paragraphs  # the evaluation package owns the split
-    except ImportError:
-        folder = _site_file("aclsum", "dataset", "paper_jsons")
-        paragraphs = []
-        for path in sorted(folder.glob("*.json")):
-            paper = json.loads(path.read_text())
-            for block in paper["pdf_parse"]["body_text"]:
-                text = " ".join(block["text"].split())
-                if len(text) >= MIN_PARAGRAPH_CHARS:
-                    paragraphs.append(text)
-        return paragraphs
-    return list(acl_body_paragraphs())
+    from evaluation.data import aclsum_body_paragraphs as paragraphs  # the evaluation package owns the split
+
+    return list(paragraphs())
 
 
 def bbc_train_texts() -> list[str]:
     """BBC News train split, as defined by the evaluation package (its test split is evaluated)."""
-    try:
-        from evaluation.data import bbc_split
-    except ImportError as exc:
-        raise CorpusError(
-            "the 'bbc' corpus needs evaluation.data.bbc_split (the train/test split the evaluation uses); "
-            "it is not available in this checkout — use 'aclsum', 'enwiki' or 'lee_background'"
-        ) from exc
+    from evaluation.data import bbc_split
+
     texts, _labels = bbc_split("train")
     return list(texts)
 
 
 def lee_background() -> list[str]:
-    path = _site_file("gensim", "test", "test_data", "lee_background.cor")
-    return [line.strip() for line in path.read_text(encoding="latin-1").splitlines() if line.strip()]
+    """gensim's 300 Lee background documents (disjoint from the 50 scored ``lee.cor`` documents)."""
+    from evaluation.data import lee_background as documents
+
+    return list(documents())
 
 
 def enwiki_paragraphs() -> list[str]:

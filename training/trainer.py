@@ -153,41 +153,36 @@ class PairStream:
 
 
 class CropPairValidation:
-    """Held-out crop-pair retrieval: each held-out document gives one (anchor, positive) crop pair; the
-    anchor must retrieve its own positive among all positives (cosine). Score = MRR."""
+    """Held-out crop-pair retrieval: `evaluation.tasks.CropPairRetrieval` over the held-out documents — one
+    crop of each document must retrieve another crop of the same document among all of them. Score = its
+    main metric, nDCG@10 in points (0–100), the same number the /adapt gate and the evaluation reports use."""
 
-    def __init__(self, documents: Sequence[str], rule: CropRule, seed: int) -> None:
-        rng = random.Random(seed + 7919)
-        pairs = [p for p in (rule.sample_pair(d, rng) for d in documents) if p is not None]
-        if len(pairs) < 2:
-            raise ValueError(
-                f"validation needs at least 2 held-out documents with two crops ({rule.describe()}), "
-                f"found {len(pairs)}: pass more validation texts or set validation = false"
-            )
-        self.anchors = [p[0] for p in pairs]
-        self.positives = [p[1] for p in pairs]
-        self.metric = "crop_pair_mrr"
+    metric = "crop_pair_ndcg_at_10"
 
-    @staticmethod
-    def _scores(anchors: np.ndarray, positives: np.ndarray) -> dict[str, float]:
-        a = anchors / np.maximum(np.linalg.norm(anchors, axis=-1, keepdims=True), 1e-12)
-        p = positives / np.maximum(np.linalg.norm(positives, axis=-1, keepdims=True), 1e-12)
-        sims = a @ p.T  # (N, N)
-        ranks = (sims > np.diag(sims)[:, None]).sum(axis=1)  # 0 = the positive is the top hit
-        return {"crop_pair_mrr": float(np.mean(1.0 / (ranks + 1))), "crop_pair_acc1": float(np.mean(ranks == 0))}
+    def __init__(self, documents: Sequence[str], seed: int) -> None:
+        from evaluation.tasks.crops import CropPairRetrieval
+
+        self.task = CropPairRetrieval.from_corpus(list(documents), seed=seed, name="HeldOutCropPairs")
+        self.task.crop_pairs()  # fails now, with what to change, when too few documents have two crops
 
     def evaluate(self, encoder: Encoder) -> dict[str, float]:
-        texts = self.anchors + self.positives
-        vectors = encoder.encode(texts, batch_size=64)
-        n = len(self.anchors)
-        return self._scores(vectors[:n], vectors[n:])
+        from evaluation.adapter import EmbeddingMemo
+        from evaluation.models import load_model
+        from evaluation.suite import score_task
+
+        result = score_task(EmbeddingMemo(load_model(encoder), progress=False), self.task)
+        details = result["details"]
+        return {
+            self.metric: float(result["score"]),
+            "crop_pair_mrr_at_10": 100.0 * float(details.get("mrr_at_10", float("nan"))),
+            "crop_pair_recall_at_1": 100.0 * float(details.get("recall_at_1", float("nan"))),
+        }
 
     def layer_scores(self, encoder: Encoder) -> list[float]:
         """The score of every layer's pooled output (index 0 = embeddings): TMFT's layer-wise probe."""
-        texts = self.anchors + self.positives
-        vectors = encoder.encode(texts, batch_size=64, all_layers=True)  # (L+1, 2N, D)
-        n = len(self.anchors)
-        return [self._scores(layer[:n], layer[n:])[self.metric] for layer in vectors]
+        from evaluation.diagnostics import layerwise_scores
+
+        return [float(s) for s in layerwise_scores(encoder, self.task, progress=False)]
 
 
 class ScoredPairValidation:
@@ -374,6 +369,21 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _without_rng_side_effects(device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call ``fn`` and restore every RNG afterwards: validation (mteb seeds its own generators) must not change
+    the training run, or a resumed run would differ from an uninterrupted one."""
+    torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        return fn(*args)
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, device)
+
+
 def _save_model(encoder: Encoder, folder: Path) -> None:
     """Write the model next to its final place, then swap it in: a reader never sees half a folder."""
     staging = folder.with_name(folder.name + ".tmp")
@@ -464,16 +474,16 @@ def train(
             if config.crop_rule == "auto"
             else CropRule(sentences=config.crop_sentences)
         )
-        validation = CropPairValidation(validation_documents, rule, config.seed) if validation_documents else None
+        validation = CropPairValidation(validation_documents, config.seed) if validation_documents else None
 
     models = build_models(config, device, validation)
     student, reference = models.student, models.reference
     mask_token = student.tokenizer.mask_token or "[MASK]"
     stream = PairStream(config, documents, rule, mask_token, scored_pairs)
     objective = (
-        None if scored_pairs is not None else build_objective(
-            config, student.dim, reference.dim if reference else None, models.distillation
-        )
+        None
+        if scored_pairs is not None
+        else build_objective(config, student.dim, reference.dim if reference else None, models.distillation)
     )
     rank_reduction = build_rank_reduction(config.rank_reduction)
     trained_modules: list[nn.Module] = [student] + ([objective] if objective is not None else [])
@@ -530,7 +540,7 @@ def train(
         """Score the current model, keep it when it is the best so far; True when patience ran out."""
         nonlocal best_score, best_step, bad_evaluations
         assert validation is not None
-        scores = validation.evaluate(student)
+        scores = _without_rng_side_effects(device, validation.evaluate, student)
         score = scores[validation.metric]
         improved = best_score is None or score > best_score
         if improved:
@@ -686,8 +696,6 @@ def train(
         layers=models.layers,
         extra={"probe": models.probe, "crop_rule": rule.describe(), "skipped_documents": stream.skipped},
     )
-    summary = {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items() if k not in ("history",)
-    }
+    summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items() if k not in ("history",)}
     (out / "result.json").write_text(json.dumps(summary, indent=2, default=float))
     return result

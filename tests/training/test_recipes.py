@@ -128,8 +128,7 @@ def test_crop_recipes_smoke(recipe: str, fixture: str, tmp_path: Path, request: 
 def test_supervised_pairs_use_cosent(tmp_path: Path, tiny_bert_path: Path) -> None:
     pairs = tmp_path / "pairs.jsonl"
     rows = [
-        {"text1": f"topic {i} text", "text2": f"topic {i % 5} words", "score": float(i % 5 == i % 7)}
-        for i in range(24)
+        {"text1": f"topic {i} text", "text2": f"topic {i % 5} words", "score": float(i % 5 == i % 7)} for i in range(24)
     ]
     pairs.write_text("\n".join(json.dumps(r) for r in rows))
     config = load_tiny("tmft", tmp_path, tiny_bert_path, pairs=str(pairs), truncate=2)

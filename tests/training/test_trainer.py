@@ -1,0 +1,231 @@
+"""The trainer: resume equivalence, best-checkpoint selection, early stopping, time budget, freezing,
+schedule, progress events, corpora."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.config import TrainConfig
+from training.data import CorpusError, load_corpus, load_scored_pairs
+from training.encoder import Encoder
+from training.trainer import CropPairValidation, cosent_loss, lr_factor, train
+
+
+def tiny_corpus(n: int = 24) -> list[str]:
+    """Documents of four ~150-character sentences: three 2-sentence crops each."""
+    topics = ["river ecology", "jazz history", "compiler design", "volcanic soils", "chess openings", "tax law"]
+    return [
+        " ".join(
+            f"Document {i} discusses {topics[i % 6]} in some depth, sentence {j}, adding detail about measurements, "
+            f"methods and the people who studied {topics[i % 6]} for many years."
+            for j in range(4)
+        )
+        for i in range(n)
+    ]
+
+
+def tiny_config(tmp_path: Path, model: Path, name: str = "run", **changes: object) -> TrainConfig:
+    values: dict[str, object] = {
+        "name": name,
+        "model": str(model),
+        "corpus": tuple(tiny_corpus()),
+        "max_seq_length": 32,
+        "batch_size": 4,
+        "max_steps": 4,
+        "validation_fraction": 0.25,
+        "eval_every": 0,
+        "output_dir": str(tmp_path / name),
+        "progress_bar": False,
+        "lr": 1e-3,
+        "seed": 3,
+        **changes,
+    }
+    return TrainConfig(**values)  # type: ignore[arg-type]
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Backbone weights; the pooler head is unused by the encoder and re-initialised on every load."""
+    state = Encoder.from_pretrained(folder).backbone.state_dict()
+    return {k: v for k, v in state.items() if not k.startswith("pooler.")}
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=f"{key} differs")
+
+
+@pytest.mark.parametrize("views", ["dropout", "crop+tokens"])
+def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path: Path, tiny_bert_path: Path, views: str) -> None:
+    objective = "simcse" if views == "dropout" else "infonce"
+    straight = train(tiny_config(tmp_path, tiny_bert_path, "straight", views=views, objective=objective, max_steps=6))
+
+    calls = {"n": 0}
+
+    def stop_after_three() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    config = tiny_config(tmp_path, tiny_bert_path, "resumed", views=views, objective=objective, max_steps=6)
+    first = train(config, should_stop=stop_after_three)
+    assert first.stopped_by == "cancelled" and first.steps == 3
+    resumed = train(config.replace(resume=True))
+    assert resumed.steps == 6 and resumed.stopped_by == "max_steps"
+    assert [r["step"] for r in resumed.history] == [r["step"] for r in straight.history]
+    for a, b in zip(resumed.history, straight.history, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
+    assert_same_weights(weights(resumed.final_dir), weights(straight.final_dir))
+
+
+def test_without_resume_an_old_run_is_replaced(tmp_path: Path, tiny_bert_path: Path) -> None:
+    config = tiny_config(tmp_path, tiny_bert_path, max_steps=2)
+    train(config)
+    again = train(config)  # resume defaults to False: a fresh run, not a continuation
+    assert again.steps == 2
+    lines = (again.output_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines if json.loads(line)["kind"] == "train"] == [1]
+
+
+def test_best_checkpoint_is_the_best_validated_model_and_early_stopping_ends_the_run(
+    tmp_path: Path, tiny_bert_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted = iter([0.2, 0.6, 0.5, 0.4, 0.9])  # validations at steps 0, 1, 2, 3 (then patience runs out)
+
+    def fake_evaluate(self: CropPairValidation, encoder: Encoder) -> dict[str, float]:
+        return {CropPairValidation.metric: next(scripted)}
+
+    monkeypatch.setattr(CropPairValidation, "evaluate", fake_evaluate)
+    events: list[dict] = []
+    result = train(
+        tiny_config(tmp_path, tiny_bert_path, "best", max_steps=10, eval_every=1, early_stopping_patience=2),
+        progress=events.append,
+    )
+    assert result.stopped_by == "early_stopping" and result.steps == 3
+    assert (result.best_step, result.best_score) == (1, 0.6)
+    assert [e["step"] for e in result.evaluations] == [0, 1, 2, 3]
+    assert [e["best"] for e in result.evaluations] == [True, True, False, False]
+    # DIR/best holds the step-1 model: identical to a one-step run with the same seed.
+    one_step = train(tiny_config(tmp_path, tiny_bert_path, "one", max_steps=10, eval_every=0), should_stop=_after(1))
+    assert_same_weights(weights(result.best_dir), weights(one_step.final_dir))
+    assert not torch.equal(
+        weights(result.best_dir)["encoder.layer.3.output.dense.weight"],
+        weights(result.final_dir)["encoder.layer.3.output.dense.weight"],
+    )
+    kinds = {e["kind"] for e in events}
+    assert kinds == {"train", "eval"}
+    train_event = next(e for e in events if e["kind"] == "train")
+    assert {"step", "total", "loss", "elapsed", "eta", "texts_per_s", "lr"} <= train_event.keys()
+
+
+def _after(n: int):
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > n
+
+    return stop
+
+
+def test_time_budget_stops_the_run(tmp_path: Path, tiny_bert_path: Path) -> None:
+    config = tiny_config(tmp_path, tiny_bert_path, max_steps=None, epochs=None, time_budget_s=1.5, log_every=1)
+    result = train(config)
+    assert result.stopped_by == "time_budget"
+    assert result.steps == len(result.history) >= 1
+    # every step started inside the budget: all but the last ended before it, the last ended after it
+    assert all(r["elapsed"] < 1.5 for r in result.history[:-1])
+    assert result.history[-1]["elapsed"] >= 1.5
+    assert all(r["total"] is None for r in result.history)
+
+
+def test_epochs_set_the_step_count(tmp_path: Path, tiny_bert_path: Path) -> None:
+    result = train(tiny_config(tmp_path, tiny_bert_path, max_steps=None, epochs=1.0))
+    # 24 documents, a quarter held out → 18 training pairs → 4 batches of 4
+    assert result.steps == 4 and result.stopped_by == "epochs"
+
+
+def test_training_the_last_layer_leaves_the_rest_untouched(tmp_path: Path, tiny_bert_path: Path) -> None:
+    result = train(tiny_config(tmp_path, tiny_bert_path, train_last_layers=1, max_steps=2, weight_decay=0.1))
+    before, after = weights(tiny_bert_path), weights(result.final_dir)
+    for key in before:
+        changed = not torch.equal(before[key], after[key])
+        assert changed == key.startswith("encoder.layer.3."), key
+
+
+def test_nothing_to_train_is_an_error(tmp_path: Path, tiny_bert_path: Path) -> None:
+    with pytest.raises(ValueError, match="nothing to train"):
+        train(tiny_config(tmp_path, tiny_bert_path, train_last_layers=0))
+
+
+def test_too_small_a_corpus_says_what_to_change(tmp_path: Path, tiny_bert_path: Path) -> None:
+    with pytest.raises(ValueError, match="fewer than batch_size=64"):
+        train(tiny_config(tmp_path, tiny_bert_path, batch_size=64))
+
+
+def test_validation_none_saves_the_final_model_as_best(tmp_path: Path, tiny_bert_path: Path) -> None:
+    result = train(tiny_config(tmp_path, tiny_bert_path, validation=None, max_steps=1))
+    assert result.evaluations == [] and result.best_step == 1
+    assert_same_weights(weights(result.best_dir), weights(result.final_dir))
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero() -> None:
+    factors = [lr_factor(step, step / 10, 0.2, 10) for step in range(10)]
+    assert factors[0] == pytest.approx(0.5) and factors[1] == pytest.approx(1.0)
+    assert factors[1:] == sorted(factors[1:], reverse=True)
+    assert factors[-1] == pytest.approx(0.1 / 0.8)
+    assert lr_factor(0, 0.0, 3, 10) == pytest.approx(1 / 3)  # warm-up given in steps
+    assert lr_factor(5, 1.0, 0.1, None) == 0.0  # time budget used up
+
+
+def test_cosent_prefers_correctly_ordered_similarities() -> None:
+    a = torch.nn.functional.normalize(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    scores = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    close, far = a + 0.01 * torch.randn(4, 8), -a
+    mixed = torch.stack([close[0], close[1], far[2], far[3]])
+    reversed_ = torch.stack([far[0], far[1], close[2], close[3]])
+    assert cosent_loss(a, mixed, scores) < cosent_loss(a, reversed_, scores)
+    assert cosent_loss(a, a, torch.zeros(4)) == pytest.approx(0.0)  # no ordered pair: log(1) = 0
+
+
+# --- corpora ------------------------------------------------------------------------------------
+
+
+def test_local_files_load_through_datasets(tmp_path: Path) -> None:
+    import datasets
+
+    texts = ["first document text.", "second document text.", "third one."]
+    (tmp_path / "c.txt").write_text("\n".join(texts) + "\n\n")
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)))
+    datasets.Dataset.from_dict({"text": texts}).to_parquet(str(tmp_path / "c.parquet"))
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, t in enumerate(texts):
+        (folder / f"{i}.txt").write_text(t)
+    for name in ("c.txt", "c.jsonl", "c.parquet", "docs"):
+        assert load_corpus(tmp_path / name) == texts, name
+    assert len(load_corpus(texts, max_documents=2, seed=1)) == 2
+
+
+def test_builtin_corpora_hold_no_evaluated_text() -> None:
+    lee = load_corpus("lee_background")
+    assert len(lee) == 300
+    acl = load_corpus("aclsum", max_documents=50)
+    assert all(len(p) >= 200 for p in acl)
+
+
+def test_corpus_errors_say_what_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(CorpusError, match="neither a built-in corpus"):
+        load_corpus("no-such-corpus")
+    (tmp_path / "c.csv").write_text("text\nx\n")
+    with pytest.raises(CorpusError, match=r"unsupported corpus file type '\.csv'"):
+        load_corpus(tmp_path / "c.csv")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"body": "x"}))
+    with pytest.raises(CorpusError, match="no 'text' column"):
+        load_corpus(tmp_path / "c.jsonl")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"text1": "a", "score": 1}))
+    with pytest.raises(CorpusError, match=r"p.jsonl:1: expected"):
+        load_scored_pairs(tmp_path / "p.jsonl")
