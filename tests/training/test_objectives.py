@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -17,6 +18,15 @@ from training.objectives.rank_reduction import RankReduction
 from training.objectives.sct import SCT
 from training.objectives.vicreg import VICReg
 from training.objectives.vicreg import variance_term as vicreg_variance
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """These tensors are tiny: on a shared 2-core machine intra-op threads only add contention (10x here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def seeded(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -108,18 +118,33 @@ def test_rank_reduction_is_gamma_times_entropy_of_eigenvalues() -> None:
     assert stats["effective_rank"] == pytest.approx(math.exp(-neg_entropy), rel=1e-4)
 
 
-def test_rank_reduction_gradient_lowers_rank() -> None:
+def descend(
+    params: list[torch.Tensor], loss_fn: Callable[[], tuple[torch.Tensor, dict[str, float]]], steps: int, lr: float
+) -> list[dict[str, float]]:
+    """Plain gradient descent; returns each step's metrics."""
+    history = []
+    for _ in range(steps):
+        for p in params:
+            p.grad = None
+        loss, stats = loss_fn()
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                assert p.grad is not None and torch.isfinite(p.grad).all()
+                p -= lr * p.grad
+        history.append(stats)
+    return history
+
+
+@pytest.mark.parametrize(("gamma", "direction"), [(1.0, -1), (-1.0, 1)])
+def test_rank_reduction_gradient_lowers_rank_for_positive_gamma(gamma: float, direction: int) -> None:
     z = seeded(12, 6, seed=5).requires_grad_(True)
-    rr = RankReduction(gamma=1.0)
     before = metrics.effective_rank(z)
-    optimiser = torch.optim.SGD([z], lr=0.5)
-    for _ in range(20):
-        optimiser.zero_grad()
-        term, _ = rr(z)
-        term.backward()
-        assert torch.isfinite(z.grad).all()
-        optimiser.step()
-    assert metrics.effective_rank(z) < before - 0.5
+    descend([z], lambda: RankReduction(gamma=gamma)(z), steps=8, lr=1.0)
+    assert direction * (metrics.effective_rank(z) - before) > 0.3
+
+
+def test_rank_reduction_bad_gamma() -> None:
     with pytest.raises(ValueError, match="gamma must be a finite number"):
         RankReduction(gamma=float("nan"))
 
@@ -135,12 +160,14 @@ def test_registry_names() -> None:
 
 def test_sct_kl_is_zero_when_online_equals_reference() -> None:
     x = F.normalize(seeded(4, 8, seed=6), dim=-1)
+    torch.manual_seed(0)  # the queues' random initial vectors
     sct = SCT(student_dim=8, queue_size=16, tau_online=0.05, tau_ref=0.05, projector_layers=0)
     loss, stats = sct(x, x, reference1=x, reference2=x)
     assert loss.item() == pytest.approx(0.0, abs=1e-6) and stats["accuracy"] == 1.0
     # a different temperature on the reference side makes the distributions differ
+    torch.manual_seed(0)
     sharper = SCT(student_dim=8, queue_size=16, tau_online=0.05, tau_ref=0.03, projector_layers=0)
-    assert sharper(x, x, reference1=x, reference2=x)[0].item() > 1e-3
+    assert sharper(x, x, reference1=x, reference2=x)[0].item() > 1e-4
 
 
 def test_sct_matches_equations_written_out() -> None:
@@ -193,20 +220,21 @@ def test_sct_distillation_student_dim_differs_from_teacher() -> None:
 
 
 def test_sct_training_teaches_the_student_the_teacher_neighbourhoods() -> None:
-    """A few optimiser steps on fixed data raise the cross-view accuracy (a smoke test of the whole loss)."""
+    """A few gradient steps on fixed data raise the cross-view accuracy (a smoke test of the whole loss)."""
     torch.manual_seed(0)
     teacher = F.normalize(seeded(16, 12, seed=5), dim=-1)
     student = seeded(16, 6, seed=6).requires_grad_(True)
     sct = SCT(student_dim=6, reference_dim=12, queue_size=32, distillation=True, expansion=4)
     optimiser = torch.optim.Adam([student, *sct.parameters()], lr=1e-2)
-    accuracies = []
-    for _ in range(40):
+    history = []
+    for _ in range(25):
         optimiser.zero_grad()
         loss, stats = sct(student, student, reference1=teacher, reference2=teacher)
         loss.backward()
         optimiser.step()
-        accuracies.append(stats["accuracy"])
-    assert accuracies[-1] > accuracies[0] and accuracies[-1] >= 0.9
+        history.append(stats)
+    assert history[-1]["accuracy"] > history[0]["accuracy"] and history[-1]["accuracy"] >= 0.9
+    assert history[-1]["loss"] < history[0]["loss"]
 
 
 def test_sct_bad_arguments_say_what_to_fix() -> None:
