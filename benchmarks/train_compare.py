@@ -1,0 +1,98 @@
+"""Score trained models side by side for docs/RESULTS.md `## Training`: the offline suite, an optional in-domain
+held-out crop-pair task (the validation documents of a recipe), and encoding speed.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/train_compare.py minilm-l6 minilm-l3 runs/sct-tiny/best \\
+        --baseline minilm-l6 --speed --out runs/compare-sct.json
+
+    # in-domain: add CropPairRetrieval over the held-out documents of the run's recipe
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/train_compare.py runs/exp1-crop/final runs/exp1-dropout/final \\
+        minilm-l6 --heldout-from runs/exp1-crop/recipe.json --tasks ACLSumRetrieval
+
+Prints a markdown table (task scores in points, their average, the average relative to the baseline, and texts/s
+for 32-text batches of short and long texts, measured one model after the other in the same process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def heldout_task(recipe_json: Path) -> Any:
+    """`CropPairRetrieval` over the validation documents a training run held out (same split, same seed)."""
+    from evaluation.tasks.crops import CropPairRetrieval
+    from training.config import from_dict
+    from training.data import load_corpus, split_documents
+
+    config = from_dict(json.loads(recipe_json.read_text()))
+    corpus = list(config.corpus) if isinstance(config.corpus, tuple) else config.corpus
+    documents = load_corpus(corpus, max_documents=config.max_documents, seed=config.seed)
+    split = split_documents(
+        documents, config.validation_fraction, seed=config.seed, max_validation=config.max_validation_documents
+    )
+    return CropPairRetrieval.from_corpus(split.validation, seed=config.seed, name="InDomainHeldOutCrops")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="+", help="built-in names or model folders (e.g. runs/NAME/best)")
+    parser.add_argument("--baseline", help="model the 'vs baseline' column divides by (default: the first)")
+    parser.add_argument("--tasks", nargs="*", help="suite task names (default: every task)")
+    parser.add_argument("--heldout-from", type=Path, help="a run's recipe.json: add its held-out crop-pair task")
+    parser.add_argument("--speed", action="store_true", help="also measure texts/s (batch 32, short and long texts)")
+    parser.add_argument("--out", type=Path, help="write the raw numbers here as JSON")
+    args = parser.parse_args(argv)
+
+    from evaluation.models import load_model
+    from evaluation.speed import measure_speed
+    from evaluation.suite import run_suite
+    from evaluation.tasks import DEFAULT_TASKS, resolve_task
+
+    tasks = [resolve_task(t) for t in (args.tasks or DEFAULT_TASKS)]
+    if args.heldout_from:
+        tasks.append(heldout_task(args.heldout_from))
+    names = [t.metadata.name for t in tasks]
+    rows: dict[str, dict[str, Any]] = {}
+    for spec in args.models:
+        model = load_model(spec)
+        report = run_suite(model, tasks, progress=False)
+        row: dict[str, Any] = {"scores": report["scores"], "layers": getattr(model, "num_layers", None)}
+        row["dim"] = model.dim
+        if args.speed:
+            speed = measure_speed(model, batch_sizes=(32,), calls=16, progress=False)
+            row["texts_per_s"] = {s["texts"]: s["texts_per_s"] for s in speed["settings"]}
+        rows[spec] = row
+        print(f"scored {spec}: {report['scores']}", file=sys.stderr, flush=True)
+    baseline = args.baseline or args.models[0]
+    if baseline not in rows:
+        parser.error(f"--baseline {baseline!r} must be one of the models")
+
+    def average(spec: str) -> float:
+        return statistics.fmean(rows[spec]["scores"][n] for n in names)
+
+    header = ["model", "layers", "dim", *names, "average", f"vs {baseline}"]
+    if args.speed:
+        header += ["texts/s short", "texts/s long", "speed-up"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for spec, row in rows.items():
+        cells = [f"`{spec}`", str(row["layers"]), str(row["dim"])]
+        cells += [f"{row['scores'][n]:.2f}" for n in names]
+        cells += [f"{average(spec):.2f}", f"{100 * average(spec) / average(baseline):.1f} %"]
+        if args.speed:
+            tps, base = row["texts_per_s"], rows[baseline]["texts_per_s"]
+            ratio = statistics.geometric_mean([tps[k] / base[k] for k in tps])
+            cells += [f"{tps['short']:.0f}", f"{tps['long']:.1f}", f"{ratio:.2f}×"]
+        print("| " + " | ".join(cells) + " |")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"tasks": names, "baseline": baseline, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
