@@ -81,6 +81,35 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path: Path, ti
     assert_same_weights(weights(resumed.final_dir), weights(straight.final_dir))
 
 
+@pytest.mark.parametrize(
+    "objective,views,params",
+    [
+        ("barlow_twins", "crop", {"projector_dim": 16}),
+        ("vicreg", "crop", {"projector_dim": 16}),
+        ("sct", "tokens", {"queue_size": 8}),
+    ],
+)
+def test_every_objective_trains_with_its_metrics_logged(
+    tmp_path: Path, tiny_bert_path: Path, objective: str, views: str, params: dict
+) -> None:
+    config = tiny_config(
+        tmp_path,
+        tiny_bert_path,
+        objective=objective,
+        views=views,
+        objective_params=params,
+        rank_reduction=1e-3,
+        validation=None,
+        max_steps=2,
+        log_every=1,
+    )
+    result = train(config)
+    assert result.steps == 2
+    for record in result.history:
+        assert record["loss"] == record["loss"]  # finite, not NaN
+        assert "rr_effective_rank" in record and "std" in record
+
+
 def test_without_resume_an_old_run_is_replaced(tmp_path: Path, tiny_bert_path: Path) -> None:
     config = tiny_config(tmp_path, tiny_bert_path, max_steps=2)
     train(config)
