@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", nargs="*", help="suite task names (default: every task)")
     parser.add_argument("--heldout-from", type=Path, help="a run's recipe.json: add its held-out crop-pair task")
     parser.add_argument("--speed", action="store_true", help="also measure texts/s (batch 32, short and long texts)")
+    parser.add_argument("--speed-rounds", type=int, default=3, help="alternating speed rounds (median is reported)")
     parser.add_argument("--out", type=Path, help="write the raw numbers here as JSON")
     args = parser.parse_args(argv)
 
@@ -57,16 +58,23 @@ def main(argv: list[str] | None = None) -> int:
         tasks.append(heldout_task(args.heldout_from))
     names = [t.metadata.name for t in tasks]
     rows: dict[str, dict[str, Any]] = {}
-    for spec in args.models:
-        model = load_model(spec)
+    models = {spec: load_model(spec) for spec in args.models}
+    for spec, model in models.items():
         report = run_suite(model, tasks, progress=False)
-        row: dict[str, Any] = {"scores": report["scores"], "layers": getattr(model, "num_layers", None)}
-        row["dim"] = model.dim
-        if args.speed:
-            speed = measure_speed(model, batch_sizes=(32,), calls=16, progress=False)
-            row["texts_per_s"] = {s["texts"]: s["texts_per_s"] for s in speed["settings"]}
-        rows[spec] = row
+        rows[spec] = {"scores": report["scores"], "layers": getattr(model, "num_layers", None), "dim": model.dim}
         print(f"scored {spec}: {report['scores']}", file=sys.stderr, flush=True)
+    if args.speed:
+        # rounds that alternate the models, then the median per model: load from other processes on a shared
+        # machine then hits every model alike instead of whichever happened to run during a busy minute
+        samples: dict[str, dict[str, list[float]]] = {spec: {} for spec in models}
+        for _ in range(args.speed_rounds):
+            for spec, model in models.items():
+                speed = measure_speed(model, batch_sizes=(32,), calls=8, progress=False)
+                for setting in speed["settings"]:
+                    samples[spec].setdefault(setting["texts"], []).append(setting["texts_per_s"])
+        for spec in models:
+            rows[spec]["texts_per_s"] = {k: statistics.median(v) for k, v in samples[spec].items()}
+            rows[spec]["texts_per_s_samples"] = samples[spec]
     baseline = args.baseline or args.models[0]
     if baseline not in rows:
         parser.error(f"--baseline {baseline!r} must be one of the models")

@@ -76,6 +76,9 @@ class PairStream:
     Epoch ``e`` draws, with a generator seeded by ``(seed, e)``, one view pair per usable document
     (or per scored pair, in supervised mode) and shuffles them; batch ``i`` of epoch ``e`` is
     therefore the same whether the run started at step 0 or resumed from a checkpoint.
+
+    ``crop``: two distinct crops of a document. ``dropout``: one crop twice (the encoder's dropout makes the
+    views). ``tokens``: one crop, token-augmented twice. ``crop+tokens``: two crops, each token-augmented.
     """
 
     def __init__(
@@ -113,7 +116,7 @@ class PairStream:
         self.skipped = 0
         if self.scored_pairs is not None:
             examples = [(p.text1, p.text2, p.score) for p in self.scored_pairs]
-        elif self.config.views == "dropout":
+        elif self.config.views in ("dropout", "tokens"):  # one crop, two views made from it
             for doc in self.documents:
                 chunks = self.rule.chunks(doc)
                 if chunks:
