@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the raw numbers here as JSON")
     args = parser.parse_args(argv)
 
+    from evaluation.diagnostics import effective_rank
     from evaluation.models import load_model
     from evaluation.speed import measure_speed
     from evaluation.suite import run_suite
@@ -59,9 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     names = [t.metadata.name for t in tasks]
     rows: dict[str, dict[str, Any]] = {}
     models = {spec: load_model(spec) for spec in args.models}
+    rank_texts = [text for pair in tasks[-1].crop_pairs() for text in pair] if args.heldout_from else []
     for spec, model in models.items():
         report = run_suite(model, tasks, progress=False)
         rows[spec] = {"scores": report["scores"], "layers": getattr(model, "num_layers", None), "dim": model.dim}
+        if rank_texts:  # paper 002 §2.2.1: effective rank of the in-domain held-out crop embeddings
+            rows[spec]["heldout_effective_rank"] = effective_rank(model.encode(rank_texts))
         print(f"scored {spec}: {report['scores']}", file=sys.stderr, flush=True)
     if args.speed:
         # rounds that alternate the models, then the median per model: load from other processes on a shared
@@ -83,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.fmean(rows[spec]["scores"][n] for n in names)
 
     header = ["model", "layers", "dim", *names, "average", f"vs {baseline}"]
+    if rank_texts:
+        header.append("eff. rank (held-out)")
     if args.speed:
         header += ["texts/s short", "texts/s long", "speed-up"]
     print("| " + " | ".join(header) + " |")
@@ -91,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"`{spec}`", str(row["layers"]), str(row["dim"])]
         cells += [f"{row['scores'][n]:.2f}" for n in names]
         cells += [f"{average(spec):.2f}", f"{100 * average(spec) / average(baseline):.1f} %"]
+        if rank_texts:
+            cells.append(f"{row['heldout_effective_rank']:.1f}")
         if args.speed:
             tps, base = row["texts_per_s"], rows[baseline]["texts_per_s"]
             ratio = statistics.geometric_mean([tps[k] / base[k] for k in tps])
