@@ -251,6 +251,11 @@ class ServiceSettings(BaseSettings):
                 f"max_batch_size ({self.max_batch_size}) exceeds max_batch_tokens ({self.max_batch_tokens}); "
                 "raise max_batch_tokens or lower max_batch_size"
             )
+        if self.max_client_batch_size > self.max_queue_size:
+            raise ValueError(
+                f"max_client_batch_size ({self.max_client_batch_size}) exceeds max_queue_size "
+                f"({self.max_queue_size}): such a request could never be queued; raise max_queue_size"
+            )
         return self
 
     def api_key_values(self) -> list[str]:
