@@ -152,8 +152,9 @@ def run_job(server: Server, corpus: str, texts: list[str], labels: list[str] | N
                 answer = len(reply.json()["data"][0]["embedding"])
                 break
             time.sleep(0.5)
+    # The machine is shared: the 1-minute load average says how much of it this job actually had.
     return {"corpus": corpus, "documents": len(texts), "wall_s": round(wall, 1), "stages_s": stages, "job": job,
-            "served_dim": answer}  # fmt: skip
+            "served_dim": answer, "load_average_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         server.wait_ready()
         for _ in range(20):  # warm the connection and the model
             server.client.post("/embed", json={"inputs": PROBE_TEXT}).raise_for_status()
+        # Idle latency first: meanwhile the worker finishes importing torch/transformers/mteb, as it would
+        # long before the first job on a server that has been up for a while.
+        idle: list[float] = []
+        embed_latencies(server, threading.Event(), idle, args.idle_samples)
         busy: list[float] = []
         for i, corpus in enumerate(c for c in args.corpora.split(",") if c):
             texts, labels = load_corpus(corpus, args.documents, args.seed, max_chars=20_000)
@@ -189,8 +194,6 @@ def main(argv: list[str] | None = None) -> int:
             stop.set()
             if sampler is not None:
                 sampler.join()
-        idle: list[float] = []
-        embed_latencies(server, threading.Event(), idle, args.idle_samples)
         results["embed_latency"] = {"idle": percentiles(idle), "during_job": percentiles(busy)}
     finally:
         server.stop()
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{job['corpus']}: {job['job']['state']} in {job['wall_s']} s; "
             f"in-domain {evaluation.get('in_domain')}; general {evaluation.get('general')}; "
             f"knn {evaluation.get('knn')}; gate {job['job'].get('gate', {}) and job['job']['gate']['passed']}; "
-            f"model {job['job']['model']}; served dim {job['served_dim']}"
+            f"model {job['job']['model']}; served dim {job['served_dim']}; load avg {job['load_average_1m']}"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

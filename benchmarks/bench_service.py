@@ -197,12 +197,8 @@ def run_loads(url: str, name: str, short: list[str], paragraphs: list[str], idle
     asyncio.run(_load(url, _chunks(short[:64], 1), 8, "warm-up"))
     results.append(asyncio.run(_load(url, _chunks(short, 1), 32, f"{name} (a) short, 1 text/request, c=32")))
     results.append(asyncio.run(_load(url, _chunks(short, 32), 8, f"{name} (b) short, 32 texts/request, c=8")))
-    results.append(
-        asyncio.run(_load(url, _chunks(paragraphs, 1), 32, f"{name} (a) paragraphs, 1 text/request, c=32"))
-    )
-    results.append(
-        asyncio.run(_load(url, _chunks(paragraphs, 32), 8, f"{name} (b) paragraphs, 32 texts/request, c=8"))
-    )
+    results.append(asyncio.run(_load(url, _chunks(paragraphs, 1), 32, f"{name} (a) paragraphs, 1 text/request, c=32")))
+    results.append(asyncio.run(_load(url, _chunks(paragraphs, 32), 8, f"{name} (b) paragraphs, 32 texts/request, c=8")))
     results.append(
         asyncio.run(_load(url, _chunks(short[:idle_requests], 1), 1, f"{name} (c) short, 1 text/request, c=1"))
     )
