@@ -21,7 +21,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -58,6 +58,30 @@ class AdaptHTTPError(Exception):
         body: dict[str, Any] = {"message": self.message, "type": self.type, "code": self.code}
         body.update(self.extra)
         return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
+
+
+class AdaptCollector:
+    """Prometheus collector read at scrape time: jobs by state, worker restarts."""
+
+    def __init__(self, api: AdaptAPI) -> None:
+        self.api = api
+
+    def describe(self) -> list[Any]:
+        return []  # collected lazily: the store may not be open when the collector is registered
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        if self.api.store is None:
+            return
+        jobs = GaugeMetricFamily("embed_adapt_jobs", "Adapt jobs by state.", labels=["state"])
+        for state, count in self.api.store.count_by_state().items():
+            jobs.add_metric([state], count)
+        yield jobs
+        if self.api.supervisor is not None:
+            restarts = CounterMetricFamily("embed_adapt_worker_restarts", "Adapt workers restarted after exiting.")
+            restarts.add_metric([], self.api.supervisor.restarts)
+            yield restarts
 
 
 def _invalid(message: str, code: str = "invalid_request", **extra: Any) -> AdaptHTTPError:
@@ -244,6 +268,9 @@ def build_adapt_router(config: AdaptConfig) -> APIRouter:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await api.start()
         app.state.adapt = api
+        service = getattr(app.state, "embedding_service", None)
+        if service is not None:  # inside the full service: expose job gauges on its /metrics
+            service.metrics.registry.register(AdaptCollector(api))
         try:
             yield
         finally:

@@ -161,6 +161,7 @@ def test_happy_path_submit_events_succeed_and_serve(
     assert reply.status_code == 200, reply.text
     assert len(reply.json()["data"][0]["embedding"]) == 32
     assert not (settings.adapt_dir / "jobs" / job["id"]).exists()  # upload and scratch deleted
+    assert 'embed_adapt_jobs{state="succeeded"} 1.0' in client.get("/metrics").text
 
 
 def test_gate_failure_publishes_but_does_not_promote(
