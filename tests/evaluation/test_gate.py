@@ -1,0 +1,79 @@
+"""The rollout gate on constructed reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluation.gate import check, throughput_speedup
+
+
+def _report(scores: dict[str, float], speed: dict[str, float] | None = None, skipped: dict[str, str] | None = None):
+    report = {"scores": scores, "skipped": skipped or {}}
+    if speed is not None:
+        report["speed"] = {"settings": [{"setting": k, "texts_per_s": v} for k, v in speed.items()]}
+    return report
+
+
+BASE = _report({"A": 80.0, "B": 60.0}, speed={"short/b1": 100.0, "long/b32": 10.0})
+
+
+def test_passes_when_no_task_drops_more_than_allowed() -> None:
+    result = check(_report({"A": 79.0, "B": 65.0}), BASE, max_drop=1.0)
+    assert result.passed and bool(result)
+    assert result.failures == []
+    assert [row["status"] for row in result.table] == ["ok", "ok"]
+    assert result.table[0]["delta"] == pytest.approx(-1.0)
+
+
+def test_fails_and_names_each_task_that_drops_too_far() -> None:
+    result = check(_report({"A": 78.5, "B": 50.0}), BASE, max_drop=1.0)
+    assert not result.passed
+    assert len(result.failures) == 2
+    assert result.failures[0].startswith("A: 78.50 vs 80.00 (-1.50 points")
+    assert result.failures[1].startswith("B:")
+    assert "FAILED" in result.format_table()
+
+
+def test_a_task_the_candidate_did_not_run_fails() -> None:
+    result = check(_report({"A": 80.0}, skipped={"B": "aclsum not installed"}), BASE)
+    assert not result.passed
+    assert "B: baseline scored 60.00 but the candidate has no score (aclsum not installed)" in result.failures
+
+
+def test_new_and_skipped_tasks_do_not_fail() -> None:
+    base = _report({"A": 80.0}, skipped={"C": "missing"})
+    result = check(_report({"A": 80.0, "N": 10.0}), base)
+    assert result.passed
+    assert {row["task"]: row["status"] for row in result.table} == {"A": "ok", "N": "new"}
+
+
+def test_speed_floor() -> None:
+    fast = _report({"A": 80.0, "B": 60.0}, speed={"short/b1": 400.0, "long/b32": 10.0})
+    assert throughput_speedup(fast, BASE) == pytest.approx(2.0)  # sqrt(4 * 1)
+    assert check(fast, BASE, min_speedup=1.5).passed
+    slow = check(fast, BASE, min_speedup=2.5)
+    assert not slow.passed
+    assert slow.failures == ["speed: 2.00x the baseline's throughput, required 2.5x"]
+    no_speed = check(_report({"A": 80.0, "B": 60.0}), BASE, min_speedup=1.0)
+    assert not no_speed.passed and "no shared speed measurements" in no_speed.failures[0]
+
+
+def test_must_improve() -> None:
+    base = _report({"A": 80.0, "crop": 50.0})
+    assert check(_report({"A": 79.5, "crop": 60.0}), base, must_improve=["crop"]).passed
+    result = check(_report({"A": 80.0, "crop": 50.0}), base, must_improve=["crop"])
+    assert result.failures == ["crop: must improve on the baseline (50.00 vs 50.00)"]
+
+
+def test_plain_score_mappings_are_accepted() -> None:
+    assert check({"A": 80.0}, {"A": 80.5}).passed
+    assert not check({"A": 70.0}, {"A": 80.5}).passed
+
+
+def test_bad_arguments_say_what_to_fix() -> None:
+    with pytest.raises(ValueError, match="max_drop is a number of points"):
+        check(BASE, BASE, max_drop=-1)
+    with pytest.raises(ValueError, match="min_speedup must be a positive ratio"):
+        check(BASE, BASE, min_speedup=0)
+    with pytest.raises(ValueError, match="scores must be numbers in points"):
+        check({"scores": {"A": "high"}}, BASE)

@@ -1,0 +1,55 @@
+"""load_model over every kind of spec: built-in name / checkpoint (torch), bundle folder, registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evaluation.models import ModelSpecError, OnnxModel, TorchModel, load_model
+
+
+def test_checkpoint_loads_as_torch_model_with_layers(tiny_bert_path: Path, varied_texts: list[str]) -> None:
+    model = load_model(str(tiny_bert_path))
+    assert isinstance(model, TorchModel)
+    emb = model.encode(varied_texts)
+    assert emb.shape == (len(varied_texts), 32)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    layers = model.encode_layers(varied_texts[:3])
+    assert layers.shape == (5, 3, 32)  # embeddings + 4 layers
+    np.testing.assert_allclose(layers[-1], emb[:3], atol=1e-5)
+
+
+def test_hash_is_content_based(tiny_bert_path: Path) -> None:
+    import torch
+
+    first, second = load_model(str(tiny_bert_path)), load_model(str(tiny_bert_path))
+    assert first.hash == second.hash and len(first.hash) == 64
+    with torch.no_grad():
+        second.encoder.backbone.embeddings.word_embeddings.weight[0, 0] += 1.0
+    del second.__dict__["hash"]  # cached_property: recompute after the edit
+    assert first.hash != second.hash
+
+
+def test_bundle_folder_and_registry_specs(
+    tiny_bundle: Path, tiny_bert_path: Path, varied_texts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tiny_bundle / "tiny" / "1"
+    bundle = load_model(str(folder))
+    assert isinstance(bundle, OnnxModel)
+    assert bundle.name == "tiny@1" and not bundle.supports_layers
+    torch_emb = load_model(str(tiny_bert_path)).encode(varied_texts)
+    np.testing.assert_allclose(bundle.encode(varied_texts), torch_emb, atol=1e-3)
+    monkeypatch.setenv("EMBED_REGISTRY_DIR", str(tiny_bundle))
+    assert load_model("registry:tiny").hash == bundle.hash
+    assert load_model("registry:tiny@1").path == folder
+    with pytest.raises(TypeError, match="layer-wise embeddings need the torch checkpoint"):
+        bundle.encode_layers(["x"])
+    with pytest.raises(ModelSpecError, match="registry:NAME@VERSION"):
+        load_model("registry:tiny@7")
+
+
+def test_unknown_spec_explains_what_is_accepted(tmp_path: Path) -> None:
+    with pytest.raises(ModelSpecError, match=r"Bundles are accepted too: a folder holding manifest.json"):
+        load_model(str(tmp_path / "nowhere"))
