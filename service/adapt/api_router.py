@@ -99,7 +99,7 @@ class AdaptAPI:
     async def start(self) -> None:
         self.config.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(self.config.db_path)
-        if self.config.supervise_worker:
+        if self.config.enabled and self.config.supervise_worker:
             self.supervisor = WorkerSupervisor(self.config, self.store)
             await self.supervisor.start()
 

@@ -317,10 +317,6 @@ class JobStore:
         with self._connect(immediate=True) as conn:
             self._add_event(conn, job_id, type_, data, time.time())
 
-    def heartbeat(self, job_id: str) -> None:
-        with self._connect(immediate=True) as conn:
-            conn.execute("UPDATE jobs SET heartbeat_at = ? WHERE id = ?", (time.time(), job_id))
-
     def cancel_requested(self, job_id: str) -> bool:
         with self._connect() as conn:
             row = conn.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,)).fetchone()

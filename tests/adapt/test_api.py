@@ -217,3 +217,12 @@ def test_config_comes_from_the_service_settings(tmp_path: Path, monkeypatch: pyt
     assert config.limits.min_documents == 5 and config.default_max_steps == 9
     assert config.lr == 1e-3 and config.general_tasks == ("LeeDocSTS",)
     assert config.data_dir == tmp_path / "adapt-jobs" and config.db_path.name == "jobs.sqlite3"
+
+
+def test_disabled_adapt_answers_503(tmp_path: Path) -> None:
+    app = FastAPI()
+    app.include_router(build_adapt_router(_config(tmp_path, enabled=False, supervise_worker=True)))
+    with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        r = c.post("/adapt", json=_body())
+        assert r.status_code == 503 and "disabled" in r.json()["error"]["message"]
+        assert app.state.adapt.supervisor is None  # no worker is started either
