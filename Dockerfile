@@ -7,6 +7,7 @@
 #   PIP_EXTRA_INDEX_URL  where pip finds the CPU-only torch wheel; PyPI's torch for Linux is the CUDA
 #                        build (several GB more). Set it empty when PIP_FIND_LINKS holds the CPU wheel.
 #   PIP_FIND_LINKS       a folder of local wheels mounted into the build (buildah --volume), e.g. torch+cpu.
+#   PIP_CERT             the CA bundle pip trusts; mount your own over it behind a TLS-inspecting proxy.
 #   DEFAULT_MODEL        the built-in model whose ONNX bundle is prepared at build time.
 ARG BASE=python:3.11-slim-bookworm
 # checkov:skip=CKV_DOCKER_7: checkov cannot resolve the ${BASE} build argument and reads it as untagged; the
@@ -16,6 +17,7 @@ FROM ${BASE} AS builder
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_FIND_LINKS=
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ARG DEFAULT_MODEL=minilm-l6
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

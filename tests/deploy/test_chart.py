@@ -123,11 +123,12 @@ def test_gate_job_runs_validate_before_install_and_upgrade(deploy) -> None:
     assert spec["restartPolicy"] == "Never"
     (container,) = spec["containers"]
     assert container["args"] == [
-        "validate", "/tmp/gate/registry/minilm-l6/current", "--baseline", "minilm-l6", "--max-drop", "1",
+        "validate", "/opt/embedder/registry/minilm-l6/current", "--baseline", "minilm-l6", "--max-drop", "1",
+        "--out", "/tmp/gate-report",
     ]  # fmt: skip
-    # The image's bundle is copied to writable scratch first (validate writes its report next to it).
-    (stage,) = spec["initContainers"]
-    assert "cp -R" in stage["args"][0] and "/opt/embedder/registry/minilm-l6" in stage["args"][0]
+    # The candidate is the image's own read-only bundle: the report must go to the writable scratch.
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "EMBED_REGISTRY_DIR", "value": "/opt/embedder/registry"} in container["env"]
 
 
 def test_gate_takes_candidate_baseline_and_margin_from_values(deploy) -> None:
@@ -137,11 +138,14 @@ def test_gate_takes_candidate_baseline_and_margin_from_values(deploy) -> None:
         "--set", "persistence.existingClaim=shared-registry",
     )  # fmt: skip
     spec = deploy.pod_spec(deploy.find(docs, "Job", "-gate"))
-    assert spec["containers"][0]["args"] == [
+    (container,) = spec["containers"]
+    assert container["args"] == [
         "validate", "/var/lib/embedder/registry/legal/3", "--baseline", "minilm-l3", "--max-drop", "0.5",
-        "--min-speedup", "1.5",
+        "--out", "/tmp/gate-report", "--min-speedup", "1.5",
     ]  # fmt: skip
-    assert "initContainers" not in spec
+    # With the shared registry mounted, registry:NAME specs resolve there.
+    assert {"name": "EMBED_REGISTRY_DIR", "value": "/var/lib/embedder/registry"} in container["env"]
+    assert {"name": "data", "mountPath": "/var/lib/embedder"} in container["volumeMounts"]
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "shared-registry"}} in spec["volumes"]
 
 
