@@ -1,0 +1,79 @@
+"""`embedder export` and the default bundle, as the service and `embedder models prepare` use them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from embedder.cli import main as embedder_main
+from export import api, registry
+from export.runtime import OnnxBundle
+from training import catalog_cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cli_exports_truncated_bundle(tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["export", str(tiny_bert_path), "--layers", "2", "--name", "tiny", "--registry", str(tmp_path)]
+    assert embedder_main([*argv, "--promote"]) == 0
+    out = capsys.readouterr().out
+    bundle = tmp_path / "tiny" / "1"
+    assert out.splitlines()[0] == str(bundle)
+    assert "parity fp32: min cosine 1.0000" in out and "2/4 layers" in out and "(promoted)" in out
+    assert registry.current_bundle(tmp_path, "tiny") == bundle
+    assert OnnxBundle(bundle).encode(["hello"]).shape == (1, 32)
+
+
+def test_cli_default_registry_and_clear_errors(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("EMBED_REGISTRY_DIR", str(tmp_path / "from-env"))
+    assert embedder_main(["export", str(tiny_bert_path), "--name", "tiny", "--layers", "7"]) == 1
+    assert "embedder export: layers must be an integer between 1 and 4" in capsys.readouterr().err
+    assert embedder_main(["export", str(tmp_path / "missing"), "--name", "tiny"]) == 1
+    assert "is neither a built-in model nor an existing model folder" in capsys.readouterr().err
+    assert not (tmp_path / "from-env").exists()
+    assert embedder_main(["export", str(tiny_bert_path), "--name", "tiny", "--quantize", "int8"]) == 0
+    assert registry.read_manifest(tmp_path / "from-env" / "tiny" / "1")["serve_variant"] == "int8"
+
+
+def test_service_spawn_command_then_default_bundle_is_reused(tmp_path: Path, minilm_l6_path: Path) -> None:
+    """The exact command the service spawns on an empty registry; then prepare finds the bundle."""
+    command = [sys.executable, "-m", "embedder.cli", "export", "minilm-l6", "--name", "minilm-l6"]
+    command += ["--registry", str(tmp_path), "--promote"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "EMBED_REGISTRY_DIR": str(tmp_path)}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    bundle = tmp_path / "minilm-l6" / "1"
+    assert done.stdout.splitlines()[0] == str(bundle)
+    manifest = registry.read_manifest(bundle)
+    assert (manifest["base_model"], manifest["layers"], manifest["dim"]) == ("minilm-l6", 6, 384)
+    assert manifest["parity"]["fp32"]["min_cosine"] >= 0.9999
+    assert api.ensure_default_bundle(tmp_path) == bundle  # already served: no second export
+    assert registry.list_versions(tmp_path, "minilm-l6") == ["1"]
+
+
+def test_models_prepare_creates_default_bundle_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tiny_bert_path: Path
+) -> None:
+    """`embedder models prepare minilm-l6` exports the default bundle only when none is served
+    (a tiny model stands in for minilm-l6 so the test stays fast)."""
+    calls = []
+    real_export = api.export_bundle
+
+    def recording_export(model: str, root: Path, name: str, **kwargs: object) -> Path:
+        calls.append((model, name, kwargs))
+        return real_export(tiny_bert_path, root, name, **kwargs)
+
+    monkeypatch.setattr(api, "export_bundle", recording_export)
+    monkeypatch.setenv("EMBED_REGISTRY_DIR", str(tmp_path))
+    assert catalog_cli.main(["prepare", "minilm-l6"]) == 0
+    assert catalog_cli.main(["prepare", "minilm-l6"]) == 0
+    assert calls == [("minilm-l6", "minilm-l6", {"promote": True})]
+    assert f"default bundle: {tmp_path / 'minilm-l6' / '1'}" in capsys.readouterr().out
+    assert catalog_cli.main(["prepare", "minilm-l6", "--no-default-bundle"]) == 0
+    assert registry.list_versions(tmp_path, "minilm-l6") == ["1"]

@@ -1,0 +1,236 @@
+"""Export: bundle layout and manifest, ONNX == torch (dynamic axes, truncation, int8), parity
+failures that publish nothing, validation hook, concurrent versions."""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from export import api, graph, registry
+from export.parity import ParityError, cosines
+from export.probes import probe_texts
+from export.runtime import OnnxBundle
+from training.catalog import sha256_file
+from training.encoder import Encoder
+
+MANIFEST_KEYS = {
+    "name", "version", "created_at", "source", "base_model", "parent", "method", "layers", "source_layers",
+    "dim", "pooling", "normalized", "max_seq_length", "pad_token_id", "inputs", "output", "opset",
+    "quantization", "onnx", "serve_variant", "files", "parity", "validation",
+}  # fmt: skip
+
+
+def torch_reference(path: Path, layers: int | None = None) -> Encoder:
+    encoder = Encoder.from_pretrained(path, normalize=True)
+    return encoder.truncate(layers) if layers else encoder
+
+
+def onnx_vs_torch(bundle_dir: Path, encoder: Encoder, texts: list[str], variant: str = "fp32") -> np.ndarray:
+    """Cosines of one padded ONNX batch against the same batch in torch (one forward each)."""
+    bundle = OnnxBundle(bundle_dir, variant=variant)
+    out = bundle.run(bundle.pad(bundle.tokenize(texts)))
+    with torch.no_grad():
+        ref = encoder(**encoder.tokenize(texts)).numpy()
+    assert out.shape == ref.shape == (len(texts), encoder.dim)
+    return cosines(out, ref)
+
+
+def batch_of_17(texts: list[str]) -> list[str]:
+    long_text = "tokens " * 400  # far past every max_seq_length here
+    return [*texts, long_text, "ok", *[f"sentence number {i} of a padded batch" for i in range(7)]]
+
+
+# --- a real-weights bundle: minilm-l3, fp32 + int8 ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def l3_registry(tmp_path_factory: pytest.TempPathFactory, minilm_l3_path: Path) -> Path:
+    root = tmp_path_factory.mktemp("registry")
+    api.export_bundle(minilm_l3_path, root, "minilm-l3", quantize="int8", promote=True, parent="base@1")
+    return root
+
+
+def test_bundle_layout_and_manifest(l3_registry: Path, minilm_l3_path: Path) -> None:
+    bundle = registry.current_bundle(l3_registry, "minilm-l3")
+    assert bundle == l3_registry / "minilm-l3" / "1"
+    assert registry.served_models(l3_registry) == {"minilm-l3": bundle}
+    assert sorted(p.name for p in (l3_registry / "minilm-l3").iterdir()) == ["1", "current"]  # no leftovers
+    manifest = registry.read_manifest(bundle)
+    assert set(manifest) >= MANIFEST_KEYS
+    assert manifest["name"] == "minilm-l3" and manifest["version"] == "1" and manifest["parent"] == "base@1"
+    assert datetime.fromisoformat(manifest["created_at"]).utcoffset().total_seconds() == 0
+    assert manifest["source"]["sha256"] == sha256_file(minilm_l3_path / "model.safetensors")
+    assert (manifest["layers"], manifest["source_layers"], manifest["dim"]) == (3, 3, 384)
+    assert manifest["pooling"] == "mean" and manifest["normalized"] is True  # normalised although the source is not
+    assert manifest["max_seq_length"] == 128
+    assert manifest["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert manifest["output"] == "sentence_embedding" and manifest["quantization"] == "int8"
+    assert manifest["onnx"] == {"fp32": "model.onnx", "int8": "model_int8.onnx"}
+    assert manifest["serve_variant"] == "int8"
+    assert {"tokenizer.json", "vocab.txt", "model.onnx", "model_int8.onnx"} <= set(manifest["files"])
+    for relative, digest in manifest["files"].items():
+        assert sha256_file(bundle / relative) == digest, relative
+    parity = manifest["parity"]
+    assert parity["probes"] >= 64 and parity["tokenizer_mismatches"] == 0
+    assert parity["fp32"]["min_cosine"] >= 0.9999
+    assert parity["int8"]["mean_cosine"] >= 0.99 and parity["int8"]["min_cosine"] >= 0.97
+    model = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    assert dims == {name: ["batch", "sequence"] for name in manifest["inputs"]}
+    assert [o.name for o in model.graph.output] == ["sentence_embedding"]
+
+
+def test_real_weights_dynamic_axes(l3_registry: Path, minilm_l3_path: Path, varied_texts: list[str]) -> None:
+    bundle_dir = registry.current_bundle(l3_registry, "minilm-l3")
+    encoder = torch_reference(minilm_l3_path)
+    texts = batch_of_17(varied_texts)
+    assert len(texts) == 17
+    assert onnx_vs_torch(bundle_dir, encoder, texts).min() >= 0.9999
+    int8 = onnx_vs_torch(bundle_dir, encoder, texts, variant="int8")
+    assert int8.mean() >= 0.99 and int8.min() >= 0.97
+    single = OnnxBundle(bundle_dir, variant="fp32")
+    assert [len(e.ids) for e in single.tokenize(["ok", texts[8]])] == [3, 128]
+    for text in ("ok", texts[8]):  # batch 1 at sequence lengths 3 and max
+        assert onnx_vs_torch(bundle_dir, encoder, [text]).min() >= 0.9999
+
+
+# --- tiny random models of each architecture family --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fixture", "pooling", "inputs"),
+    [
+        ("tiny_bert_path", "mean", ["input_ids", "attention_mask", "token_type_ids"]),
+        ("tiny_electra_path", "cls", ["input_ids", "attention_mask", "token_type_ids"]),
+        ("tiny_mpnet_path", "mean", ["input_ids", "attention_mask"]),
+    ],
+)
+def test_architectures_pool_in_graph(
+    fixture: str, pooling: str, inputs: list[str], request: pytest.FixtureRequest, tmp_path: Path,
+    varied_texts: list[str],
+) -> None:  # fmt: skip
+    path = request.getfixturevalue(fixture)
+    bundle_dir = api.export_bundle(path, tmp_path, "tiny")
+    manifest = registry.read_manifest(bundle_dir)
+    assert manifest["pooling"] == pooling and manifest["inputs"] == inputs
+    assert manifest["serve_variant"] == "fp32" and registry.current_version(tmp_path, "tiny") is None
+    encoder = torch_reference(path)
+    assert onnx_vs_torch(bundle_dir, encoder, batch_of_17(varied_texts)).min() >= 0.9999
+    for text in ("ok", "tokens " * 400):
+        assert onnx_vs_torch(bundle_dir, encoder, [text]).min() >= 0.9999
+
+
+def test_truncated_export_equals_truncated_torch(tiny_bert_path: Path, tmp_path: Path, varied_texts: list[str]) -> None:
+    caller_encoder = Encoder.from_pretrained(tiny_bert_path)
+    bundle_dir = api.export_bundle(caller_encoder, tmp_path, "tiny-l2", layers=2, method={"name": "tmft"})
+    assert caller_encoder.num_layers == 4  # the caller's encoder is copied, never truncated
+    manifest = registry.read_manifest(bundle_dir)
+    assert (manifest["layers"], manifest["source_layers"]) == (2, 4)
+    assert manifest["method"] == {"name": "tmft"}
+    truncated = onnx_vs_torch(bundle_dir, torch_reference(tiny_bert_path, layers=2), varied_texts)
+    assert truncated.min() >= 0.9999
+    full = onnx_vs_torch(bundle_dir, torch_reference(tiny_bert_path), varied_texts)
+    # It really is the 2-layer model: far closer to the truncated torch model than to the full one.
+    assert 1 - full.min() > 1000 * (1 - truncated.min())
+
+
+def test_int8_within_tolerance_on_random_model(tiny_bert_path: Path, tmp_path: Path, varied_texts: list[str]) -> None:
+    bundle_dir = api.export_bundle(tiny_bert_path, tmp_path, "tiny-int8", quantize="int8")
+    int8 = onnx_vs_torch(bundle_dir, torch_reference(tiny_bert_path), varied_texts, variant="int8")
+    assert int8.mean() >= 0.99 and int8.min() >= 0.97
+    assert OnnxBundle(bundle_dir).variant == "int8"
+
+
+# --- failures leave the registry untouched -----------------------------------------------------
+
+
+def test_parity_failure_lists_all_and_publishes_nothing(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = graph.optimize_graph
+
+    def corrupt_weights(src: Path, dst: Path, encoder: Encoder, **kwargs: object) -> Path:
+        original(src, dst, encoder, **kwargs)
+        model = onnx.load(str(dst))
+        for init in model.graph.initializer:
+            if init.name.endswith("word_embeddings.weight"):
+                array = onnx.numpy_helper.to_array(init)
+                rng = np.random.default_rng(0)
+                init.CopyFrom(onnx.numpy_helper.from_array(rng.permutation(array), init.name))
+        onnx.save(model, str(dst))
+        return Path(dst)
+
+    monkeypatch.setattr(graph, "optimize_graph", corrupt_weights)
+    root = tmp_path / "registry"
+    listing = r"(?s)nothing was published.*fp32: min cosine .* < 0.9999.*int8: mean cosine"
+    with pytest.raises(ParityError, match=listing) as info:
+        api.export_bundle(tiny_bert_path, root, "broken", quantize="int8", promote=True)
+    assert len(info.value.failures) >= 2
+    assert info.value.figures["fp32"]["min_cosine"] < 0.9999
+    assert not root.exists()
+
+
+def test_validate_hook_report_and_veto(tiny_bert_path: Path, tmp_path: Path) -> None:
+    def passing(staging: Path) -> dict:
+        assert (staging / "model.onnx").is_file() and not str(staging).startswith(str(tmp_path))
+        (staging / "report.md").write_text("# validation\n")
+        return {"passed": True, "score": 0.5}
+
+    bundle_dir = api.export_bundle(tiny_bert_path, tmp_path, "gated", validate=passing, promote=True)
+    manifest = registry.read_manifest(bundle_dir)
+    assert manifest["validation"] == {"passed": True, "score": 0.5}
+    assert manifest["files"]["report.md"] == sha256_file(bundle_dir / "report.md")
+
+    def failing(staging: Path) -> dict:
+        raise RuntimeError("gate says no")
+
+    with pytest.raises(RuntimeError, match="gate says no"):
+        api.export_bundle(tiny_bert_path, tmp_path, "gated", validate=failing, promote=True)
+    assert registry.list_versions(tmp_path, "gated") == ["1"]
+    assert registry.current_version(tmp_path, "gated") == "1"
+    assert sorted(p.name for p in (tmp_path / "gated").iterdir()) == ["1", "current"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"name": "Bad/Name"}, registry.RegistryError, "invalid model name"),
+        ({"quantize": "fp16"}, ValueError, r"quantize must be one of \('none', 'int8'\)"),
+        ({"layers": 9}, ValueError, r"layers must be an integer between 1 and 4"),
+        ({"pooling": "max"}, ValueError, "pooling must be one of"),
+    ],
+)
+def test_bad_arguments_say_what_to_fix(
+    tiny_bert_path: Path, tmp_path: Path, kwargs: dict, error: type[Exception], match: str
+) -> None:
+    arguments = {"name": "tiny", **kwargs}
+    with pytest.raises(error, match=match):
+        api.export_bundle(tiny_bert_path, tmp_path / "registry", **arguments)
+    assert not (tmp_path / "registry").exists()
+
+
+def test_concurrent_exports_get_distinct_versions(tiny_bert_path: Path, tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    # Two processes, as two /adapt workers would be; one torch thread each on the 2-core machine.
+    with ProcessPoolExecutor(2, mp_context=context, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        futures = [pool.submit(api.export_bundle, tiny_bert_path, tmp_path, "same") for _ in range(2)]
+        versions = [future.result().name for future in futures]
+    assert sorted(versions) == ["1", "2"]
+    assert registry.list_versions(tmp_path, "same") == ["1", "2"]
+    first, second = (registry.read_manifest(tmp_path / "same" / v) for v in ("1", "2"))
+    assert first["source"] == second["source"]  # same source, new version: never overwritten
+
+
+def test_probe_set_is_varied() -> None:
+    texts = probe_texts()
+    assert len(texts) >= 64 and len(set(texts)) == len(texts)
+    assert any(len(t.split()) <= 1 for t in texts)
+    assert sum(len(t.split()) > 300 for t in texts) >= 3  # cut at any max_seq_length up to 512
+    assert sum(any(ord(c) > 0x2FF for c in t) for t in texts) >= 10  # CJK, Cyrillic, Greek, Arabic, emoji
