@@ -14,8 +14,8 @@ A recipe file is a flat TOML table of `TrainConfig` fields plus two optional sub
     temperature = 0.05
 
 ``--set`` values are parsed as TOML values (``--set lr=1e-4``, ``--set student_layers=[0,5]``,
-``--set objective_params.temperature=0.1``); anything that is not valid TOML is taken as a string
-(``--set output_dir=runs/x``). Unknown keys and wrong types fail with the list of valid keys.
+``--set objective_params.temperature=0.1``); ``none`` unsets an optional field (``--set time_budget_s=none``);
+anything that is not valid TOML is taken as a string (``--set output_dir=runs/x``). Unknown keys and wrong types fail with the list of valid keys.
 """
 
 from __future__ import annotations
@@ -203,7 +203,10 @@ def from_dict(values: Mapping[str, Any]) -> TrainConfig:
 
 
 def parse_value(text: str) -> Any:
-    """A ``--set`` value: any TOML value (number, bool, string, array, inline table), else a bare string."""
+    """A ``--set`` value: ``none``/``null`` (unset an optional field, which TOML cannot express), any TOML value
+    (number, bool, string, array, inline table), else a bare string."""
+    if text.strip().lower() in ("none", "null"):
+        return None
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

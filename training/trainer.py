@@ -247,7 +247,10 @@ def lr_factor(step: int, progress: float, warmup: float, total_steps: int | None
     if warmup >= 1:
         rise = (step + 1) / warmup
     elif warmup > 0:
-        rise = (step + 1) / (warmup * total_steps) if total_steps else max(progress, 1e-3) / warmup
+        # whichever clock is ahead (steps or the time budget) also ends the warm-up: a run that a time budget
+        # cuts short of max_steps still reaches the peak rate
+        by_steps = (step + 1) / (warmup * total_steps) if total_steps else 0.0
+        rise = max(by_steps, max(progress, 1e-3) / warmup)
     else:
         rise = 1.0
     fall = (1.0 - progress) / (1.0 - (warmup if warmup < 1 else 0.0))

@@ -145,6 +145,7 @@ def test_set_values_parse_as_toml() -> None:
     assert parse_value("[0, 5]") == [0, 5]
     assert parse_value("true") is True
     assert parse_value("runs/x") == "runs/x"
+    assert parse_value("none") is None and load_config("crop-minilm", ["time_budget_s=none"]).time_budget_s is None
     values = apply_overrides({"lr": 1.0}, ["lr=3e-5", "student_layers=[0,2]", "objective_params.temperature=0.1"])
     config = from_dict(values)
     assert config.lr == 3e-5 and config.student_layers == (0, 2)

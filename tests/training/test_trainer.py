@@ -208,6 +208,8 @@ def test_lr_schedule_warms_up_then_decays_to_zero() -> None:
     assert factors[-1] == pytest.approx(0.1 / 0.8)
     assert lr_factor(0, 0.0, 3, 10) == pytest.approx(1 / 3)  # warm-up given in steps
     assert lr_factor(5, 1.0, 0.1, None) == 0.0  # time budget used up
+    # a time budget that runs ahead of max_steps ends the warm-up too
+    assert lr_factor(10, 0.1, 0.1, 3000) == pytest.approx(1.0)
 
 
 def test_cosent_prefers_correctly_ordered_similarities() -> None:
