@@ -15,7 +15,8 @@ A recipe file is a flat TOML table of `TrainConfig` fields plus two optional sub
 
 ``--set`` values are parsed as TOML values (``--set lr=1e-4``, ``--set student_layers=[0,5]``,
 ``--set objective_params.temperature=0.1``); ``none`` unsets an optional field (``--set time_budget_s=none``);
-anything that is not valid TOML is taken as a string (``--set output_dir=runs/x``). Unknown keys and wrong types fail with the list of valid keys.
+anything that is not valid TOML is taken as a string (``--set output_dir=runs/x``). Unknown keys and wrong
+types fail with the list of valid keys.
 """
 
 from __future__ import annotations
