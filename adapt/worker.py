@@ -43,6 +43,7 @@ class JobContext:
         self.job = job
         self._stop = stop
         self._started = time.monotonic()
+        self._cpu_started = time.process_time()
         self._last_progress = 0.0
         self._last_cancel_check = 0.0
         self._cancelled = False
@@ -72,9 +73,20 @@ class JobContext:
     def elapsed(self) -> float:
         return time.monotonic() - self._started
 
+    def cpu_seconds(self) -> float:
+        """CPU time of this worker (all threads) since the job started: the cost of a job on a shared
+        machine, where wall time also measures everyone else's load."""
+        return time.process_time() - self._cpu_started
+
     def stage(self, name: str, **data: Any) -> None:
         """Enter a stage (``detail`` names the step inside it; cleared when not given)."""
-        record = {"stage": name, "detail": None, "elapsed_s": round(self.elapsed(), 2), **data}
+        record = {
+            "stage": name,
+            "detail": None,
+            "elapsed_s": round(self.elapsed(), 2),
+            "cpu_s": round(self.cpu_seconds(), 2),
+            **data,
+        }
         self.store.update_progress(self.job.id, record)
 
     def progress(self, data: dict[str, Any], *, force: bool = False) -> None:

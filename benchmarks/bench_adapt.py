@@ -130,6 +130,7 @@ def run_job(server: Server, corpus: str, texts: list[str], labels: list[str] | N
         raise SystemExit(f"POST /adapt answered {r.status_code}: {r.text}")
     job_id = r.json()["id"]
     stages: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     with server.client.stream("GET", f"/adapt/{job_id}/events", timeout=None) as events:
         for line in events.iter_lines():
             if not line.startswith("data: "):
@@ -138,6 +139,7 @@ def run_job(server: Server, corpus: str, texts: list[str], labels: list[str] | N
             stage = data.get("stage")
             if stage and stage not in stages:
                 stages[stage] = round(time.perf_counter() - t0, 2)
+                cpu[stage] = data.get("cpu_s")
                 print(f"  [{corpus}] {stages[stage]:7.1f} s  {stage}", flush=True)
             if data.get("object") == "adapt.job":
                 break
@@ -153,8 +155,16 @@ def run_job(server: Server, corpus: str, texts: list[str], labels: list[str] | N
                 break
             time.sleep(0.5)
     # The machine is shared: the 1-minute load average says how much of it this job actually had.
-    return {"corpus": corpus, "documents": len(texts), "wall_s": round(wall, 1), "stages_s": stages, "job": job,
-            "served_dim": answer, "load_average_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
+    return {
+        "corpus": corpus,
+        "documents": len(texts),
+        "wall_s": round(wall, 1),
+        "stages_s": stages,
+        "stages_cpu_s": cpu,
+        "job": job,
+        "served_dim": answer,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

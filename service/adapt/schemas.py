@@ -47,6 +47,7 @@ class JobProgress(BaseModel):
     total: int | None = None
     loss: float | None = None
     elapsed_s: float | None = None
+    cpu_s: float | None = None  # worker CPU seconds (all threads) since the job started
     eta_s: float | None = None
 
 
