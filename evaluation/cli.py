@@ -67,6 +67,7 @@ def validate_main(argv: list[str]) -> int:
         help="tasks for layer-wise curves (default: LeeDocSTS BBCNewsKNN; none to skip)",
     )
     parser.add_argument("--no-speed", action="store_true", help="skip the speed measurement")
+    parser.add_argument("--no-diagnostics", action="store_true", help="skip kNN 9:1, effective rank, alignment...")
     parser.add_argument("--no-cache", action="store_true", help="recompute instead of reusing cached results")
     parser.add_argument("--list-tasks", action="store_true", help="print the task names and exit")
     _common(parser)
@@ -102,6 +103,7 @@ def validate_main(argv: list[str]) -> int:
         min_speedup=args.min_speedup,
         layer_tasks=DEFAULT_LAYER_TASKS if args.layer_tasks is None else args.layer_tasks,
         speed=not args.no_speed,
+        diagnostics=not args.no_diagnostics,
         out_dir=args.out,
         cache=not args.no_cache,
         progress=not args.quiet,

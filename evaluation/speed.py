@@ -49,7 +49,7 @@ def measure_speed(
         model: anything `load_model` accepts.
         texts: ``{label: texts}``; default `speed_texts`.
         calls: timed calls per batch-1 setting; batch-32 settings time ``max(2, calls // 8)`` calls.
-        fast: 4 calls per setting (tests).
+        fast: 2 calls per setting after one warm-up (tests).
 
     Returns ``{"settings": [{"setting", "batch_size", "texts", "calls", "p50_ms", "texts_per_s"}],
     "threads": int}``; p50 is the median latency of one call (one batch).
@@ -60,8 +60,8 @@ def measure_speed(
     plan = [(label, bs) for label in texts for bs in batch_sizes]
     for label, batch_size in tqdm(plan, desc=f"speed {emb.name}", disable=not progress, leave=False):
         pool = list(texts[label])
-        n_calls = 4 if fast else (calls if batch_size == 1 else max(2, calls // 8))
-        for w in range(WARMUP_CALLS):
+        n_calls = 2 if fast else (calls if batch_size == 1 else max(2, calls // 8))
+        for w in range(1 if fast else WARMUP_CALLS):
             emb.encode(_cycle(pool, batch_size, w), batch_size=batch_size)
         latencies = []
         for c in range(n_calls):

@@ -11,11 +11,13 @@ import logging
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import mteb
+from sklearn.exceptions import UndefinedMetricWarning
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
@@ -68,7 +70,9 @@ def score_task(memo: EmbeddingMemo, task: OfflineTask, *, layer: int | None = No
         task.load_data()  # loaded by us, so mteb keeps it for the next layer's run
     memo.embed(task_texts(task), layer)  # encode with every thread first, then the classifiers on one:
     # scikit-learn's k-means on a few thousand points is 20x slower with threads on a busy 2-core machine
-    with threadpool_limits(1):
+    with threadpool_limits(1), warnings.catch_warnings():
+        # tiny or random models leave some class never predicted: precision is then 0 by definition
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
         result = mteb.evaluate(MtebEncoder(memo, layer), [task], cache=None, show_progress_bar=False, raise_error=True)
     (task_result,) = result.task_results
     scores = task_result.scores["test"][0]

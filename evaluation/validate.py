@@ -132,6 +132,7 @@ def validate(
     min_speedup: float | None = None,
     layer_tasks: Sequence[Any] = DEFAULT_LAYER_TASKS,
     speed: bool = True,
+    diagnostics: bool = True,
     out_dir: str | Path | None = None,
     cache: bool = True,
     progress: bool = True,
@@ -151,6 +152,7 @@ def validate(
         "fast": fast,
         "layer_tasks": layer_tasks,
         "speed": speed,
+        "diagnostics": diagnostics,
         "cache": cache,
         "progress": progress,
     }

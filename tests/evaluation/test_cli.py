@@ -1,0 +1,105 @@
+"""`embedder validate`, `layers` and `bench` end to end on tiny models (fast mode)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from embedder.cli import main as embedder_main
+from evaluation.cli import bench_main, layers_main, validate_main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _is_png(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:8] == PNG
+
+
+def test_validate_fails_on_a_drop_and_lists_the_tasks(
+    tiny_bert_path: Path, minilm_l3_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A random 32-d model against a trained one: retrieval must drop far more than 1 point.
+    args = [str(tiny_bert_path), "--baseline", str(minilm_l3_path), "--tasks", "LeeDocSTS", "ACLSumRetrieval"]
+    args += [
+        "--layer-tasks",
+        "LeeDocSTS",
+        "--no-speed",
+        "--no-diagnostics",
+        "--fast",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+    ]
+    assert validate_main(args) == 1
+    captured = capsys.readouterr()
+    assert "ACLSumRetrieval" in captured.err.splitlines()[-1]
+    assert "FAIL" in captured.out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["gate"]["passed"] is False
+    assert set(report["candidate"]["scores"]) == {"LeeDocSTS", "ACLSumRetrieval"}
+    assert len(report["candidate"]["layers"]["LeeDocSTS"]) == 5  # embeddings + 4 layers
+    assert len(report["baseline"]["layers"]["LeeDocSTS"]) == 4
+    assert "diagnostics" not in report["candidate"]
+    markdown = (tmp_path / "report.md").read_text()
+    assert "| ACLSumRetrieval |" in markdown and "**FAILED**" in markdown
+    assert _is_png(tmp_path / "tasks.png") and _is_png(tmp_path / "layers.png")
+
+
+def test_validate_passes_against_itself_with_speed_and_reuses_cached_results(
+    tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(tiny_bert_path), "--baseline", str(tiny_bert_path), "--tasks", "LeeDocSTS", "BBCNewsKNN"]
+    args += ["--min-speedup", "0.01", "--fast", "--quiet", "--out", str(tmp_path)]
+    assert validate_main(args) == 0
+    assert "PASSED" in capsys.readouterr().out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["baseline"]["tasks"]["LeeDocSTS"]["cached"] is True  # same hash as the candidate
+    settings = {row["setting"] for row in report["candidate"]["speed"]["settings"]}
+    assert settings == {"short/b1", "short/b32", "long/b1", "long/b32"}
+    assert all(row["texts_per_s"] > 0 and row["p50_ms"] > 0 for row in report["candidate"]["speed"]["settings"])
+    assert _is_png(tmp_path / "speed.png")
+    diagnostics = report["candidate"]["diagnostics"]
+    assert diagnostics["bbc_effective_rank"] >= 1.0 and 0 <= diagnostics["bbc_knn10_cosine_9to1"] <= 100
+    assert 0 <= diagnostics["crop_alignment_a2"] <= 4
+
+
+def test_validate_argument_errors(tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert validate_main(["no-such-model", "--fast", "--quiet"]) == 2
+    assert "neither a built-in model nor an existing model folder" in capsys.readouterr().err
+    assert validate_main([str(tiny_bert_path), "--tasks", "STSBenchmark"]) == 2
+    assert "unknown task 'STSBenchmark'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        validate_main([str(tiny_bert_path), "--min-speedup", "2"])
+    assert exc.value.code == 2
+    assert "pass --baseline too" in capsys.readouterr().err
+
+
+def test_layers_command(tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert layers_main([str(tiny_bert_path), "--tasks", "LeeDocSTS", "--fast", "--quiet", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  layer ") == 5 and "<- best" in out
+    assert _is_png(tmp_path / "layers.png")
+    curves = json.loads((tmp_path / "layers.json").read_text())["curves"]
+    assert len(next(iter(curves.values()))["LeeDocSTS"]) == 5
+
+
+def test_layers_refuses_a_bundle(tiny_bundle: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert layers_main([str(tiny_bundle / "tiny" / "1"), "--fast", "--quiet"]) == 2
+    assert "layer-wise scores need the torch checkpoint" in capsys.readouterr().err
+
+
+def test_bench_command(tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_main([str(tiny_bert_path), "--fast", "--quiet", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("long/b32") == 1
+    speed = json.loads((tmp_path / "speed.json").read_text())
+    assert len(next(iter(speed.values()))["settings"]) == 4
+
+
+def test_commands_are_registered(capsys: pytest.CaptureFixture[str]) -> None:
+    assert embedder_main(["validate", "--list-tasks"]) == 0
+    assert "ACLSumRetrieval" in capsys.readouterr().out
+    assert embedder_main(["--help"]) == 0
+    usage = capsys.readouterr().out
+    assert all(name in usage for name in ("validate", "layers", "bench"))
