@@ -50,13 +50,18 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    registry_dir = args.registry if args.registry is not None else get_settings().registry_dir
+    settings = get_settings()
+    registry_dir = args.registry if args.registry is not None else settings.registry_dir
 
     from export.api import export_bundle  # imports torch: only once the arguments are known to be valid
     from export.parity import ParityError
     from export.registry import RegistryError
     from training.catalog import ChecksumError, ModelNotFoundError
 
+    if settings.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.num_threads)
     try:
         bundle = export_bundle(
             args.model,

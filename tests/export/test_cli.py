@@ -45,7 +45,7 @@ def test_service_spawn_command_then_default_bundle_is_reused(tmp_path: Path, min
     """The exact command the service spawns on an empty registry; then prepare finds the bundle."""
     command = [sys.executable, "-m", "embedder.cli", "export", "minilm-l6", "--name", "minilm-l6"]
     command += ["--registry", str(tmp_path), "--promote"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "EMBED_REGISTRY_DIR": str(tmp_path)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "EMBED_REGISTRY_DIR": str(tmp_path), "EMBED_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     bundle = tmp_path / "minilm-l6" / "1"
