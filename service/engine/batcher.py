@@ -104,6 +104,7 @@ class Batcher:
         self._closing = False
         self._batch_id = 0
         self._task: asyncio.Task[None] | None = None
+        self._running: list[_Item] = []  # the batch in the inference thread
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{self.name}")
         self._queue_gauge = metrics.queue_depth.labels(self.name)
         self._m_inference = metrics.inference_time.labels(self.name)
@@ -176,6 +177,7 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             batch = self._next_batch()
+            self._running = batch
             started = time.perf_counter()
             running = loop.run_in_executor(self._executor, self.backend.embed, [item.tokens for item in batch])
             while True:
@@ -198,6 +200,7 @@ class Batcher:
                 if next_batch is None:
                     break
                 batch, started = next_batch, next_started
+                self._running = batch
 
     def _next_batch(self) -> list[_Item]:
         if not self._window:
@@ -245,7 +248,7 @@ class Batcher:
                 item.job.future.set_exception(err)
 
     def _fail_waiting(self, err: BaseException) -> None:
-        waiting = list(self._window) + list(self._pending)
+        waiting = [*self._running, *self._window, *self._pending]
         self._window.clear()
         self._pending.clear()
         self._queued = 0

@@ -108,7 +108,7 @@ def test_full_queue_rejects_at_once_with_retry_after(publish_fake, tmp_path, fak
 
 
 def test_flood_against_a_tiny_queue_gets_429s_and_no_other_errors(make_app, serve):
-    app = make_app(max_queue_size=3, max_batch_size=2)
+    app = make_app(max_queue_size=3, max_batch_size=2, max_client_batch_size=2)
 
     async def flood(url: str) -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -131,3 +131,25 @@ def test_flood_against_a_tiny_queue_gets_429s_and_no_other_errors(make_app, serv
         metrics = httpx.get(f"{url}/metrics").text
         line = 'embed_request_failures_total{error_type="queue_full",model="fake-a",route="/embed"}'
         assert f"{line} {float(statuses.count(429))}" in metrics
+
+
+def test_close_fails_what_cannot_finish_within_the_grace_period(publish_fake, tmp_path, fake_backend_cls):
+    backend = fake_backend_cls(publish_fake(tmp_path, "m", delay_s=0.5))
+
+    async def run() -> tuple[BaseException | None, BaseException | None]:
+        batcher = _batcher(backend, max_batch_size=1)
+        batcher.start()
+        running = batcher.submit(backend.tokenize(["in the model"]))
+        await asyncio.sleep(0.05)
+        waiting = batcher.submit(backend.tokenize(["still queued"]))
+        await batcher.close(timeout=0.1)
+        with pytest.raises(ServiceError, match="being unloaded"):
+            batcher.submit(backend.tokenize(["too late"]))
+        done, _ = await asyncio.wait([running.future, waiting.future], timeout=5)
+        assert len(done) == 2  # nobody is left waiting forever
+        return running.future.exception(), waiting.future.exception()
+
+    first, second = asyncio.run(run())
+    for err in (first, second):
+        assert isinstance(err, ServiceError) and err.kind is ErrorKind.shutting_down
+    assert backend.closed
