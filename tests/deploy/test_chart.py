@@ -231,10 +231,19 @@ def test_hpa_scales_the_deployment_on_cpu_and_optionally_queue_depth(deploy) -> 
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
     assert "replicas" not in deploy.find(deploy.render(), "Deployment")["spec"]  # the HPA owns the count
     metrics = deploy.find(deploy.render_production(), "HorizontalPodAutoscaler")["spec"]["metrics"]
-    assert metrics[1]["pods"]["metric"]["name"] == "embedder_queue_depth"
+    assert metrics[1]["pods"]["metric"]["name"] == "embed_queue_depth"
     fixed = deploy.render("--set", "autoscaling.enabled=false", "--set", "replicaCount=3")
     assert deploy.find(fixed, "Deployment")["spec"]["replicas"] == 3
     assert "HorizontalPodAutoscaler" not in [d["kind"] for d in fixed]
+
+
+def test_queue_depth_metric_is_a_gauge_the_service_exports(deploy) -> None:
+    from service.metrics import ServiceMetrics
+
+    gauges = {m.name for m in ServiceMetrics().registry.collect() if m.type == "gauge"}
+    for production in (False, True):
+        name = deploy.values(production=production)["autoscaling"]["queueDepth"]["metricName"]
+        assert name in gauges, f"autoscaling.queueDepth.metricName {name!r} is not a gauge of service.metrics"
 
 
 def test_pdb_selects_the_serving_pods(deploy) -> None:
@@ -274,6 +283,10 @@ def test_helm_test_and_servicemonitor_call_real_routes(deploy, service_routes: d
     docs = deploy.render_production()
     monitor = deploy.find(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics" and "GET" in service_routes["/metrics"]
+    assert monitor["spec"]["endpoints"][0]["port"] == "http"
+    # A ServiceMonitor selects Services by their labels.
+    service_labels = deploy.find(docs, "Service")["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service_labels.items()
     test_pod = deploy.find(docs, "Pod", "-test-embeddings")
     assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     script = test_pod["spec"]["containers"][0]["args"][0]
@@ -353,3 +366,9 @@ def test_notes_tell_how_to_call_the_service(deploy) -> None:
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "http://rel-embedder.embedder.svc:80/v1/embeddings" in notes
     assert "WARNING: no API keys are set" in notes
+
+
+def test_deploy_doc_describes_every_setting(deploy) -> None:
+    doc = (deploy.repo / "docs" / "DEPLOY.md").read_text()
+    missing = [f for f in CONFIG_FIELDS if f"`{_env_name(f)}`" not in doc]
+    assert not missing, f"docs/DEPLOY.md has no row for {missing}: add them to the `config` table"
