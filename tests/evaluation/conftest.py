@@ -54,3 +54,15 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) 
     registry = tmp_path_factory.mktemp("registry")
     export_bundle(tiny_bert_path, registry, "tiny", promote=True)
     return registry
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two spinning
+    threads per process slow every forward pass several-fold. Restored after each test."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
