@@ -78,7 +78,7 @@ def score_task(memo: EmbeddingMemo, task: OfflineTask, *, layer: int | None = No
     scores = task_result.scores["test"][0]
     main = float(scores["main_score"])
     details = _scalar_details(scores)
-    stats = getattr(task, "crop_stats", None)
+    stats = getattr(task, "crop_stats", None)  # CropPairRetrieval only
     if stats:
         details.update({f"crops_{k}": v for k, v in stats.items() if isinstance(v, int | float)})
     return {

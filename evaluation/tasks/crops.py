@@ -62,7 +62,14 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
                 "Crop-pair retrieval over gensim's 300 Lee background news documents.",
             )
         super().__init__(fast=fast, **kwargs)
-        self.crop_stats: dict[str, Any] = {}
+        self._crop_stats: dict[str, Any] = {}
+
+    @property
+    def crop_stats(self) -> dict[str, Any]:
+        """Documents, pairs, crop rule and yield (computed on first use, also when results came from the cache)."""
+        if not self._crop_stats:
+            self.crop_pairs()
+        return self._crop_stats
 
     @classmethod
     def from_corpus(
@@ -102,7 +109,7 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
         rule = choose_crop_rule(documents)
         rng = random.Random(self.crop_seed)
         pairs = [p for p in (rule.sample_pair(doc, rng) for doc in documents) if p is not None]
-        self.crop_stats = {
+        self._crop_stats = {
             "documents": len(documents),
             "pairs": len(pairs),
             "rule": rule.describe(),

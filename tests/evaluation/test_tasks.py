@@ -146,3 +146,9 @@ def test_sts_is_spearman_of_cosine(fake_model_factory: Any) -> None:
 
     result = score_task(EmbeddingMemo(fake_model_factory("lee", embed, 2), progress=False), FirstRowSTS())
     assert result["score"] == pytest.approx(100.0)
+
+
+def test_crop_stats_are_available_without_loading(fake_model_factory: Any) -> None:
+    task = CropPairRetrieval.from_corpus(list(data.lee_background()[:8]), name="CropPairRetrieval-stats")
+    assert task.crop_stats["documents"] == 8 and task.crop_stats["pairs"] >= 2
+    assert task.crop_stats["rule"]
