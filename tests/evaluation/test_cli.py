@@ -74,6 +74,9 @@ def test_validate_argument_errors(tiny_bert_path: Path, capsys: pytest.CaptureFi
         validate_main([str(tiny_bert_path), "--min-speedup", "2"])
     assert exc.value.code == 2
     assert "pass --baseline too" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        validate_main([str(tiny_bert_path), "--max-drop", "-1"])
+    assert "--max-drop is a number of points and must be >= 0" in capsys.readouterr().err
 
 
 def test_layers_command(tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
