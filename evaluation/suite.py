@@ -93,14 +93,14 @@ def result_cache_dir(model: EmbeddingModel) -> Path:
     return get_settings().cache_dir / "evaluation" / model.hash[:24]
 
 
-def _read_cached(path: Path) -> dict[str, Any] | None:
+def read_cached_result(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 
 
-def _write_cached(path: Path, value: dict[str, Any]) -> None:
+def write_cached_result(path: Path, value: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as handle:
@@ -155,11 +155,11 @@ def run_suite(
             report["skipped"][name] = reason
             continue
         path = result_cache_dir(emb_model) / f"{task.cache_key}.json"
-        entry = _read_cached(path) if cache else None
+        entry = read_cached_result(path) if cache else None
         if entry is None:
             entry = score_task(memo, task)
             if cache:
-                _write_cached(path, entry)
+                write_cached_result(path, entry)
             entry = {**entry, "cached": False}
         else:
             entry = {**entry, "cached": True}

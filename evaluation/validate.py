@@ -19,7 +19,7 @@ from evaluation.gate import GateResult, check
 from evaluation.models import EmbeddingModel, OnnxModel, load_model
 from evaluation.report import write_report
 from evaluation.speed import measure_speed
-from evaluation.suite import _read_cached, _write_cached, result_cache_dir, run_suite, score_task
+from evaluation.suite import read_cached_result, result_cache_dir, run_suite, score_task, write_cached_result
 from evaluation.tasks import CropPairRetrieval, resolve_task
 from evaluation.tasks.bbc import bbc_task_split
 
@@ -46,13 +46,13 @@ def layer_curves(
         if task.unavailable_reason() is not None:
             continue
         path = result_cache_dir(model) / f"layers-{task.cache_key}.json"
-        cached = _read_cached(path) if cache else None
+        cached = read_cached_result(path) if cache else None
         if cached is None:
             layers = range(int(model.num_layers or 0) + 1)
             bar = tqdm(layers, desc=f"layers {task.metadata.name}", disable=not progress, leave=False)
             cached = {"scores": [score_task(memo, task, layer=layer)["score"] for layer in bar]}
             if cache:
-                _write_cached(path, cached)
+                write_cached_result(path, cached)
         curves[task.metadata.name] = cached["scores"]
     return curves
 
@@ -103,11 +103,11 @@ def evaluate_model(
     report["layers"] = layer_curves(emb, layer_tasks, memo=memo, fast=fast, cache=cache, progress=progress)
     if diagnostics:
         path = result_cache_dir(emb) / f"diagnostics-r{DIAGNOSTICS_REVISION}-{'fast' if fast else 'full'}.json"
-        cached = _read_cached(path) if cache else None
+        cached = read_cached_result(path) if cache else None
         if cached is None:
             cached = compute_diagnostics(memo, fast=fast)
             if cache:
-                _write_cached(path, cached)
+                write_cached_result(path, cached)
         report["diagnostics"] = cached
     if speed:
         report["speed"] = measure_speed(emb, fast=fast, progress=progress)
