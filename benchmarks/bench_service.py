@@ -229,7 +229,7 @@ def _post_one(url: str, text: str, client: Any) -> float:
 
 
 def run_loads(url: str, name: str, short: list[str], paragraphs: list[str], idle_requests: int,
-              ceiling: Ceiling) -> list[dict]:  # fmt: skip
+              ceiling: Ceiling, idle_only: bool = False) -> list[dict]:  # fmt: skip
     """(a) and (b) on both workloads, each with its paired ceiling; then (c) paired idle latency."""
     import httpx
 
@@ -243,7 +243,7 @@ def run_loads(url: str, name: str, short: list[str], paragraphs: list[str], idle
         ("paragraphs", paragraphs, 1, 32, "(a) paragraphs, 1 text/request, c=32"),
         ("paragraphs", paragraphs, 32, 8, "(b) paragraphs, 32 texts/request, c=8"),
     ]
-    for kind, texts, per_request, concurrency, label in loads:
+    for kind, texts, per_request, concurrency, label in [] if idle_only else loads:
         sample = texts[:512] if kind == "short" else texts[:128]
         before = ceiling.texts_per_s(sample)
         result = asyncio.run(_load(url, _chunks(texts, per_request), concurrency, f"{name} {label}"))
@@ -257,7 +257,9 @@ def run_loads(url: str, name: str, short: list[str], paragraphs: list[str], idle
     with httpx.Client(timeout=60) as client:
         for text in short[:idle_requests]:
             in_process.append(ceiling.single_ms(text))
+            time.sleep(0.02)  # let this process's onnxruntime threads stop spinning before the server runs
             served.append(_post_one(url, text, client))
+            time.sleep(0.02)
     row = {
         "label": f"{name} (c) short, 1 text/request, c=1", "requests": len(served),
         "p50_ms": round(statistics.median(served), 2), "p95_ms": round(_pct([x / 1000 for x in served], 0.95), 2),
@@ -275,7 +277,7 @@ def _serve_and_measure(command: list[str], url: str, name: str, env: dict, args:
     proc = subprocess.Popen(command, env=env, cwd=ROOT)
     try:
         _wait_ready(url, proc)
-        return run_loads(url, name, short, paragraphs, args.idle_requests, ceiling)
+        return run_loads(url, name, short, paragraphs, args.idle_requests, ceiling, args.idle_only)
     finally:
         _stop(proc)
 
@@ -288,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
     run.add_argument("--idle-requests", type=int, default=300, help="requests of the concurrency-1 run")
     run.add_argument("--skip-naive", action="store_true", help="only the ceiling and our server")
+    run.add_argument("--idle-only", action="store_true", help="only (c), the paired concurrency-1 latency")
     run.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     naive = sub.add_parser("naive-server", help="(internal) run the naive baseline server")
     naive.add_argument("--port", type=int, required=True)
