@@ -40,6 +40,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 # Probes and scrapes keep answering while the server drains; everything else gets 503.
 _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
+_UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
+UPLOAD_FRAMING_BYTES = 64 * 1024  # multipart boundaries, form fields and JSON keys around the corpus itself
 
 
 def _error_response(kind: ErrorKind, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -55,12 +57,28 @@ class _BodyTooLarge(Exception):
 
 class GuardMiddleware:
     """Pure ASGI (no per-request task like BaseHTTPMiddleware): rejects bodies over ``max_body_bytes`` with 413
-    (by Content-Length, or while a chunked body streams in), answers 503 while draining, counts requests in flight."""
+    (by Content-Length, or while a chunked body streams in), answers 503 while draining, counts requests in flight.
 
-    def __init__(self, app: Callable[..., Awaitable[None]], *, state: Any, max_body_bytes: int) -> None:
+    ``POST /adapt`` carries a whole corpus, so it gets its own cap, ``upload_body_bytes`` (the adapt upload
+    limit plus room for the multipart/JSON framing); the router then checks the corpus itself."""
+
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        *,
+        state: Any,
+        max_body_bytes: int,
+        upload_body_bytes: int | None = None,
+    ) -> None:
         self.app = app
         self.state = state
         self.max_body_bytes = max_body_bytes
+        self.upload_body_bytes = upload_body_bytes
+
+    def _limit(self, scope: Scope) -> tuple[int, str]:
+        if self.upload_body_bytes is not None and scope["path"] in _UPLOAD_PATHS and scope["method"] == "POST":
+            return self.upload_body_bytes, "adapt_max_upload_bytes"
+        return self.max_body_bytes, "max_body_bytes"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,10 +97,10 @@ class GuardMiddleware:
                 scope, receive, send
             )
             return
-        limit = self.max_body_bytes
+        limit, setting = self._limit(scope)
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await self._too_large(route, svc, scope, receive, send)
+                await self._too_large(route, svc, scope, receive, send, setting)
                 return
         received = 0
         too_large = False
@@ -102,21 +120,22 @@ class GuardMiddleware:
             if not too_large:
                 await send(message)
             elif message["type"] == "http.response.start":
-                await self._too_large(route, svc, scope, receive, send)
+                await self._too_large(route, svc, scope, receive, send, setting)
 
         self.state.in_flight += 1
         try:
             await self.app(scope, limited_receive, guarded_send)
         except _BodyTooLarge:
-            await self._too_large(route, svc, scope, receive, send)
+            await self._too_large(route, svc, scope, receive, send, setting)
         finally:
             self.state.in_flight -= 1
 
     async def _too_large(self, route: str | None, svc: EmbeddingService, scope: Scope, receive: Receive,
-                         send: Send) -> None:  # fmt: skip
+                         send: Send, setting: str) -> None:  # fmt: skip
         if route:
             svc.count_failure(route, NO_MODEL, ErrorKind.payload_too_large)
-        message = f"request body exceeds max_body_bytes={self.max_body_bytes}; send fewer or shorter texts"
+        limit = self.max_body_bytes if setting == "max_body_bytes" else self.upload_body_bytes
+        message = f"request body exceeds {setting}={limit}; send fewer or shorter texts"
         await _error_response(ErrorKind.payload_too_large, message)(scope, receive, send)
 
 
@@ -204,5 +223,10 @@ def create_app(
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
         return _error_response(ErrorKind.internal, INTERNAL_MESSAGE)
 
-    app.add_middleware(GuardMiddleware, state=app.state, max_body_bytes=settings.max_body_bytes)
+    upload_body_bytes = None
+    if include_adapt and settings.adapt_enabled:
+        upload_body_bytes = max(settings.max_body_bytes, settings.adapt_max_upload_bytes + UPLOAD_FRAMING_BYTES)
+    app.add_middleware(
+        GuardMiddleware, state=app.state, max_body_bytes=settings.max_body_bytes, upload_body_bytes=upload_body_bytes
+    )
     return app

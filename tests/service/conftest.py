@@ -149,8 +149,8 @@ def make_settings(fake_registry: Path) -> Callable[..., Any]:
 def make_app(make_settings: Callable[..., Any]) -> Callable[..., FastAPI]:
     from service.app import create_app
 
-    def build(**overrides: Any) -> FastAPI:
-        return create_app(make_settings(**overrides), backend_factory=FakeBackend, include_adapt=False)
+    def build(include_adapt: bool = False, **overrides: Any) -> FastAPI:
+        return create_app(make_settings(**overrides), backend_factory=FakeBackend, include_adapt=include_adapt)
 
     return build
 

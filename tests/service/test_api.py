@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
 
 import numpy as np
@@ -154,6 +155,25 @@ def test_chunked_body_over_the_limit_is_413(make_app):
     with TestClient(app, raise_server_exceptions=False) as client:
         response = client.post("/embed", content=chunks(), headers={"content-type": "application/json"})
         _error(response, 413, "payload_too_large", "max_body_bytes=1024")
+
+
+def test_adapt_uploads_have_their_own_body_cap(tmp_path, make_app):
+    """A corpus is far larger than an embedding request: POST /adapt is capped by adapt_max_upload_bytes."""
+    from service.app import UPLOAD_FRAMING_BYTES
+
+    app = make_app(
+        include_adapt=True, max_body_bytes=1024, adapt_enabled=True, adapt_supervise_worker=False,
+        adapt_dir=tmp_path / "adapt", adapt_max_upload_bytes=4096, adapt_min_documents=2,
+    )  # fmt: skip
+    doc = "A sentence of a customer's document that is long enough to count. " * 3
+    with TestClient(app, raise_server_exceptions=False) as client:
+        corpus = {"base_model": "minilm-l6", "name": "acme", "texts": [doc] * 12}
+        assert len(json.dumps(corpus)) > 1024
+        response = client.post("/adapt", json=corpus)
+        assert response.status_code == 202, response.text
+        _error(client.post("/embed", json={"inputs": [doc] * 12}), 413, "payload_too_large", "max_body_bytes=1024")
+        huge = {**corpus, "texts": ["x" * 1000] * (UPLOAD_FRAMING_BYTES // 1000 + 10)}
+        _error(client.post("/adapt", json=huge), 413, "payload_too_large", "adapt_max_upload_bytes=")
 
 
 def test_internal_error_is_generic_for_clients(tmp_path, make_app, publish_fake, caplog):
