@@ -170,15 +170,23 @@ class CropPairValidation:
 
     def evaluate(self, encoder: Encoder) -> dict[str, float]:
         from evaluation.adapter import EmbeddingMemo
+        from evaluation.diagnostics import alignment, effective_rank, uniformity
         from evaluation.models import load_model
         from evaluation.suite import score_task
 
-        result = score_task(EmbeddingMemo(load_model(encoder), progress=False), self.task)
+        memo = EmbeddingMemo(load_model(encoder), progress=False)
+        result = score_task(memo, self.task)
         details = result["details"]
+        pairs = self.task.crop_pairs()
+        first, second = memo.embed([a for a, _ in pairs]), memo.embed([b for _, b in pairs])  # cached: no re-encode
         return {
             self.metric: float(result["score"]),
             "crop_pair_mrr_at_10": 100.0 * float(details.get("mrr_at_10", float("nan"))),
             "crop_pair_recall_at_1": 100.0 * float(details.get("recall_at_1", float("nan"))),
+            # papers/002 §2.2: the held-out crops' effective rank, alignment and uniformity
+            "effective_rank": effective_rank(np.concatenate([first, second])),
+            "alignment": alignment(first, second),
+            "uniformity": uniformity(np.concatenate([first, second])),
         }
 
     def layer_scores(self, encoder: Encoder) -> list[float]:

@@ -150,6 +150,16 @@ def test_best_checkpoint_is_the_best_validated_model_and_early_stopping_ends_the
     assert {"step", "total", "loss", "elapsed", "eta", "texts_per_s", "lr"} <= train_event.keys()
 
 
+def test_validation_reports_the_rank_diagnostics_of_the_held_out_crops(tiny_bert_path: Path) -> None:
+    validation = CropPairValidation(tiny_corpus(12), seed=0)
+    encoder = Encoder.from_pretrained(tiny_bert_path)
+    scores = validation.evaluate(encoder)
+    pairs = validation.task.crop_pairs()
+    assert 0.0 <= scores[CropPairValidation.metric] <= 100.0
+    assert 1.0 <= scores["effective_rank"] <= min(2 * len(pairs), encoder.dim)
+    assert 0.0 <= scores["alignment"] <= 4.0 and scores["uniformity"] <= 0.0
+
+
 def _after(n: int):
     calls = {"n": 0}
 
