@@ -19,11 +19,19 @@ from export.registry import read_manifest
 OUTPUT_NAME = "sentence_embedding"
 
 
-def session_options(intra_op_threads: int, inter_op_threads: int = 1) -> ort.SessionOptions:
-    """Explicit thread counts: onnxruntime's default (all cores, spinning) fights the event loop."""
+def session_options(
+    intra_op_threads: int, inter_op_threads: int = 1, allow_spinning: bool = True
+) -> ort.SessionOptions:
+    """Explicit thread counts: onnxruntime's default (all cores, spinning) fights the event loop.
+
+    ``allow_spinning=False`` makes idle intra-op threads sleep at once instead of busy-waiting for the next
+    run (``session.intra_op.allow_spinning``): a spinning worker keeps a core busy between requests, the core
+    the server's event loop needs on a small machine.
+    """
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = inter_op_threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
@@ -37,6 +45,7 @@ class OnnxBundle:
         path: the bundle folder (``<registry>/<name>/<version>``).
         variant: ``fp32`` or ``int8``; default: the manifest's ``serve_variant``.
         intra_op_threads: threads one inference may use.
+        allow_spinning: let idle intra-op threads busy-wait for the next run (see `session_options`).
         providers: onnxruntime execution providers (default CPU).
     """
 
@@ -48,6 +57,7 @@ class OnnxBundle:
         intra_op_threads: int = 1,
         inter_op_threads: int = 1,
         providers: Sequence[str] | None = None,
+        allow_spinning: bool = True,
     ) -> None:
         self.path = Path(path)
         self.manifest: dict[str, Any] = read_manifest(self.path)
@@ -57,7 +67,7 @@ class OnnxBundle:
             raise ValueError(f"bundle {self.path} has no {self.variant!r} variant; it has {sorted(files)}")
         self.session = ort.InferenceSession(
             str(self.path / files[self.variant]),
-            sess_options=session_options(intra_op_threads, inter_op_threads),
+            sess_options=session_options(intra_op_threads, inter_op_threads, allow_spinning),
             providers=list(providers or ["CPUExecutionProvider"]),
         )
         self.input_names = [i.name for i in self.session.get_inputs()]

@@ -84,6 +84,12 @@ class ServiceSettings(BaseSettings):
         description="Threads running independent graph nodes in parallel. 1 suits these sequential encoder "
         "graphs; more only adds contention.",
     )
+    ort_allow_spinning: bool = Field(
+        default=True,
+        description="Let onnxruntime's idle intra-op threads busy-wait for the next batch. On: a little less "
+        "latency between back-to-back batches; off: idle threads sleep and leave the cores to the event loop "
+        "and other processes (better on small or shared machines).",
+    )
 
     # --- batching --------------------------------------------------------------------------------
     max_batch_tokens: int = Field(

@@ -29,11 +29,14 @@ class OnnxBackend(Backend):
     """Tokenise with the bundle's fast tokenizer; embed with its onnxruntime session (pooled and normalised
     in the graph, so one `run` gives final embeddings)."""
 
-    def __init__(self, bundle_dir: Path, *, intra_op_threads: int = 0, inter_op_threads: int = 1) -> None:
+    def __init__(
+        self, bundle_dir: Path, *, intra_op_threads: int = 0, inter_op_threads: int = 1, allow_spinning: bool = True
+    ) -> None:
         self.bundle = OnnxBundle(
             bundle_dir,
             intra_op_threads=resolve_threads(intra_op_threads),
             inter_op_threads=inter_op_threads,
+            allow_spinning=allow_spinning,
         )
         manifest = self.bundle.manifest
         self.info = ModelInfo(
@@ -66,5 +69,8 @@ class OnnxBackend(Backend):
 def onnx_backend_factory(bundle_dir: Path, settings: ServiceSettings) -> Backend:
     """The app's default `BackendFactory`."""
     return OnnxBackend(
-        bundle_dir, intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads
+        bundle_dir,
+        intra_op_threads=settings.intra_op_threads,
+        inter_op_threads=settings.inter_op_threads,
+        allow_spinning=settings.ort_allow_spinning,
     )

@@ -157,3 +157,20 @@ def test_embedder_serve_end_to_end_and_sigterm(real_registry, tmp_path):
     assert proc.returncode == 0, output
     assert "s3cret" not in output
     assert "stopped" in output
+
+
+@pytest.mark.parametrize("spinning", [True, False])
+def test_the_spinning_setting_reaches_the_onnxruntime_session(real_registry, reference, varied_texts, spinning):
+    from export.runtime import session_options
+    from service.backend.onnx import onnx_backend_factory
+
+    expected = "1" if spinning else "0"
+    assert (
+        session_options(1, allow_spinning=spinning).get_session_config_entry("session.intra_op.allow_spinning")
+        == expected
+    )
+    backend = onnx_backend_factory(
+        real_registry / "tiny" / "current", _settings(real_registry, ort_allow_spinning=spinning)
+    )
+    embedded = backend.embed(backend.tokenize(varied_texts[:4]))
+    np.testing.assert_allclose(embedded, reference.encode(varied_texts[:4]), atol=1e-5)
