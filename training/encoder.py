@@ -46,9 +46,7 @@ def find_layers(backbone: nn.Module) -> tuple[nn.Module, str]:
             owner = getattr(owner, part, None)
         if owner is not None and isinstance(getattr(owner, parts[-1], None), nn.ModuleList):
             return owner, parts[-1]
-    raise ValueError(
-        f"cannot find the transformer layers of {type(backbone).__name__}: looked for {_LAYER_PATHS}"
-    )
+    raise ValueError(f"cannot find the transformer layers of {type(backbone).__name__}: looked for {_LAYER_PATHS}")
 
 
 def write_sentence_transformers_config(
@@ -61,9 +59,7 @@ def write_sentence_transformers_config(
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
     if normalize:
-        modules.append(
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-        )
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         (folder / "2_Normalize").mkdir(parents=True, exist_ok=True)
     (folder / "modules.json").write_text(json.dumps(modules, indent=2))
     pooling_config: dict[str, Any] = {"word_embedding_dimension": dim}
@@ -223,9 +219,7 @@ class Encoder(nn.Module):
         """
         total = self.num_layers
         if not isinstance(layers, int) or not 1 <= layers <= total:
-            raise ValueError(
-                f"layers must be an integer between 1 and {total} (this model's depth), got {layers!r}"
-            )
+            raise ValueError(f"layers must be an integer between 1 and {total} (this model's depth), got {layers!r}")
         owner, attr = find_layers(self.backbone)
         setattr(owner, attr, nn.ModuleList(list(getattr(owner, attr))[:layers]))
         self.backbone.config.num_hidden_layers = layers

@@ -46,6 +46,9 @@ from training.views import CropRule, augment_text, choose_crop_rule
 
 log = logging.getLogger(__name__)
 
+# objectives that need a frozen second encoder (a teacher, or a frozen copy of the initial model)
+TEACHER_OBJECTIVES = ("sct", "mse_distillation")
+
 STATE_FILE = "state.pt"
 
 
@@ -300,7 +303,7 @@ def build_models(config: TrainConfig, device: torch.device, validation: Any | No
             seed=config.seed,
         )
     else:
-        student = base.clone() if config.objective == "sct" else base
+        student = base.clone() if config.objective in TEACHER_OBJECTIVES else base
     probe = None
     if config.truncate == "probe":
         if validation is None:
@@ -315,7 +318,7 @@ def build_models(config: TrainConfig, device: torch.device, validation: Any | No
     student.freeze(config.train_last_layers)
     reference = None
     distillation = False
-    if config.objective == "sct":
+    if config.objective in TEACHER_OBJECTIVES:
         if config.teacher is not None:
             reference = Encoder.from_pretrained(config.teacher, max_seq_length=config.max_seq_length, device=device)
         else:

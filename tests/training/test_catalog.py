@@ -31,9 +31,9 @@ def test_minilm_l3_rebuild_matches_the_onnx_file(minilm_l3_path: Path) -> None:
     features = encoder.tokenize(texts)
     session = ort.InferenceSession(str(catalog.minilm_l3_onnx_path()), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    token_states = session.run(
-        [names[2]], {k: features[k].numpy() for k in ("input_ids", "attention_mask")}
-    )[0]  # (B, T, 384): the ONNX file's last hidden state
+    token_states = session.run([names[2]], {k: features[k].numpy() for k in ("input_ids", "attention_mask")})[
+        0
+    ]  # (B, T, 384): the ONNX file's last hidden state
     import torch
 
     with torch.no_grad():

@@ -14,6 +14,7 @@ from training import metrics
 from training.objectives import OBJECTIVES
 from training.objectives.barlow_twins import BarlowTwins
 from training.objectives.infonce import InfoNCE
+from training.objectives.mse_distillation import MSEDistillation
 from training.objectives.rank_reduction import RankReduction
 from training.objectives.sct import SCT
 from training.objectives.vicreg import VICReg
@@ -153,6 +154,31 @@ def test_registry_names() -> None:
     assert OBJECTIVES["infonce"] is InfoNCE and OBJECTIVES["simcse"] is InfoNCE
     assert OBJECTIVES["rank_reduction"] is RankReduction and OBJECTIVES["sct"] is SCT
     assert OBJECTIVES["barlow_twins"] is BarlowTwins and OBJECTIVES["vicreg"] is VICReg
+    assert OBJECTIVES["mse_distillation"] is MSEDistillation
+
+
+# --- plain MSE distillation (the baseline SCT is compared with) ------------------------------------
+
+
+def test_mse_distillation_is_the_squared_distance_to_the_teacher() -> None:
+    teacher1, teacher2 = torch.randn(4, 6), torch.randn(4, 6)
+    loss, stats = MSEDistillation(6)(teacher1.clone(), teacher2.clone(), teacher1, teacher2)
+    assert float(loss) == 0.0 and stats["cosine"] == pytest.approx(1.0)
+    student1 = teacher1 + torch.tensor([3.0, 4.0, 0, 0, 0, 0])  # every row 5 away from its teacher vector
+    loss, _ = MSEDistillation(6)(student1, teacher2.clone(), teacher1, teacher2)
+    assert float(loss) == pytest.approx(0.5 * 25.0)
+
+
+def test_mse_distillation_maps_a_smaller_student_and_never_trains_the_teacher() -> None:
+    objective = MSEDistillation(3, reference_dim=6)
+    student1, student2 = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    teacher1, teacher2 = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6, requires_grad=True)
+    loss, _ = objective(student1, student2, teacher1, teacher2)
+    loss.backward()
+    assert student1.grad is not None and objective.projector.weight.grad is not None
+    assert teacher1.grad is None and teacher2.grad is None
+    with pytest.raises(ValueError, match="teacher's embeddings of both views"):
+        objective(student1, student2)
 
 
 # --- SCT (paper 001 Eqs. 1-4) ----------------------------------------------------------------------

@@ -20,8 +20,9 @@ def teacher(minilm_l6_path: Path) -> Encoder:
 def test_layer_subset_keeps_the_chosen_teacher_layers(teacher: Encoder, tmp_path: Path) -> None:
     student = layer_subset_student(teacher, [0, 5])
     assert student.num_layers == 2 and teacher.num_layers == 6
-    for kept, original in zip(student.backbone.encoder.layer, [teacher.backbone.encoder.layer[i] for i in (0, 5)],
-                              strict=True):
+    for kept, original in zip(
+        student.backbone.encoder.layer, [teacher.backbone.encoder.layer[i] for i in (0, 5)], strict=True
+    ):
         assert torch.equal(kept.output.dense.weight, original.output.dense.weight)
         assert kept.output.dense.weight.data_ptr() != original.output.dense.weight.data_ptr()
     student.save(tmp_path / "student")

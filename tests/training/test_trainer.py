@@ -12,6 +12,7 @@ import torch
 from training.config import TrainConfig
 from training.data import CorpusError, load_corpus, load_scored_pairs
 from training.encoder import Encoder
+from training.students import layer_subset_student
 from training.trainer import CropPairValidation, cosent_loss, lr_factor, train
 
 
@@ -108,6 +109,25 @@ def test_every_objective_trains_with_its_metrics_logged(
     for record in result.history:
         assert record["loss"] == record["loss"]  # finite, not NaN
         assert "rr_effective_rank" in record and "std" in record
+
+
+def test_mse_distillation_trains_a_layer_subset_student_towards_its_teacher(
+    tmp_path: Path, tiny_bert_path: Path, tiny_electra_path: Path
+) -> None:
+    config = tiny_config(
+        tmp_path, tiny_bert_path, objective="mse_distillation", student="layer_subset", student_layers=[0, 3],
+        teacher=str(tiny_electra_path), validation=None, max_steps=8, log_every=1, lr=1e-3,
+    )  # fmt: skip
+    result = train(config)
+    assert result.layers == 2 and all(-1.0 <= record["cosine"] <= 1.0 for record in result.history)
+    texts = [doc[:120] for doc in tiny_corpus(8)]
+    teacher = Encoder.from_pretrained(tiny_electra_path, max_seq_length=32).encode(texts)
+
+    def distance(encoder: Encoder) -> float:  # the objective on fixed texts: mean squared distance to the teacher
+        return float(((encoder.encode(texts) - teacher) ** 2).sum(-1).mean())
+
+    before = layer_subset_student(Encoder.from_pretrained(tiny_bert_path, max_seq_length=32), [0, 3])
+    assert distance(Encoder.from_pretrained(result.final_dir)) < 0.8 * distance(before)
 
 
 def test_without_resume_an_old_run_is_replaced(tmp_path: Path, tiny_bert_path: Path) -> None:

@@ -6,6 +6,7 @@ from torch import nn
 
 from training.objectives.barlow_twins import BarlowTwins
 from training.objectives.infonce import InfoNCE
+from training.objectives.mse_distillation import MSEDistillation
 from training.objectives.rank_reduction import RankReduction
 from training.objectives.sct import SCT
 from training.objectives.vicreg import VICReg
@@ -17,5 +18,6 @@ OBJECTIVES: dict[str, type[nn.Module]] = {
     "sct": SCT,
     "barlow_twins": BarlowTwins,
     "vicreg": VICReg,
+    "mse_distillation": MSEDistillation,
     "rank_reduction": RankReduction,
 }

@@ -1,0 +1,58 @@
+"""Plain embedding distillation: the student regresses the teacher's embedding of the same text.
+
+The baseline SCT distillation is measured against (issue: "a plain MSE-distilled 2-layer copy of the teacher's
+first and last layers already reached 95 %"); it is the multilingual-distillation loss of Reimers & Gurevych
+(2020, §2, Eq. 1: ``1/|B| Σ_j ||M(s_j) − M̂(s_j)||²``) with the teacher M frozen. Both views of a pair are
+regressed on their own teacher vectors (they are just two texts here; nothing is contrastive).
+
+Readings: the squared error is summed over dimensions and averaged over the batch, as Eq. 1 writes it (not
+``nn.MSELoss``'s mean over elements, which divides the gradient by the dimension); a student whose dimension
+differs from the teacher's gets a learned linear map into the teacher's space (dropped after training, as
+SCT's projector is), otherwise none.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from training import metrics
+
+
+class MSEDistillation(nn.Module):
+    """``loss = ½ (mean_b ||P(view1) − reference1||² + mean_b ||P(view2) − reference2||²)``.
+
+    Inputs: ``view1``/``view2`` ``(B, D_s)`` student embeddings; ``reference1``/``reference2`` ``(B, D_t)``
+    the frozen teacher's embeddings of the same texts. Metrics: ``loss``, ``cosine`` (mean student–teacher
+    cosine after the map) and the collapse diagnostics of the student embeddings.
+    """
+
+    def __init__(self, student_dim: int, reference_dim: int | None = None) -> None:
+        super().__init__()
+        reference_dim = reference_dim or student_dim
+        self.projector: nn.Module = (
+            nn.Identity() if reference_dim == student_dim else nn.Linear(student_dim, reference_dim, bias=False)
+        )
+
+    def forward(
+        self,
+        view1: Tensor,
+        view2: Tensor,
+        reference1: Tensor | None = None,
+        reference2: Tensor | None = None,
+        **extra: Tensor,
+    ) -> tuple[Tensor, dict[str, float]]:
+        if reference1 is None or reference2 is None:
+            raise ValueError("MSE distillation needs reference1 and reference2: the teacher's embeddings of both views")
+        p1, p2 = self.projector(view1), self.projector(view2)  # (B, D_t)
+        if p1.shape != reference1.shape or p2.shape != reference2.shape:
+            raise ValueError(
+                f"student embeddings map to {tuple(p1.shape)} but the teacher's are {tuple(reference1.shape)}: "
+                "pass the teacher's dimension as reference_dim"
+            )
+        error1 = (p1 - reference1.detach()).pow(2).sum(-1).mean()
+        error2 = (p2 - reference2.detach()).pow(2).sum(-1).mean()
+        loss = 0.5 * (error1 + error2)
+        with torch.no_grad():
+            cosine = nn.functional.cosine_similarity(p1, reference1, dim=-1).mean()
+        return loss, {"loss": float(loss.detach()), "cosine": float(cosine), **metrics.embedding_metrics(view1, view2)}
