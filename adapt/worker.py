@@ -178,6 +178,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--threads", type=int, default=2, help="torch threads: more is faster, but competes with /embed for cores"
     )
+    p.add_argument(
+        "--nice", type=int, default=0, help="raise this process's niceness by N (0-19): /embed gets the cores first"
+    )
     p.add_argument("--gate-margin", type=float, default=2.0, help="points the general suite may drop")
     p.add_argument("--poll-s", type=float, default=0.5, help="seconds between polls of the queue")
     p.add_argument("--keep-uploads", action="store_true", help="keep each job's corpus after it ends")
@@ -198,6 +201,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.nice > 0:
+        os.nice(args.nice)  # before torch starts its threads: they inherit it
     from embedder.settings import get_settings
 
     settings = get_settings()

@@ -226,6 +226,13 @@ class ServiceSettings(BaseSettings):
         ge=1,
         description="torch threads of a worker. Both cores make a job fastest but raise /embed latency while it runs.",
     )
+    adapt_worker_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="Scheduling niceness of worker processes (0 = same priority as the server). Higher leaves "
+        "/embed the cores first whenever both want them; the job then takes longer on a busy server.",
+    )
     adapt_lr: float = Field(
         default=2e-5, gt=0, description="Peak learning rate of a job (the cropping paper's 2e-5); higher forgets more."
     )

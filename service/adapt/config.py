@@ -39,6 +39,7 @@ class AdaptConfig:
     max_seq_length: int = 64
     gate_margin: float = 2.0  # points the general suite may drop
     worker_threads: int = 2
+    worker_nice: int = 10
     worker_poll_s: float = 0.5
     events_poll_s: float = 0.25
     cache_dir: Path | None = None
@@ -81,6 +82,7 @@ class AdaptConfig:
             max_seq_length=settings.adapt_max_seq_length,
             gate_margin=settings.adapt_gate_margin,
             worker_threads=settings.adapt_worker_threads,
+            worker_nice=settings.adapt_worker_nice,
             lr=settings.adapt_lr,
             general_tasks=tuple(settings.adapt_general_tasks),
             cache_dir=settings.cache_dir,

@@ -61,6 +61,7 @@ class WorkerSupervisor:
             "--worker-id", worker_id,
             "--max-running", str(c.max_concurrent_jobs),
             "--threads", str(c.worker_threads),
+            "--nice", str(c.worker_nice),
             "--gate-margin", str(c.gate_margin),
             "--poll-s", str(c.worker_poll_s),
             "--parent-pid", str(os.getpid()),

@@ -198,6 +198,10 @@ def test_worker_killed_mid_job(service: tuple[TestClient, ServiceSettings], corp
     running = _wait(lambda: (j := _job(client, job["id"]))["progress"].get("step") and j)
     supervisor = client.app.state.adapt.supervisor
     pid = next(w["pid"] for w in supervisor.status()["workers"])
+    # the worker runs niced (adapt_worker_nice, default 10): /embed gets the cores first
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(
+        19, os.getpriority(os.PRIO_PROCESS, 0) + settings.adapt_worker_nice
+    )
     os.kill(pid, signal.SIGKILL)
     failed = _wait(lambda: (j := _job(client, job["id"]))["state"] == FAILED and j, timeout_s=30)
     assert running["state"] == "running"
