@@ -44,9 +44,7 @@ def minilm_l3_path() -> Path:
     return resolve_model("minilm-l3")
 
 
-def _save_tiny(
-    folder: Path, backbone_factory: Callable[[], object], minilm_l6_path: Path, **st_kwargs
-) -> Path:
+def _save_tiny(folder: Path, backbone_factory: Callable[[], object], minilm_l6_path: Path, **st_kwargs) -> Path:
     import torch
     from transformers import AutoTokenizer
 
@@ -131,3 +129,14 @@ def tiny_mpnet_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Pa
 @pytest.fixture(scope="session")
 def varied_texts() -> list[str]:
     return list(VARIED_TEXTS)
+
+
+@pytest.fixture(scope="session")
+def tiny_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
+    """A registry with the tiny random BERT exported to ONNX and promoted as ``tiny`` (version 1): a real bundle
+    (tokenizer, onnxruntime) that is fast to load. Shared by the whole session: tests only read it."""
+    from export.api import export_bundle
+
+    root = tmp_path_factory.mktemp("tiny-registry")
+    export_bundle(tiny_bert_path, root, "tiny", promote=True)
+    return root

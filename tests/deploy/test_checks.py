@@ -42,7 +42,7 @@ def test_helm_lint_strict(deploy, production: bool) -> None:
         ("--set", "config.max_batch_size=0", "/config/max_batch_size"),
         ("--set", "config.registry_dir=relative/registry", "/config/registry_dir"),
         ("--set", "config.not_a_setting=1", "not_a_setting"),
-        ("--set-json", "gate.maxDrop=\"one\"", "/gate/maxDrop"),
+        ("--set-json", 'gate.maxDrop="one"', "/gate/maxDrop"),
         ("--set", "image.digest=sha256:abc", "/image/digest"),
     ],
 )
@@ -176,9 +176,7 @@ def test_dockerignore_keeps_local_state_out(deploy, dockerfile: str) -> None:
     assert entries[0] == "*", "start from nothing and allow-list what the Dockerfile copies"
     allowed = {e.removeprefix("!").rstrip("/") for e in entries[1:] if e.startswith("!")}
     sources = [
-        src.rstrip("/")
-        for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, re.M)
-        for src in line.split()[:-1]
+        src.rstrip("/") for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, re.M) for src in line.split()[:-1]
     ]
     assert sources and set(sources) <= allowed, f"COPY sources not allowed by .dockerignore: {set(sources) - allowed}"
     assert not {".venv", "tools", "registry", ".git"} & allowed

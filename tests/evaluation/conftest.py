@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,16 +43,6 @@ class FakeModel(EmbeddingModel):
 @pytest.fixture
 def fake_model_factory() -> Callable[..., FakeModel]:
     return FakeModel
-
-
-@pytest.fixture(scope="session")
-def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
-    """tiny-bert exported to a registry (promoted as ``tiny@1``); returns the registry root."""
-    from export.api import export_bundle
-
-    registry = tmp_path_factory.mktemp("registry")
-    export_bundle(tiny_bert_path, registry, "tiny", promote=True)
-    return registry
 
 
 @pytest.fixture(autouse=True)

@@ -88,8 +88,8 @@ def test_layers_command(tiny_bert_path: Path, tmp_path: Path, capsys: pytest.Cap
     assert len(next(iter(curves.values()))["LeeDocSTS"]) == 5
 
 
-def test_layers_refuses_a_bundle(tiny_bundle: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert layers_main([str(tiny_bundle / "tiny" / "1"), "--fast", "--quiet"]) == 2
+def test_layers_refuses_a_bundle(tiny_registry: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert layers_main([str(tiny_registry / "tiny" / "1"), "--fast", "--quiet"]) == 2
     assert "layer-wise scores need the torch checkpoint" in capsys.readouterr().err
 
 

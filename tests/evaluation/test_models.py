@@ -33,15 +33,15 @@ def test_hash_is_content_based(tiny_bert_path: Path) -> None:
 
 
 def test_bundle_folder_and_registry_specs(
-    tiny_bundle: Path, tiny_bert_path: Path, varied_texts: list[str], monkeypatch: pytest.MonkeyPatch
+    tiny_registry: Path, tiny_bert_path: Path, varied_texts: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = tiny_bundle / "tiny" / "1"
+    folder = tiny_registry / "tiny" / "1"
     bundle = load_model(str(folder))
     assert isinstance(bundle, OnnxModel)
     assert bundle.name == "tiny@1" and not bundle.supports_layers
     torch_emb = load_model(str(tiny_bert_path)).encode(varied_texts)
     np.testing.assert_allclose(bundle.encode(varied_texts), torch_emb, atol=1e-3)
-    monkeypatch.setenv("EMBED_REGISTRY_DIR", str(tiny_bundle))
+    monkeypatch.setenv("EMBED_REGISTRY_DIR", str(tiny_registry))
     assert load_model("registry:tiny").hash == bundle.hash
     assert load_model("registry:tiny@1").path == folder
     with pytest.raises(TypeError, match="layer-wise embeddings need the torch checkpoint"):

@@ -192,14 +192,3 @@ def live_server(app: FastAPI, grace_seconds: float = 5.0) -> Iterator[tuple[str,
 @pytest.fixture
 def serve() -> Callable[..., Any]:
     return live_server
-
-
-# ------------------------------------------------------------------------------------------- real bundles
-@pytest.fixture(scope="session")
-def real_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
-    """One registry with a tiny random BERT exported to ONNX (fast, real tokenizer and onnxruntime)."""
-    from export.api import export_bundle
-
-    root = tmp_path_factory.mktemp("service-registry")
-    export_bundle(tiny_bert_path, root, "tiny", promote=True)
-    return root

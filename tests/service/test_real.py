@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def reference(real_registry: Path) -> OnnxBundle:
-    return OnnxBundle(real_registry / "tiny" / "current")
+def reference(tiny_registry: Path) -> OnnxBundle:
+    return OnnxBundle(tiny_registry / "tiny" / "current")
 
 
 def _settings(registry: Path, **overrides) -> ServiceSettings:
@@ -36,8 +36,8 @@ def _settings(registry: Path, **overrides) -> ServiceSettings:
     return ServiceSettings(**values)
 
 
-def test_openai_client_float_and_base64_equal_the_bundle(real_registry, reference, serve, varied_texts):
-    app = create_app(_settings(real_registry), include_adapt=False)
+def test_openai_client_float_and_base64_equal_the_bundle(tiny_registry, reference, serve, varied_texts):
+    app = create_app(_settings(tiny_registry), include_adapt=False)
     with serve(app) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed", max_retries=0, timeout=60)
         single = client.embeddings.create(model="tiny", input="A man is playing a guitar.", encoding_format="float")
@@ -59,8 +59,8 @@ def test_openai_client_float_and_base64_equal_the_bundle(real_registry, referenc
             client.embeddings.create(model="tiny", input=[])
 
 
-def test_tei_shapes_truncation_and_prometheus(real_registry, reference, serve, varied_texts):
-    app = create_app(_settings(real_registry), include_adapt=False)
+def test_tei_shapes_truncation_and_prometheus(tiny_registry, reference, serve, varied_texts):
+    app = create_app(_settings(tiny_registry), include_adapt=False)
     long_text = "word " * 400  # more than the bundle's 128 tokens
     with serve(app) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
         vectors = client.post("/embed", json={"inputs": varied_texts, "truncate": True}).json()
@@ -82,8 +82,8 @@ def test_tei_shapes_truncation_and_prometheus(real_registry, reference, serve, v
         assert served[0].value == len(varied_texts) + 1 + 4  # the refused request embedded nothing
 
 
-def test_a_text_alone_equals_the_same_text_inside_a_large_mixed_batch(real_registry, reference, serve, varied_texts):
-    app = create_app(_settings(real_registry, max_batch_size=64, max_batch_tokens=8192), include_adapt=False)
+def test_a_text_alone_equals_the_same_text_inside_a_large_mixed_batch(tiny_registry, reference, serve, varied_texts):
+    app = create_app(_settings(tiny_registry, max_batch_size=64, max_batch_tokens=8192), include_adapt=False)
     rng = np.random.default_rng(0)
     mixed = [varied_texts[i] for i in rng.integers(0, len(varied_texts), 120)]
     mixed += [" ".join(["token"] * int(n)) for n in rng.integers(1, 150, 60)]
@@ -97,15 +97,15 @@ def test_a_text_alone_equals_the_same_text_inside_a_large_mixed_batch(real_regis
     assert sum(text in alone for text in mixed) == 120
 
 
-def test_the_service_never_imports_torch_or_training(real_registry):
+def test_the_service_never_imports_torch_or_training(tiny_registry):
     code = f"""
 import sys
 from fastapi.testclient import TestClient
 from service.app import create_app
 import service.cli
 from service.settings import ServiceSettings
-settings = ServiceSettings(registry_dir={str(real_registry)!r}, default_model="tiny", adapt_supervise_worker=False,
-                           adapt_dir={str(real_registry.parent / "adapt-jobs")!r})
+settings = ServiceSettings(registry_dir={str(tiny_registry)!r}, default_model="tiny", adapt_supervise_worker=False,
+                           adapt_dir={str(tiny_registry.parent / "adapt-jobs")!r})
 with TestClient(create_app(settings)) as client:
     assert client.post("/embed", json={{"inputs": "hello"}}).status_code == 200
     assert client.get("/adapt").status_code in (200, 401)
@@ -123,11 +123,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_embedder_serve_end_to_end_and_sigterm(real_registry, tmp_path):
+def test_embedder_serve_end_to_end_and_sigterm(tiny_registry, tmp_path):
     port = _free_port()
     env = {**os.environ, "EMBED_API_KEYS": "s3cret", "HF_HUB_OFFLINE": "1"}
     command = [
-        sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(real_registry), "--port", str(port),
+        sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(tiny_registry), "--port", str(port),
         "--default-model", "tiny", "--no-adapt-enabled", "--no-adapt-supervise-worker",
         "--adapt-dir", str(tmp_path / "adapt"), "--intra-op-threads", "1",
     ]  # fmt: skip
@@ -160,7 +160,7 @@ def test_embedder_serve_end_to_end_and_sigterm(real_registry, tmp_path):
 
 
 @pytest.mark.parametrize("spinning", [True, False])
-def test_the_spinning_setting_reaches_the_onnxruntime_session(real_registry, reference, varied_texts, spinning):
+def test_the_spinning_setting_reaches_the_onnxruntime_session(tiny_registry, reference, varied_texts, spinning):
     from export.runtime import session_options
     from service.backend.onnx import onnx_backend_factory
 
@@ -170,7 +170,7 @@ def test_the_spinning_setting_reaches_the_onnxruntime_session(real_registry, ref
         == expected
     )
     backend = onnx_backend_factory(
-        real_registry / "tiny" / "current", _settings(real_registry, ort_allow_spinning=spinning)
+        tiny_registry / "tiny" / "current", _settings(tiny_registry, ort_allow_spinning=spinning)
     )
     embedded = backend.embed(backend.tokenize(varied_texts[:4]))
     np.testing.assert_allclose(embedded, reference.encode(varied_texts[:4]), atol=1e-5)
