@@ -4,7 +4,7 @@
 # lane B). Every run writes runs/NAME/{recipe.json,metrics.jsonl,result.json,best,final}; the tables are then
 # printed by benchmarks/training_table.py and benchmarks/train_compare.py (see docs/RESULTS.md).
 #
-#   bash benchmarks/training_results.sh            # both lanes (≈ 45 min on 2 cores)
+#   bash benchmarks/training_results.sh            # both lanes (≈ 65 min on 2 cores)
 #   bash benchmarks/training_results.sh lane_a     # or one lane
 #   bash benchmarks/training_results.sh sct        # the shipped sct-tiny recipe alone, with both threads
 set -euo pipefail
@@ -30,32 +30,46 @@ IN_DOMAIN=(--set num_threads=1 --set batch_size=32 --set max_seq_length=64 --set
 sct() { train sct-tiny sct-tiny; }
 
 lane_a() {
-    # TMFT with its defaults (probe → truncate at the best of layers 1–3 → SCT from the full model, 20 min)
-    train tmft tmft --set num_threads=1
-    # the sct-tiny student trained with plain crop InfoNCE instead of SCT distillation (10 minutes)
-    train student-infonce sct-tiny --set num_threads=1 --set objective=infonce --set time_budget_s=600 \
-        --set lr=1e-4 --set "objective_params={temperature=0.05}"
-    for seed in 0 1 2; do  # papers/002 Table 2: SimCSE with and without RR (γ = 0.1 of its grid), 3 seeds
-        train "rr-g0-s$seed" crop-minilm "${IN_DOMAIN[@]}" --set objective=simcse --set views=dropout \
-            --set max_steps=40 --set eval_every=20 --set seed=$seed
-    done
+    # the shipped sct-tiny recipe (SCT distillation from minilm-l6, 20 minutes), then the same student and time
+    # budget with the two baselines: plain MSE distillation and crop InfoNCE without a teacher
+    train sct-tiny sct-tiny --set num_threads=1
+    train student-mse sct-tiny --set num_threads=1 --set objective=mse_distillation --set "objective_params={}"
+    train student-infonce sct-tiny --set num_threads=1 --set objective=infonce \
+        --set "objective_params={temperature=0.05}"
 }
 
 lane_b() {
+    # TMFT with its defaults (probe → truncate at the best of layers 1–3 → SCT from the full model, 20 min)
+    train tmft tmft --set num_threads=1
     train exp-crop crop-minilm "${IN_DOMAIN[@]}"
     train exp-dropout crop-minilm "${IN_DOMAIN[@]}" --set objective=simcse --set views=dropout
     train exp-crop-last2 crop-minilm "${IN_DOMAIN[@]}" --set train_last_layers=2
     for objective in barlow_twins vicreg; do  # papers/004: the non-contrastive objectives on the same crops
         train "exp-$objective" crop-minilm "${IN_DOMAIN[@]}" --set objective=$objective --set "objective_params={}"
     done
-    for seed in 0 1 2; do
-        train "rr-g0.1-s$seed" crop-minilm "${IN_DOMAIN[@]}" --set objective=simcse --set views=dropout \
-            --set max_steps=40 --set eval_every=20 --set seed=$seed --set rank_reduction=0.1
+    for gamma in 0 0.1; do  # papers/002 Table 2: SimCSE with and without RR (γ = 0.1 of its grid), 3 seeds
+        for seed in 0 1 2; do
+            train "rr-g$gamma-s$seed" crop-minilm "${IN_DOMAIN[@]}" --set objective=simcse --set views=dropout \
+                --set max_steps=40 --set eval_every=20 --set seed=$seed --set rank_reduction=$gamma
+        done
     done
 }
 
+compare() {
+    # the compact models against their teacher on the whole offline suite plus the held-out crops of the
+    # students' corpus, with texts/s (batch 32; rounds alternate the models); then the in-domain experiments
+    # on ACLSum's held-out crops and the two general tasks closest to them
+    .venv/bin/python benchmarks/train_compare.py minilm-l6 minilm-l3 runs/sct-tiny/best runs/student-mse/best \
+        runs/student-infonce/best runs/tmft/best --baseline minilm-l6 --speed \
+        --heldout-from runs/sct-tiny/recipe.json --out runs/compare-compact.json | tee logs/compare-compact.md
+    .venv/bin/python benchmarks/train_compare.py minilm-l6 runs/exp-crop/final runs/exp-dropout/final \
+        runs/exp-crop-last2/final runs/exp-barlow_twins/final runs/exp-vicreg/final --baseline minilm-l6 \
+        --tasks LeeDocSTS ACLSumRetrieval --heldout-from runs/exp-crop/recipe.json \
+        --out runs/compare-in-domain.json | tee logs/compare-in-domain.md
+}
+
 case "${1:-all}" in
-    all) lane_a & lane_b & wait ;;
-    lane_a | lane_b | sct) "$1" ;;
-    *) echo "usage: $0 [all|lane_a|lane_b|sct]" >&2; exit 2 ;;
+    all) { lane_a & lane_b & wait; } && compare ;;
+    lane_a | lane_b | sct | compare) "$1" ;;
+    *) echo "usage: $0 [all|lane_a|lane_b|sct|compare]" >&2; exit 2 ;;
 esac
