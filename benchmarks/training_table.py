@@ -2,6 +2,7 @@
 the held-out crop-pair score (nDCG@10, points) at every validation step, and the held-out crops' effective rank.
 
     .venv/bin/python benchmarks/training_table.py runs/exp-crop runs/exp-dropout runs/exp-crop-last2
+    .venv/bin/python benchmarks/training_table.py --every 100 runs/sct-tiny runs/student-mse runs/tmft
     .venv/bin/python benchmarks/training_table.py --seeds runs/rr-g0-s0 runs/rr-g0-s1 runs/rr-g0-s2 \\
         --seeds runs/rr-g0.1-s0 runs/rr-g0.1-s1 runs/rr-g0.1-s2
 
@@ -34,9 +35,11 @@ def describe(recipe: dict[str, Any]) -> str:
     return what
 
 
-def curves(runs: list[dict[str, Any]]) -> None:
+def curves(runs: list[dict[str, Any]], every: int | None = None) -> None:
     steps = sorted({e["step"] for run in runs for e in run["result"]["evaluations"]})
-    header = ["run", "what", *[f"step {s}" for s in steps], "eff. rank (last)", "train s"]
+    if every:
+        steps = [s for s in steps if s % every == 0]
+    header = ["run", "what", *[f"step {s}" for s in steps], "best (step)", "eff. rank (last)", "train s"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for run in runs:
@@ -44,6 +47,8 @@ def curves(runs: list[dict[str, Any]]) -> None:
         last = run["result"]["evaluations"][-1]
         cells = [f"`{run['name']}`", describe(run["recipe"])]
         cells += [f"{by_step[s]['score']:.2f}" if s in by_step else "" for s in steps]
+        best = max(run["result"]["evaluations"], key=lambda e: e["score"])
+        cells.append(f"{best['score']:.2f} ({best['step']})")
         cells += [f"{last.get('effective_rank', float('nan')):.1f}", f"{run['result']['elapsed']:.0f}"]
         print("| " + " | ".join(cells) + " |")
 
@@ -67,6 +72,7 @@ def seed_groups(groups: list[list[dict[str, Any]]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run folders (runs/NAME) to print as curves")
+    parser.add_argument("--every", type=int, help="print only the steps that are multiples of this (long runs)")
     parser.add_argument("--seeds", nargs="+", type=Path, action="append", default=[], help="one group of seeds")
     args = parser.parse_args(argv)
     if not args.runs and not args.seeds:
@@ -75,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"no result.json in {', '.join(map(str, missing))} (has the run finished?)")
     if args.runs:
-        curves([load(p) for p in args.runs])
+        curves([load(p) for p in args.runs], args.every)
     if args.seeds:
         seed_groups([[load(p) for p in group] for group in args.seeds])
     return 0

@@ -285,13 +285,16 @@ class Models:
     distillation: bool  # the reference is a teacher (a different, usually larger model), not a frozen copy
     layers: int
     probe: list[float] | None
+    # what the saved model truncates inputs to: the source model's own limit, not the (shorter) training length
+    saved_max_seq_length: int
 
 
 def build_models(config: TrainConfig, device: torch.device, validation: Any | None) -> Models:
     """The trained encoder and, for SCT, the frozen reference encoder (teacher or initial copy)."""
-    base = Encoder.from_pretrained(
-        config.model, pooling=config.pooling, max_seq_length=config.max_seq_length, device=device
-    )
+    base = Encoder.from_pretrained(config.model, pooling=config.pooling, device=device)
+    saved_max_seq_length = base.max_seq_length
+    if config.max_seq_length is not None:  # training texts are cut shorter; students copy this from base
+        base.max_seq_length = min(config.max_seq_length, saved_max_seq_length)
     if config.student == "layer_subset":
         student = layer_subset_student(base, config.student_layers)
     elif config.student == "tiny_bert":
@@ -327,7 +330,12 @@ def build_models(config: TrainConfig, device: torch.device, validation: Any | No
         distillation = config.teacher is not None or config.student is not None or config.truncate is not None
         _freeze(reference)
     return Models(
-        student=student, reference=reference, distillation=distillation, layers=student.num_layers, probe=probe
+        student=student,
+        reference=reference,
+        distillation=distillation,
+        layers=student.num_layers,
+        probe=probe,
+        saved_max_seq_length=saved_max_seq_length,
     )
 
 
@@ -401,11 +409,20 @@ def _without_rng_side_effects(device: torch.device, fn: Callable[..., Any], *arg
             torch.cuda.set_rng_state(cuda_state, device)
 
 
-def _save_model(encoder: Encoder, folder: Path) -> None:
-    """Write the model next to its final place, then swap it in: a reader never sees half a folder."""
+def _save_model(encoder: Encoder, folder: Path, max_seq_length: int) -> None:
+    """Write the model next to its final place, then swap it in: a reader never sees half a folder.
+
+    The folder records ``max_seq_length`` (the source model's limit) rather than the training length, so that
+    the shipped model does not silently cut long inputs to the length its training crops were cut to.
+    """
     staging = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    encoder.save(staging)
+    training_length = encoder.max_seq_length
+    encoder.max_seq_length = max_seq_length
+    try:
+        encoder.save(staging)
+    finally:
+        encoder.max_seq_length = training_length
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
 
@@ -562,7 +579,7 @@ def train(
         improved = best_score is None or score > best_score
         if improved:
             best_score, best_step, bad_evaluations = score, step, 0
-            _save_model(student, out / "best")
+            _save_model(student, out / "best", models.saved_max_seq_length)
         else:
             bad_evaluations += 1
         record = {"kind": "eval", "step": step, "elapsed": round(elapsed(), 3), "score": score, **scores}
@@ -694,9 +711,9 @@ def train(
     if validation is not None and (not evaluations or evaluations[-1]["step"] != step):
         validate()
     save_checkpoint()
-    _save_model(student, out / "final")
+    _save_model(student, out / "final", models.saved_max_seq_length)
     if validation is None:
-        _save_model(student, out / "best")
+        _save_model(student, out / "best", models.saved_max_seq_length)
         best_step = step
     metrics_log.close()
     result = TrainResult(

@@ -231,6 +231,17 @@ def test_validation_none_saves_the_final_model_as_best(tmp_path: Path, tiny_bert
     assert_same_weights(weights(result.best_dir), weights(result.final_dir))
 
 
+def test_saved_models_keep_the_source_limit_not_the_training_length(tmp_path: Path, tiny_bert_path: Path) -> None:
+    # crops are cut to 32 tokens for speed; the shipped model must still read inputs as long as its source did
+    own_limit = Encoder.from_pretrained(tiny_bert_path).max_seq_length
+    assert own_limit > 32
+    result = train(
+        tiny_config(tmp_path, tiny_bert_path, max_steps=2, eval_every=1, student="layer_subset", student_layers=[0, 1])
+    )
+    for folder in (result.best_dir, result.final_dir):
+        assert Encoder.from_pretrained(folder).max_seq_length == own_limit
+
+
 def test_lr_schedule_warms_up_then_decays_to_zero() -> None:
     factors = [lr_factor(step, step / 10, 0.2, 10) for step in range(10)]
     assert factors[0] == pytest.approx(0.5) and factors[1] == pytest.approx(1.0)
