@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -152,3 +153,16 @@ def test_crop_stats_are_available_without_loading(fake_model_factory: Any) -> No
     task = CropPairRetrieval.from_corpus(list(data.lee_background()[:8]), name="CropPairRetrieval-stats")
     assert task.crop_stats["documents"] == 8 and task.crop_stats["pairs"] >= 2
     assert task.crop_stats["rule"]
+
+
+def test_a_task_scores_the_same_model_the_same_way_every_time(fake_model_factory: Any) -> None:
+    # mteb draws clustering's bootstrap samples from a task-level RNG; without a reseed per evaluation the
+    # second model scored by one task instance (validate's baseline, a compare table's next row) saw other samples
+    def noisy(text: str) -> list[float]:
+        digest = hashlib.sha256(text.encode()).digest()
+        return [b / 255 for b in digest[:8]]
+
+    model = fake_model_factory("noisy", noisy, 8)
+    task = BBCNewsClustering(fast=True)
+    first = score_task(EmbeddingMemo(model, progress=False), task)["score"]
+    assert score_task(EmbeddingMemo(model, progress=False), task)["score"] == first
