@@ -4,7 +4,7 @@
 # lane B). Every run writes runs/NAME/{recipe.json,metrics.jsonl,result.json,best,final}; the tables are then
 # printed by benchmarks/training_table.py and benchmarks/train_compare.py (see docs/RESULTS.md).
 #
-#   bash benchmarks/training_results.sh            # both lanes (≈ 65 min on 2 cores)
+#   bash benchmarks/training_results.sh            # both lanes, s128, compare (≈ 2 h on 2 cores)
 #   bash benchmarks/training_results.sh lane_a     # or one lane
 #   bash benchmarks/training_results.sh sct        # the shipped sct-tiny recipe alone, with both threads
 set -euo pipefail
@@ -36,11 +36,18 @@ lane_a() {
     train student-mse sct-tiny --set num_threads=1 --set objective=mse_distillation --set "objective_params={}"
     train student-infonce sct-tiny --set num_threads=1 --set objective=infonce \
         --set "objective_params={temperature=0.05}"
+    train sct-tiny-pca sct-tiny-pca --set num_threads=1  # the 128-wide PCA-initialised student
+}
+
+s128() {  # sct-tiny with 128-token training crops, both threads, 25 minutes (run alone)
+    train sct-tiny-s128 sct-tiny --set num_threads=2 --set max_seq_length=128 --set time_budget_s=1500
 }
 
 lane_b() {
     # TMFT with its defaults (probe → truncate at the best of layers 1–3 → SCT from the full model, 20 min)
     train tmft tmft --set num_threads=1
+    # TMFT at half the layers (3 of 6) instead of the probe's pick, lr 1e-4 as for sct-tiny
+    train tmft-l3 tmft --set num_threads=1 --set truncate=3 --set lr=1e-4
     train exp-crop crop-minilm "${IN_DOMAIN[@]}"
     train exp-dropout crop-minilm "${IN_DOMAIN[@]}" --set objective=simcse --set views=dropout
     train exp-crop-last2 crop-minilm "${IN_DOMAIN[@]}" --set train_last_layers=2
@@ -59,8 +66,8 @@ compare() {
     # the compact models against their teacher on the whole offline suite plus the held-out crops of the
     # students' corpus, with texts/s (batch 32; rounds alternate the models); then the in-domain experiments
     # on ACLSum's held-out crops and the two general tasks closest to them
-    .venv/bin/python benchmarks/train_compare.py minilm-l6 minilm-l3 runs/sct-tiny/best runs/student-mse/best \
-        runs/student-infonce/best runs/tmft/best --baseline minilm-l6 --speed \
+    .venv/bin/python benchmarks/train_compare.py minilm-l6 minilm-l3 runs/sct-tiny/best runs/sct-tiny-s128/best \
+        runs/student-mse/best runs/student-infonce/best runs/sct-tiny-pca/best runs/tmft/best runs/tmft-l3/best --baseline minilm-l6 --speed \
         --heldout-from runs/sct-tiny/recipe.json --out runs/compare-compact.json | tee logs/compare-compact.md
     .venv/bin/python benchmarks/train_compare.py minilm-l6 runs/exp-crop/final runs/exp-dropout/final \
         runs/exp-crop-last2/final runs/exp-barlow_twins/final runs/exp-vicreg/final --baseline minilm-l6 \
@@ -69,7 +76,7 @@ compare() {
 }
 
 case "${1:-all}" in
-    all) { lane_a & lane_b & wait; } && compare ;;
-    lane_a | lane_b | sct | compare) "$1" ;;
-    *) echo "usage: $0 [all|lane_a|lane_b|sct|compare]" >&2; exit 2 ;;
+    all) { lane_a & lane_b & wait; } && s128 && compare ;;
+    lane_a | lane_b | sct | s128 | compare) "$1" ;;
+    *) echo "usage: $0 [all|lane_a|lane_b|sct|s128|compare]" >&2; exit 2 ;;
 esac
