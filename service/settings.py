@@ -85,10 +85,11 @@ class ServiceSettings(BaseSettings):
         "graphs; more only adds contention.",
     )
     ort_allow_spinning: bool = Field(
-        default=True,
-        description="Let onnxruntime's idle intra-op threads busy-wait for the next batch. On: a little less "
-        "latency between back-to-back batches; off: idle threads sleep and leave the cores to the event loop "
-        "and other processes (better on small or shared machines).",
+        default=False,
+        description="Let onnxruntime's idle intra-op threads busy-wait for the next batch. Off (default): idle "
+        "threads sleep and leave the cores to the event loop; on 2 cores this cut one short text's p50 from 15 "
+        "to 9-10 ms at the same loaded throughput (docs/BENCHMARKS.md). On may help on machines with cores to "
+        "spare.",
     )
 
     # --- batching --------------------------------------------------------------------------------

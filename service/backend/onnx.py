@@ -30,7 +30,7 @@ class OnnxBackend(Backend):
     in the graph, so one `run` gives final embeddings)."""
 
     def __init__(
-        self, bundle_dir: Path, *, intra_op_threads: int = 0, inter_op_threads: int = 1, allow_spinning: bool = True
+        self, bundle_dir: Path, *, intra_op_threads: int = 0, inter_op_threads: int = 1, allow_spinning: bool = False
     ) -> None:
         self.bundle = OnnxBundle(
             bundle_dir,
