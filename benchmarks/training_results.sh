@@ -67,7 +67,8 @@ compare() {
     # students' corpus, with texts/s (batch 32; rounds alternate the models); then the in-domain experiments
     # on ACLSum's held-out crops and the two general tasks closest to them
     .venv/bin/python benchmarks/train_compare.py minilm-l6 minilm-l3 runs/sct-tiny/best runs/sct-tiny-s128/best \
-        runs/student-mse/best runs/student-infonce/best runs/sct-tiny-pca/best runs/tmft/best runs/tmft-l3/best --baseline minilm-l6 --speed \
+        runs/student-mse/best runs/student-infonce/best runs/sct-tiny-pca/best runs/tmft/best runs/tmft-l3/best \
+        --baseline minilm-l6 --speed \
         --heldout-from runs/sct-tiny/recipe.json --out runs/compare-compact.json | tee logs/compare-compact.md
     .venv/bin/python benchmarks/train_compare.py minilm-l6 runs/exp-crop/final runs/exp-dropout/final \
         runs/exp-crop-last2/final runs/exp-barlow_twins/final runs/exp-vicreg/final --baseline minilm-l6 \

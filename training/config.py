@@ -51,9 +51,8 @@ class TrainConfig:
     # --- model --------------------------------------------------------------------------------
     model: str = "minilm-l6"  # built-in name or Hugging Face folder
     pooling: str | None = None  # None: the folder's sentence-transformers setting (else mean)
-    max_seq_length: int | None = (
-        128  # tokens per training text (None: the model's own limit); saved models keep the own limit
-    )
+    # tokens per training text (None: the model's own limit); saved models keep the model's own limit
+    max_seq_length: int | None = 128
     student: str | None = None  # None (train `model` itself), "layer_subset" or "tiny_bert" built from `model`
     student_layers: tuple[int, ...] = (0, 5)  # layer_subset: indices of the teacher's layers to keep
     student_num_layers: int = 2  # tiny_bert depth
