@@ -305,15 +305,12 @@ def _export_and_publish(
     """
     from export import registry
     from export.api import export_bundle
-    from training.encoder import Encoder, read_sentence_transformers_config
+    from training.encoder import Encoder
 
     params, hp = job.params, job.params["hyperparameters"]
     ctx.stage("exporting")
-    # Training capped crops at a short length for speed; the served model keeps the base model's limit.
-    base_length = read_sentence_transformers_config(base_path).get("max_seq_length")
-    if base_length is None:
-        base_length = Encoder.from_pretrained(base_path).max_seq_length
-    encoder = Encoder.from_pretrained(trained, max_seq_length=int(base_length))
+    # training capped crops at a short length for speed; the checkpoint keeps the base model's limit (trainer)
+    encoder = Encoder.from_pretrained(trained)
     encoder.source = params["base_model"]  # the manifest's base_model/source name what was adapted
     verdict: dict[str, Any] = {}
 

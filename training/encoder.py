@@ -176,8 +176,11 @@ class Encoder(nn.Module):
         encoder.source = str(folder)
         return encoder.to(device or "cpu")
 
-    def save(self, folder: str | os.PathLike[str]) -> Path:
-        """Save as a Hugging Face folder that sentence-transformers can also load."""
+    def save(self, folder: str | os.PathLike[str], *, max_seq_length: int | None = None) -> Path:
+        """Save as a Hugging Face folder that sentence-transformers can also load.
+
+        ``max_seq_length`` overrides the input limit recorded in the folder (default: this encoder's own).
+        """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(folder, safe_serialization=True)
@@ -187,7 +190,7 @@ class Encoder(nn.Module):
             dim=self.dim,
             pooling=self.pooling,
             normalize=self.normalize,
-            max_seq_length=self.max_seq_length,
+            max_seq_length=max_seq_length or self.max_seq_length,
         )
         return folder
 

@@ -417,12 +417,7 @@ def _save_model(encoder: Encoder, folder: Path, max_seq_length: int) -> None:
     """
     staging = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    training_length = encoder.max_seq_length
-    encoder.max_seq_length = max_seq_length
-    try:
-        encoder.save(staging)
-    finally:
-        encoder.max_seq_length = training_length
+    encoder.save(staging, max_seq_length=max_seq_length)
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
 
