@@ -194,8 +194,10 @@ def _bundle_threads() -> int:
 
 
 def _load_bundle(path: Path, variant: str | None) -> OnnxModel:
-    from export.runtime import OnnxBundle
+    from export.runtime import OnnxBundle, load_checked
 
+    if variant is None:  # what the service would serve on this CPU
+        return OnnxModel(load_checked(path, intra_op_threads=_bundle_threads())[0])
     return OnnxModel(OnnxBundle(path, variant=variant, intra_op_threads=_bundle_threads()))
 
 
@@ -227,7 +229,8 @@ def load_model(spec: Any, *, device: str = "cpu", variant: str | None = None) ->
         spec: built-in name, HF folder, bundle folder, ``registry:NAME[@VERSION]``, an ``Encoder``
             or an ``EmbeddingModel``.
         device: torch device for torch encoders.
-        variant: ``fp32`` or ``int8`` for bundles (default: the manifest's ``serve_variant``).
+        variant: ``fp32`` or ``int8`` for bundles (default: what the service would serve on this CPU: int8 where
+            it passes the bundle's probe check, else fp32).
 
     Raises:
         ModelSpecError: the spec names nothing loadable; the message says what is accepted.

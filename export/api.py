@@ -26,15 +26,17 @@ from tqdm.auto import tqdm
 
 from export import graph
 from export import registry as reg
-from export.parity import check_parity
+from export.parity import ParityError, check_parity
 from export.probes import probe_texts
+from export.quantize import choose_int8
+from export.runtime import PROBES_FILE, write_probes
 from training.catalog import BUILTIN_MODELS, resolve_model, sha256_file
 from training.encoder import Encoder
 from training.pooling import check_pooling
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS = ("none", "int8", "auto")
 ONNX_FILES = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
 DEFAULT_MODEL = "minilm-l6"
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -105,7 +107,9 @@ def export_bundle(
         registry: the registry root (``<registry>/<name>/<version>``).
         name: bundle name (a lower-case slug, see `export.reg.validate_name`).
         layers: keep the embedding layer and the first ``layers`` transformer layers (default: all).
-        quantize: ``none`` (serve fp32) or ``int8`` (also write ``model_int8.onnx`` and serve it).
+        quantize: ``none`` (serve fp32); ``int8`` (also write ``model_int8.onnx`` with the fastest setting of
+            `export.quantize.CANDIDATES` that passes parity on this CPU, and serve it; `ParityError` when none
+            does); ``auto`` (the same, but publish fp32 only when no setting passes).
         promote: point ``<name>/current`` at the new version once published.
         parent: the bundle this one derives from, e.g. ``"minilm-l6@3"``.
         method: how the weights were made: ``{"name": ..., "hyperparameters": {...}}``.
@@ -115,14 +119,15 @@ def export_bundle(
         pooling: override the checkpoint's pooling (``mean``, ``cls``, ``last``).
 
     Raises:
-        ParityError: ONNX disagrees with torch on the probe set; lists every failed check.
+        ParityError: ONNX disagrees with torch on the probe set (or, with ``quantize="int8"``, no int8
+            setting passes); lists every failed check.
         ValueError: bad ``layers``, ``quantize`` or ``pooling``; RegistryError: bad ``name``.
     """
     reg.validate_name(name)
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
     registry_dir = Path(registry)
-    stages = ["load", "trace", "optimise"] + (["quantise"] if quantize == "int8" else []) + ["parity", "publish"]
+    stages = ["load", "trace", "optimise"] + (["quantise"] if quantize != "none" else []) + ["parity", "publish"]
     progress = tqdm(total=len(stages), desc=f"export {name}", unit="stage", leave=False)
 
     def stage(label: str) -> None:
@@ -148,13 +153,10 @@ def export_bundle(
         stage("optimise")
         graph.optimize_graph(traced, staging / ONNX_FILES["fp32"], encoder)
         traced.unlink()
+        texts = probe_texts()
+        reference = encoder.encode(texts, batch_size=16)  # (N, dim): what every graph is held against
+        write_probes(staging, texts, reference)  # the serving CPU re-checks int8 against these
         progress.update()
-        variants = ["fp32"]
-        if quantize == "int8":
-            stage("quantise")
-            graph.quantize_int8(staging / ONNX_FILES["fp32"], staging / ONNX_FILES["int8"])
-            variants.append("int8")
-            progress.update()
 
         manifest: dict[str, Any] = {
             "name": name,
@@ -175,17 +177,36 @@ def export_bundle(
             "output": "sentence_embedding",
             "opset": graph.DEFAULT_OPSET,
             "graph_optimizer": graph.DEFAULT_OPTIMIZER,
-            "quantization": quantize,
-            "onnx": {variant: ONNX_FILES[variant] for variant in variants},
-            "serve_variant": variants[-1],
+            "quantization": "none",
+            "int8": None,
+            "onnx": {"fp32": ONNX_FILES["fp32"]},
+            "serve_variant": "fp32",
+            "probes": {"file": PROBES_FILE, "count": len(texts)},
             "files": {},
             "parity": None,
             "validation": None,
         }
         _write_manifest(staging, manifest)
+        int8_missed: list[str] = []  # quantize="int8" and no setting passed: listed with any other parity failure
+        if quantize != "none":
+            stage("quantise")
+            manifest["int8"] = choose_int8(staging, ONNX_FILES["int8"], reference, texts)
+            if manifest["int8"]["chosen"] is not None:
+                manifest.update(quantization="int8", onnx=dict(ONNX_FILES), serve_variant="int8")
+                _write_manifest(staging, manifest)
+            elif quantize == "int8":
+                int8_missed = [f"{c['name']}: {f}" for c in manifest["int8"]["candidates"] for f in c["failures"]]
+            else:
+                log.warning("export %s: no int8 setting keeps the parity bars on this CPU; fp32 only", name)
+            progress.update()
 
         stage("parity")
-        manifest["parity"] = check_parity(encoder, staging, probe_texts(), variants)
+        try:
+            manifest["parity"] = check_parity(encoder, staging, texts, list(manifest["onnx"]), reference=reference)
+        except ParityError as err:
+            raise ParityError(err.failures + int8_missed, {**err.figures, "int8": manifest["int8"]}) from None
+        if int8_missed:
+            raise ParityError(int8_missed, {**manifest["parity"], "int8": manifest["int8"]})
         progress.update()
         if validate is not None:
             stage("validate")
@@ -222,8 +243,11 @@ def _publish(staging: Path, registry_dir: Path, name: str, manifest: dict[str, A
 
 
 def ensure_default_bundle(registry: Path) -> Path:
-    """Export and promote ``minilm-l6`` unless the registry already serves a ``minilm-l6``; return its folder."""
+    """Export and promote ``minilm-l6`` unless the registry already serves a ``minilm-l6``; return its folder.
+
+    The bundle carries both graphs (``quantize="auto"``): the service serves int8 where it passes the probe
+    check on the serving CPU and fp32 elsewhere."""
     registry_dir = Path(registry)
     if reg.current_version(registry_dir, DEFAULT_MODEL) is None:
-        export_bundle(DEFAULT_MODEL, registry_dir, DEFAULT_MODEL, promote=True)
+        export_bundle(DEFAULT_MODEL, registry_dir, DEFAULT_MODEL, quantize="auto", promote=True)
     return reg.current_bundle(registry_dir, DEFAULT_MODEL)

@@ -1,4 +1,4 @@
-"""Encoder → ONNX graph: trace, optimise for CPU, quantise to int8.
+"""Encoder → ONNX graph: trace, optimise for CPU (int8 lives in `export.quantize`).
 
 The traced module is `training.encoder.Encoder` itself, so pooling and L2 normalisation are part
 of the graph and the output ``sentence_embedding`` is final. The legacy TorchScript exporter
@@ -127,21 +127,3 @@ def optimize_graph(src: Path, dst: Path, encoder: Encoder, *, optimizer: str = D
         onnx.save(onnx.load(str(src)), str(dst))
     return Path(dst)
 
-
-def quantize_int8(src: Path, dst: Path) -> Path:
-    """Dynamic int8 quantisation with per-channel weight scales.
-
-    Per-tensor scales are faster but miss the int8 parity bar on MiniLM (mean cosine 0.96, min
-    0.90 against torch); per-channel keeps it (≈0.99 / 0.98). ``DefaultTensorType`` lets the
-    quantiser type the outputs of fused contrib ops, which ONNX shape inference cannot.
-    """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        str(src),
-        str(dst),
-        per_channel=True,
-        weight_type=QuantType.QInt8,
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
-    return Path(dst)

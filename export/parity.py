@@ -11,22 +11,13 @@ gives the same ids as the torch side's tokenizer, so serving sees what parity me
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from export.runtime import OnnxBundle
+from export.runtime import OnnxBundle, ParityBars, cosines, int8_failures
 from training.encoder import Encoder
-
-
-@dataclass(frozen=True)
-class ParityBars:
-    fp32_min_cosine: float = 0.9999
-    int8_mean_cosine: float = 0.99
-    int8_min_cosine: float = 0.97
-    norm_tolerance: float = 1e-3
 
 
 class ParityError(ValueError):
@@ -43,14 +34,6 @@ class ParityError(ValueError):
         )
 
 
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine similarity of two ``(N, D)`` arrays, in float64."""
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    denom = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return (a * b).sum(axis=1) / np.maximum(denom, 1e-12)
-
-
 def _tokenizer_mismatches(encoder: Encoder, bundle: OnnxBundle, texts: Sequence[str]) -> list[int]:
     torch_ids = encoder.tokenizer(list(texts), truncation=True, max_length=encoder.max_seq_length)["input_ids"]
     return [i for i, (enc, ids) in enumerate(zip(bundle.tokenize(texts), torch_ids, strict=True)) if enc.ids != ids]
@@ -62,15 +45,18 @@ def check_parity(
     texts: Sequence[str],
     variants: Sequence[str],
     *,
+    reference: np.ndarray | None = None,
     bars: ParityBars = ParityBars(),
     batch_size: int = 16,
 ) -> dict[str, Any]:
     """Compare each ONNX ``variant`` of the bundle with ``encoder`` on ``texts``.
 
+    ``reference``: the torch encoder's ``(N, dim)`` embeddings of ``texts`` when already computed.
     Returns the figures (per variant: min/mean cosine, max abs difference, max norm error, plus
     the probe count and the bars). Raises `ParityError` listing every failed check.
     """
-    reference = encoder.encode(list(texts), batch_size=batch_size)  # (N, dim)
+    if reference is None:
+        reference = encoder.encode(list(texts), batch_size=batch_size)  # (N, dim)
     figures: dict[str, Any] = {"probes": len(texts), "bars": dict(vars(bars))}
     failures: list[str] = []
     for variant in variants:
@@ -109,14 +95,7 @@ def check_parity(
             failures.append(f"{variant}: outputs are not unit-norm (max |norm - 1| = {norm_error:.2e})")
         worst = repr(texts[stats["worst_probe"]][:60])
         if variant == "int8":
-            if stats["mean_cosine"] < bars.int8_mean_cosine:
-                failures.append(
-                    f"int8: mean cosine to torch {stats['mean_cosine']:.5f} < {bars.int8_mean_cosine}"
-                )
-            if stats["min_cosine"] < bars.int8_min_cosine:
-                failures.append(
-                    f"int8: min cosine to torch {stats['min_cosine']:.5f} < {bars.int8_min_cosine} (probe {worst})"
-                )
+            failures += int8_failures(cos, bars, texts)
         elif stats["min_cosine"] < bars.fp32_min_cosine:
             failures.append(
                 f"{variant}: min cosine to torch {stats['min_cosine']:.6f} < {bars.fp32_min_cosine} (probe {worst})"

@@ -81,6 +81,12 @@ class ServiceMetrics:
         )
         self.queue_depth = Gauge("embed_queue_depth", "Texts waiting for a batch.", ["model"], registry=r)
         self.models_loaded = Gauge("embed_models_loaded", "Models loaded and warmed.", registry=r)
+        self.model_int8 = Gauge(
+            "embed_model_int8",
+            "1 if the model serves its int8 graph (it passed the probe check on this CPU), 0 if fp32.",
+            ["model"],
+            registry=r,
+        )
         self.tokens = Counter("embed_tokens", "Tokens embedded.", ["model"], registry=r)
         self.embeddings = Counter("embed_embeddings", "Embeddings returned.", ["model"], registry=r)
         self.register_model(NO_MODEL)

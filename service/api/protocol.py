@@ -7,7 +7,7 @@ error messages can name the offending index and the configured limit.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,7 +87,12 @@ class ModelCard(BaseModel):
     version: str
     dim: int
     max_seq_length: int
-    quantization: str
+    quantization: str = Field(description="The graph being served: int8, or none (fp32).")
+    int8_check: dict[str, Any] | None = Field(
+        default=None,
+        description="Why that graph: status passed / failed / disabled / no-int8 / no-references, the reason, the "
+        "probe cosines to fp32 on this CPU, and the CPU.",
+    )
     base_model: str | None = None
     method: str | None = None
 

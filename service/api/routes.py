@@ -135,7 +135,8 @@ def _card(model: ServedModel) -> ModelCard:
         version=model.info.version,
         dim=model.info.dim,
         max_seq_length=model.info.max_seq_length,
-        quantization=str(manifest.get("quantization", "none")),
+        quantization="int8" if model.info.variant == "int8" else "none",
+        int8_check=model.info.int8_check or None,
         base_model=manifest.get("base_model"),
         method=(manifest.get("method") or {}).get("name"),
     )

@@ -35,6 +35,8 @@ class ModelInfo:
     normalized: bool
     path: Path
     manifest: dict[str, Any] = field(repr=False, default_factory=dict)
+    variant: str = "fp32"  # the graph being served: "int8" only where it passed the probe check on this CPU
+    int8_check: dict[str, Any] = field(default_factory=dict)  # `export.runtime.Int8Check.as_dict()`
 
 
 class Backend(ABC):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from export.runtime import OnnxBundle
+from export.runtime import load_checked
 from service.backend.base import Backend, ModelInfo, Tokenized
 from service.settings import ServiceSettings
 
@@ -27,13 +27,21 @@ def resolve_threads(intra_op_threads: int) -> int:
 
 class OnnxBackend(Backend):
     """Tokenise with the bundle's fast tokenizer; embed with its onnxruntime session (pooled and normalised
-    in the graph, so one `run` gives final embeddings)."""
+    in the graph, so one `run` gives final embeddings). The int8 graph is served only if it passes the probe
+    check on this CPU (`export.runtime.load_checked`); otherwise the fp32 one, and ``info`` says why."""
 
     def __init__(
-        self, bundle_dir: Path, *, intra_op_threads: int = 0, inter_op_threads: int = 1, allow_spinning: bool = False
+        self,
+        bundle_dir: Path,
+        *,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 1,
+        allow_spinning: bool = False,
+        serve_int8: bool = True,
     ) -> None:
-        self.bundle = OnnxBundle(
+        self.bundle, check = load_checked(
             bundle_dir,
+            serve_int8=serve_int8,
             intra_op_threads=resolve_threads(intra_op_threads),
             inter_op_threads=inter_op_threads,
             allow_spinning=allow_spinning,
@@ -47,6 +55,8 @@ class OnnxBackend(Backend):
             normalized=bool(manifest.get("normalized", True)),
             path=Path(bundle_dir),
             manifest=manifest,
+            variant=self.bundle.variant,
+            int8_check=check.as_dict(),
         )
         self._counter: Tokenizer | None = None
         self._counter_lock = threading.Lock()
@@ -73,4 +83,5 @@ def onnx_backend_factory(bundle_dir: Path, settings: ServiceSettings) -> Backend
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
         allow_spinning=settings.ort_allow_spinning,
+        serve_int8=settings.serve_int8,
     )

@@ -145,12 +145,13 @@ class ModelManager:
             max_batch_tokens=self.settings.max_batch_tokens,
             max_batch_size=self.settings.max_batch_size,
             max_queue_size=self.settings.max_queue_size,
+            max_queue_wait_seconds=self.settings.max_queue_wait_seconds,
             metrics=self.metrics,
         )
         log.info(
-            "model %s version %s loaded from %s in %.1fs (dim %d, max_seq_length %d)",
+            "model %s version %s loaded from %s in %.1fs (dim %d, max_seq_length %d, %s graph)",
             name, backend.info.version, bundle, time.perf_counter() - started, backend.info.dim,
-            backend.info.max_seq_length,
+            backend.info.max_seq_length, backend.info.variant,
         )  # fmt: skip
         return ServedModel(name=name, backend=backend, batcher=batcher, loaded_at=time.time())
 
@@ -163,6 +164,7 @@ class ModelManager:
     def _install(self, model: ServedModel) -> None:
         name = model.name
         self.metrics.register_model(name)
+        self.metrics.model_int8.labels(name).set(1 if model.info.variant == "int8" else 0)
         model.batcher.start()
         old = self._models.get(name)
         self._models[name] = model

@@ -73,7 +73,7 @@ def test_models_prepare_creates_default_bundle_once(
     monkeypatch.setenv("EMBED_REGISTRY_DIR", str(tmp_path))
     assert catalog_cli.main(["prepare", "minilm-l6"]) == 0
     assert catalog_cli.main(["prepare", "minilm-l6"]) == 0
-    assert calls == [("minilm-l6", "minilm-l6", {"promote": True})]
+    assert calls == [("minilm-l6", "minilm-l6", {"quantize": "auto", "promote": True})]  # both graphs
     assert f"default bundle: {tmp_path / 'minilm-l6' / '1'}" in capsys.readouterr().out
     assert catalog_cli.main(["prepare", "minilm-l6", "--no-default-bundle"]) == 0
     assert registry.list_versions(tmp_path, "minilm-l6") == ["1"]

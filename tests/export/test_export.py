@@ -3,7 +3,9 @@ failures that publish nothing, validation hook, concurrent versions."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -13,17 +15,17 @@ import onnx
 import pytest
 import torch
 
-from export import api, graph, registry
-from export.parity import ParityError, cosines
+from export import api, graph, quantize, registry, runtime
+from export.parity import ParityError
 from export.probes import probe_texts
-from export.runtime import OnnxBundle
+from export.runtime import OnnxBundle, cosines
 from training.catalog import sha256_file
 from training.encoder import Encoder
 
 MANIFEST_KEYS = {
     "name", "version", "created_at", "source", "base_model", "parent", "method", "layers", "source_layers",
     "dim", "pooling", "normalized", "max_seq_length", "pad_token_id", "inputs", "output", "opset",
-    "quantization", "onnx", "serve_variant", "files", "parity", "validation",
+    "quantization", "int8", "onnx", "serve_variant", "probes", "files", "parity", "validation",
 }  # fmt: skip
 
 
@@ -85,6 +87,57 @@ def test_bundle_layout_and_manifest(l3_registry: Path, minilm_l3_path: Path) -> 
     dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     assert dims == {name: ["batch", "sequence"] for name in manifest["inputs"]}
     assert [o.name for o in model.graph.output] == ["sentence_embedding"]
+
+
+def test_int8_setting_chosen_by_measurement_on_this_cpu(l3_registry: Path, minilm_l3_path: Path) -> None:
+    """Every optimum preset is tried; the kept one passed the bars here, and the manifest says on which CPU."""
+    bundle = registry.current_bundle(l3_registry, "minilm-l3")
+    record = registry.read_manifest(bundle)["int8"]
+    assert [c["name"] for c in record["candidates"]] == [c.name for c in quantize.CANDIDATES]
+    chosen = next(c for c in record["candidates"] if c["name"] == record["chosen"])
+    assert chosen["failures"] == [] and chosen["mean_cosine"] >= 0.99 and chosen["min_cosine"] >= 0.97
+    assert chosen["per_channel"] and chosen["seconds"] > 0
+    for candidate in record["candidates"]:  # a failing setting is reported, never timed or kept
+        assert (candidate["seconds"] is None) == bool(candidate["failures"])
+    assert record["checked_on"] == runtime.cpu_features()
+    assert not list(bundle.glob("int8-*.onnx"))  # the other candidates' graphs are gone
+    texts, reference = runtime.read_probes(bundle)
+    assert texts == probe_texts() and reference.shape == (len(texts), 384)
+    assert runtime.cosines(torch_reference(minilm_l3_path).encode(texts[:8]), reference[:8]).min() >= 0.9999
+
+
+def test_load_checked_serves_int8_only_where_it_passes(l3_registry: Path, tmp_path: Path) -> None:
+    source = registry.current_bundle(l3_registry, "minilm-l3")
+    served, check = runtime.load_checked(source)
+    assert (served.variant, check.status, check.variant) == ("int8", "passed", "int8")
+    assert check.min_cosine >= 0.97 and check.cpu == runtime.cpu_features()
+    assert runtime.load_checked(source, serve_int8=False)[1].status == "disabled"
+
+    # The same graphs against references they cannot match (as on a CPU whose int8 kernels lose precision).
+    bundle = tmp_path / "bundle"
+    shutil.copytree(source, bundle)
+    texts, reference = runtime.read_probes(bundle)
+    runtime.write_probes(bundle, texts, np.roll(reference, 1, axis=1))
+    served, check = runtime.load_checked(bundle)
+    assert (served.variant, check.status) == ("fp32", "failed")
+    assert "int8: mean cosine to torch" in check.reason
+
+    (bundle / runtime.PROBES_FILE).unlink()  # a bundle without references is never served int8 unchecked
+    assert runtime.load_checked(bundle)[1].status == "no-references"
+
+
+def test_auto_publishes_fp32_when_no_int8_setting_passes(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    impossible = runtime.ParityBars(int8_mean_cosine=1.01)
+    monkeypatch.setattr(api, "choose_int8", functools.partial(quantize.choose_int8, bars=impossible))
+    bundle_dir = api.export_bundle(tiny_bert_path, tmp_path, "tiny", quantize="auto")
+    manifest = registry.read_manifest(bundle_dir)
+    assert manifest["onnx"] == {"fp32": "model.onnx"} and manifest["serve_variant"] == "fp32"
+    assert manifest["quantization"] == "none" and manifest["int8"]["chosen"] is None
+    with pytest.raises(ParityError, match=r"(?s)avx512-reduce-range: int8: mean cosine.*avx2: int8: mean"):
+        api.export_bundle(tiny_bert_path, tmp_path, "tiny", quantize="int8")
+    assert registry.list_versions(tmp_path, "tiny") == ["1"]
 
 
 def test_real_weights_dynamic_axes(l3_registry: Path, minilm_l3_path: Path, varied_texts: list[str]) -> None:
@@ -202,7 +255,7 @@ def test_validate_hook_report_and_veto(tiny_bert_path: Path, tmp_path: Path) -> 
     ("kwargs", "error", "match"),
     [
         ({"name": "Bad/Name"}, registry.RegistryError, "invalid model name"),
-        ({"quantize": "fp16"}, ValueError, r"quantize must be one of \('none', 'int8'\)"),
+        ({"quantize": "fp16"}, ValueError, r"quantize must be one of \('none', 'int8', 'auto'\)"),
         ({"layers": 9}, ValueError, r"layers must be an integer between 1 and 4"),
         ({"pooling": "max"}, ValueError, "pooling must be one of"),
     ],

@@ -16,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from export.runtime import OnnxBundle
+from export.runtime import OnnxBundle, read_probes, write_probes
 from service.app import create_app
 from service.settings import ServiceSettings
 
@@ -174,3 +174,38 @@ def test_the_spinning_setting_reaches_the_onnxruntime_session(tiny_registry, ref
     )
     embedded = backend.embed(backend.tokenize(varied_texts[:4]))
     np.testing.assert_allclose(embedded, reference.encode(varied_texts[:4]), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def int8_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
+    """Two int8 bundles of the tiny model: ``good``, and ``bad`` whose stored probe references no graph can
+    match (as on a CPU whose int8 kernels lose precision)."""
+    from export.api import export_bundle
+
+    root = tmp_path_factory.mktemp("int8-registry")
+    for name in ("good", "bad"):
+        export_bundle(tiny_bert_path, root, name, quantize="int8", promote=True)
+    bad = root / "bad" / "current"
+    texts, reference = read_probes(bad)
+    write_probes(bad, texts, np.roll(reference, 1, axis=1))
+    return root
+
+
+def test_int8_is_served_only_where_it_passes_the_probe_check_on_this_cpu(int8_registry, serve, varied_texts):
+    app = create_app(_settings(int8_registry, default_model="good"), include_adapt=False)
+    with serve(app) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
+        assert cards["good"]["quantization"] == "int8" and cards["good"]["int8_check"]["status"] == "passed"
+        assert cards["bad"]["quantization"] == "none" and cards["bad"]["int8_check"]["status"] == "failed"
+        assert "mean cosine" in cards["bad"]["int8_check"]["reason"]
+        for name, variant in (("good", "int8"), ("bad", "fp32")):
+            vectors = client.post("/embed", json={"inputs": varied_texts, "model": name, "truncate": True}).json()
+            served = OnnxBundle(int8_registry / name / "current", variant=variant).encode(varied_texts)
+            np.testing.assert_allclose(vectors, served, atol=1e-5)
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        flags = {s.labels["model"]: s.value for s in families["embed_model_int8"].samples}
+        assert flags == {"good": 1.0, "bad": 0.0}
+    fp32_only = create_app(_settings(int8_registry, default_model="good", serve_int8=False), include_adapt=False)
+    with serve(fp32_only) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        card = client.get("/v1/models").json()["data"][1]
+        assert (card["id"], card["quantization"], card["int8_check"]["status"]) == ("good", "none", "disabled")
