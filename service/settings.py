@@ -138,6 +138,14 @@ class ServiceSettings(BaseSettings):
         description="Most texts waiting per model before new requests get 429 with Retry-After. Smaller "
         "sheds load sooner (bounded latency); larger absorbs bursts but lets queueing delay grow.",
     )
+    max_queue_wait_seconds: float = Field(
+        default=2.0,
+        ge=0.0,
+        description="Longest estimated wait (the tokens queued ahead over the recent tokens/s) before new "
+        "requests get 429 with Retry-After (0 = off: max_queue_size alone). Lower bounds the latency of "
+        "accepted requests under overload but sheds more of a burst; higher absorbs bursts but lets accepted "
+        "requests wait longer. Applies once a batch has run and only while texts are queued.",
+    )
 
     # --- auth ------------------------------------------------------------------------------------
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(

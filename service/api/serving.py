@@ -141,6 +141,7 @@ class EmbeddingService:
     ) -> EmbedResult:
         """Tokenise, queue and await the embeddings of ``texts`` (limits already checked)."""
         backend = model.backend
+        model.batcher.check_admission(len(texts))  # again in submit; here so a flood's 429s cost no tokenising
         started = time.perf_counter()
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
             tokens = backend.tokenize(texts)

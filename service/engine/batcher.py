@@ -2,9 +2,15 @@
 
 How a batch is formed (TEI's token-budget queue, with length sorting to cut padding):
 
-* Admission happens in `submit`, on the event loop and before anything is queued: if the texts
-  waiting plus the new ones exceed ``max_queue_size`` the request fails at once with 429 and a
-  ``Retry-After`` estimated from the recent throughput.
+* Admission happens in `submit`, on the event loop and before anything is queued (the routes also
+  call `check_admission` before tokenising, so a rejected request costs no tokenisation). A request
+  fails at once with 429 and a ``Retry-After`` (the estimated seconds to drain the queue) if the
+  texts waiting plus the new ones exceed ``max_queue_size``, or if the work queued ahead of it would
+  take longer than ``max_queue_wait_seconds`` at the recent throughput (`Throughput`). The count
+  bound alone lets the wait grow with the queue: on 2 cores a flood of 32-text requests filled the
+  4,096-text queue and accepted requests waited up to 39 s. The wait bound applies only when texts
+  are queued ahead and the throughput is known, so a cold model or an idle one admits anything the
+  count bound admits, and a request larger than the bound is admitted once the queue is empty.
 * The loop takes a window of the oldest waiting texts (a few batches' worth; FIFO between windows,
   so a long text is never starved), sorts it by length, and cuts batches whose padded size
   (longest × count) stays within ``max_batch_tokens`` and whose count stays within ``max_batch_size``.
@@ -27,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,21 +67,36 @@ class _Item:
 
 
 @dataclass
-class BatchStats:
-    """Recent throughput, for the Retry-After estimate."""
+class Throughput:
+    """Recent delivered tokens per second of busy wall-clock time, for admission and Retry-After.
 
-    texts_per_second: float = 0.0
+    * Tokens, not texts: a batch costs about its tokens, so a queue of paragraphs is not mistaken for
+      a queue of short sentences (on 2 cores they run at ~44 and ~370 texts/s but similar tokens/s).
+    * Busy wall-clock time: a batch's interval runs from its launch to the moment the event loop
+      collects its result, and the next batch is launched only then, so the intervals tile the time
+      the model was busy, including the loop's delay in collecting results under load (capacity
+      really lost); idle gaps between requests say nothing about capacity and are left out.
+    * Decayed sums, not an average of per-batch rates: tokens over seconds weighs each batch by its
+      time, where averaging rates lets many small fast batches overstate the capacity.
+      ``horizon_seconds`` of busy time is the decay constant: shorter follows a change of workload
+      sooner but is noisier.
+    """
+
+    horizon_seconds: float = 2.0
+    tokens: float = 0.0
+    seconds: float = 0.0
     batches: int = 0
-    texts: int = 0
-    _alpha: float = field(default=0.2, repr=False)
 
-    def update(self, n: int, seconds: float) -> None:
-        rate = n / max(seconds, 1e-6)
-        self.texts_per_second = (
-            rate if self.batches == 0 else (1 - self._alpha) * self.texts_per_second + (self._alpha * rate)
-        )
+    @property
+    def tokens_per_second(self) -> float | None:
+        """None until a batch has been delivered (cold start)."""
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+    def update(self, tokens: int, seconds: float) -> None:
+        keep = math.exp(-seconds / self.horizon_seconds)
+        self.tokens = self.tokens * keep + tokens
+        self.seconds = self.seconds * keep + seconds
         self.batches += 1
-        self.texts += n
 
 
 class Batcher:
@@ -89,6 +110,7 @@ class Batcher:
         max_batch_tokens: int,
         max_batch_size: int,
         max_queue_size: int,
+        max_queue_wait_seconds: float = 0.0,
         metrics: ServiceMetrics,
     ) -> None:
         self.backend = backend
@@ -96,10 +118,14 @@ class Batcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_queue_size = max_queue_size
-        self.stats = BatchStats()
+        self.max_queue_wait_seconds = max_queue_wait_seconds
+        self.throughput = Throughput()
         self._pending: deque[_Item] = deque()
         self._window: deque[_Item] = deque()  # sorted, longest first; drained before the next window
         self._queued = 0
+        self._queued_tokens = 0
+        self._running_tokens = 0  # of the batch in the inference thread, launched at _running_since
+        self._running_since = 0.0
         self._wakeup = asyncio.Event()
         self._closing = False
         self._batch_id = 0
@@ -120,11 +146,11 @@ class Batcher:
         """Texts waiting for a batch."""
         return self._queued
 
-    def submit(self, tokens: Sequence[Tokenized]) -> EmbedJob:
-        """Queue the texts of one request; ``await job.future`` gives the filled job. Raises 429/503 at once."""
+    def check_admission(self, n: int) -> None:
+        """Raise 503 if the model is being unloaded, 429 (with Retry-After) if ``n`` more texts would overflow
+        the queue or wait longer than ``max_queue_wait_seconds``. Cheap and needs no tokens."""
         if self._closing:
             raise ServiceError(ErrorKind.model_not_ready, f"model {self.name!r} is being unloaded; retry")
-        n = len(tokens)
         if self._queued + n > self.max_queue_size:
             raise ServiceError(
                 ErrorKind.overloaded,
@@ -132,6 +158,29 @@ class Batcher:
                 "retry after the number of seconds in Retry-After",
                 headers={"Retry-After": str(self.retry_after())},
             )
+        if self.max_queue_wait_seconds > 0 and self._queued > 0:
+            wait = self.estimated_wait()
+            if wait is not None and wait > self.max_queue_wait_seconds:
+                raise ServiceError(
+                    ErrorKind.overloaded,
+                    f"model {self.name!r} is overloaded: the texts queued ahead would take about {wait:.1f} s, "
+                    f"limit {self.max_queue_wait_seconds:g} s; retry after the number of seconds in Retry-After",
+                    headers={"Retry-After": str(self.retry_after())},
+                )
+
+    def estimated_wait(self) -> float | None:
+        """Seconds until a text queued now would start: the queued tokens plus what is left of the running
+        batch, over the recent throughput. None before any batch was delivered."""
+        rate = self.throughput.tokens_per_second
+        if rate is None:
+            return None
+        running_left = max(0.0, self._running_tokens / rate - (time.perf_counter() - self._running_since))
+        return self._queued_tokens / rate + running_left
+
+    def submit(self, tokens: Sequence[Tokenized]) -> EmbedJob:
+        """Queue the texts of one request; ``await job.future`` gives the filled job. Raises 429/503 at once."""
+        n = len(tokens)
+        self.check_admission(n)
         loop = asyncio.get_running_loop()
         job = EmbedJob(
             out=np.empty((n, self.backend.info.dim), dtype=np.float32),
@@ -141,14 +190,15 @@ class Batcher:
         )
         self._pending.extend(_Item(job, row, tok) for row, tok in enumerate(tokens))
         self._queued += n
+        self._queued_tokens += sum(_cost(tok) for tok in tokens)
         self._queue_gauge.set(self._queued)
         self._wakeup.set()
         return job
 
     def retry_after(self) -> int:
-        """Seconds until the current queue is likely drained (at least 1)."""
-        rate = self.stats.texts_per_second
-        return 1 if rate <= 0 else max(1, math.ceil(self._queued / rate))
+        """Seconds until the current queue is likely drained (at least 1; 1 while the throughput is unknown)."""
+        wait = self.estimated_wait()
+        return 1 if wait is None else max(1, math.ceil(wait))
 
     async def close(self, timeout: float) -> None:
         """Stop accepting texts, let the queued ones finish (up to ``timeout`` s), then free the model."""
@@ -171,6 +221,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             if not self._window and not self._pending:
+                self._running_tokens = 0
                 if self._closing:
                     return
                 self._wakeup.clear()
@@ -222,6 +273,9 @@ class Batcher:
                 break
         self._queued -= len(batch)
         self._queue_gauge.set(self._queued)
+        self._running_tokens = sum(_cost(item.tokens) for item in batch)
+        self._queued_tokens -= self._running_tokens
+        self._running_since = time.perf_counter()
         self._m_batch_size.observe(len(batch))
         self._m_batch_tokens.observe(width * len(batch))
         return batch
@@ -229,7 +283,9 @@ class Batcher:
     def _deliver(self, batch: list[_Item], embeddings: np.ndarray, started: float, finished: float) -> None:
         seconds = finished - started
         self._m_inference.observe(seconds)
-        self.stats.update(len(batch), seconds)
+        # started..finished is busy wall-clock time: the next batch is launched after `finished` is taken,
+        # so intervals never overlap, and `finished` is when the event loop got round to the result.
+        self.throughput.update(sum(_cost(item.tokens) for item in batch), seconds)
         self._batch_id += 1
         for row, item in enumerate(batch):
             job = item.job
@@ -252,5 +308,11 @@ class Batcher:
         self._window.clear()
         self._pending.clear()
         self._queued = 0
+        self._queued_tokens = 0
+        self._running_tokens = 0
         self._queue_gauge.set(0)
         self._fail(waiting, err)
+
+
+def _cost(tokens: Tokenized) -> int:
+    return max(tokens.n_tokens, 1)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import httpx
 import numpy as np
 import pytest
 
-from service.engine.batcher import Batcher
+from service.engine.batcher import Batcher, Throughput
 from service.errors import ErrorKind, ServiceError
 from service.metrics import ServiceMetrics
 
@@ -131,6 +132,114 @@ def test_flood_against_a_tiny_queue_gets_429s_and_no_other_errors(make_app, serv
         metrics = httpx.get(f"{url}/metrics").text
         line = 'embed_request_failures_total{error_type="queue_full",model="fake-a",route="/embed"}'
         assert f"{line} {float(statuses.count(429))}" in metrics
+
+
+def test_throughput_is_tokens_over_busy_seconds_and_follows_a_new_workload():
+    steady = Throughput(horizon_seconds=math.inf)
+    steady.update(1280, 0.1)  # a full batch: 12,800 tokens/s
+    steady.update(1, 0.01)  # a lone short text: 100 tokens/s
+    assert steady.tokens_per_second == pytest.approx(1281 / 0.11)  # not the mean of the two rates (6,450)
+
+    recent = Throughput(horizon_seconds=2.0)
+    assert recent.tokens_per_second is None  # cold start: unknown, not zero
+    for _ in range(100):
+        recent.update(100, 0.1)  # 10 s at 1,000 tokens/s
+    for _ in range(100):
+        recent.update(10, 0.1)  # then 10 s at 100 tokens/s
+    assert recent.tokens_per_second == pytest.approx(100, rel=0.1)
+
+
+def test_the_loop_feeds_the_throughput_with_busy_time(publish_fake, tmp_path, fake_backend_cls):
+    backend = fake_backend_cls(publish_fake(tmp_path, "m", max_seq_length=64, delay_s=0.02))
+
+    async def run() -> tuple[float, Throughput]:
+        batcher = _batcher(backend)
+        batcher.throughput = Throughput(horizon_seconds=math.inf)
+        batcher.start()
+        started = time.perf_counter()
+        jobs = [batcher.submit(backend.tokenize([_text(3 + i % 7)] * 3)) for i in range(6)]
+        await asyncio.gather(*(job.future for job in jobs))
+        elapsed = time.perf_counter() - started
+        await batcher.close(timeout=5)
+        return elapsed, batcher.throughput
+
+    elapsed, throughput = asyncio.run(run())
+    assert throughput.batches == len(backend.batches)
+    assert throughput.tokens == sum(n for batch in backend.batches for n in batch)
+    assert 0.02 * len(backend.batches) <= throughput.seconds <= elapsed
+
+
+def test_wait_bound_rejects_when_the_queue_ahead_would_take_too_long(publish_fake, tmp_path, fake_backend_cls):
+    backend = fake_backend_cls(publish_fake(tmp_path, "m", max_seq_length=64))
+
+    async def run() -> ServiceError:
+        batcher = _batcher(backend, max_queue_wait_seconds=1.0)  # not started: nothing drains
+        batcher.throughput.update(100, 1.0)  # 100 tokens/s
+        batcher.submit(backend.tokenize([_text(30)] * 2))  # 0.6 s of work queued
+        batcher.submit(backend.tokenize([_text(30)] * 2))  # ahead of it 0.6 s <= 1 s: accepted, 1.2 s queued
+        assert batcher.estimated_wait() == pytest.approx(1.2)
+        with pytest.raises(ServiceError) as info:
+            batcher.submit(backend.tokenize([_text(3)]))
+        assert batcher.queued == 4  # the count bound (100 texts) is far away
+        await batcher.close(timeout=5)
+        return info.value
+
+    err = asyncio.run(run())
+    assert err.kind is ErrorKind.overloaded and "about 1.2 s, limit 1 s" in err.message
+    assert err.headers["Retry-After"] == "2"  # the queue drains in 1.2 s
+
+
+def test_wait_bound_admits_what_the_count_bound_admits_when_cold_idle_or_off(publish_fake, tmp_path, fake_backend_cls):
+    backend = fake_backend_cls(publish_fake(tmp_path, "m", max_seq_length=64))
+
+    async def run() -> ServiceError:
+        cold = _batcher(backend, max_queue_wait_seconds=0.001, max_queue_size=10)
+        for _ in range(5):
+            cold.submit(backend.tokenize([_text(30)] * 2))  # no throughput known: count bound only
+        with pytest.raises(ServiceError) as info:
+            cold.submit(backend.tokenize([_text(3)]))
+        slow = _batcher(backend, max_queue_wait_seconds=0.001)
+        slow.throughput.update(1, 1.0)  # 1 token/s
+        slow.submit(backend.tokenize([_text(60)] * 8))  # nothing queued ahead: a big request still gets in
+        off = _batcher(backend, max_queue_wait_seconds=0.0)
+        off.throughput.update(1, 1.0)
+        for _ in range(5):
+            off.submit(backend.tokenize([_text(60)] * 8))
+        for batcher in (cold, slow, off):
+            await batcher.close(timeout=5)
+        return info.value
+
+    err = asyncio.run(run())
+    assert "10 texts queued, limit 10" in err.message and err.headers["Retry-After"] == "1"
+
+
+def test_wait_bound_429_comes_before_tokenising_and_is_counted(make_app, serve):
+    app = make_app(max_queue_wait_seconds=1.0)
+
+    async def traffic(url: str) -> tuple[httpx.Response, list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            running = asyncio.create_task(client.post("/embed", json={"inputs": ["runs first"]}))
+            await asyncio.sleep(0.2)  # its batch holds the model for 1.5 s
+            queued = asyncio.create_task(client.post("/embed", json={"inputs": ["queued next"]}))
+            await asyncio.sleep(0.2)
+            rejected = await client.post("/embed", json={"inputs": ["turned away"]})
+            return rejected, list(await asyncio.gather(running, queued))
+
+    with serve(app) as (url, _):
+        served = app.state.embedding_service.models.get("fake-a")
+        served.backend.delay_s = 1.5
+        served.batcher.throughput.update(1, 1.0)  # 1 token/s: anything queued ahead is too long a wait
+        tokenized: list[str] = []
+        tokenize = served.backend.tokenize
+        served.backend.tokenize = lambda texts: tokenized.extend(texts) or tokenize(texts)
+        rejected, accepted = asyncio.run(traffic(url))
+        metrics = httpx.get(f"{url}/metrics").text
+    assert [r.status_code for r in accepted] == [200, 200]
+    assert rejected.status_code == 429 and rejected.json()["error"]["code"] == "queue_full"
+    assert "limit 1 s" in rejected.json()["error"]["message"] and int(rejected.headers["retry-after"]) >= 4
+    assert "turned away" not in tokenized and "queued next" in tokenized
+    line = 'embed_request_failures_total{error_type="queue_full",model="fake-a",route="/embed"}'
+    assert f"{line} 1.0" in metrics
 
 
 def test_close_fails_what_cannot_finish_within_the_grace_period(publish_fake, tmp_path, fake_backend_cls):
