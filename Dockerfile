@@ -29,6 +29,7 @@ WORKDIR /src
 # layer, so code edits do not download it again.
 RUN pip install --no-cache-dir torch==2.13.0
 COPY pyproject.toml constraints.txt README.md ./
+COPY core/ core/
 COPY embedder/ embedder/
 COPY training/ training/
 COPY export/ export/

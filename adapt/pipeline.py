@@ -146,7 +146,7 @@ def gate_decision(
 
 
 def _base_path(name: str, options: WorkerOptions) -> Path:
-    from training.catalog import resolve_model
+    from core.catalog import resolve_model
 
     return resolve_model(options.base_models.get(name, name))
 
@@ -303,7 +303,7 @@ def _export_and_publish(
     a cancel or failure there publishes nothing, and the published manifest's ``validation`` holds
     the evaluation and the gate.
     """
-    from export import registry
+    from core import registry
     from export.api import export_bundle
     from training.encoder import Encoder
 

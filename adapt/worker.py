@@ -203,7 +203,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.nice > 0:
         os.nice(args.nice)  # before torch starts its threads: they inherit it
-    from embedder.settings import get_settings
+    from core.settings import get_settings
 
     settings = get_settings()
     base_models = {}

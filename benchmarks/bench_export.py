@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.catalog import resolve_model
+from core.registry import read_manifest
+from core.runtime import OnnxBundle
 from export import graph
 from export.api import export_bundle
 from export.parity import cosines
-from export.registry import read_manifest
-from export.runtime import OnnxBundle
-from training.catalog import resolve_model
 from training.encoder import Encoder
 
 BATCH = 32

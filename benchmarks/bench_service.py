@@ -3,7 +3,7 @@
 In one run, on the same ``minilm-l6`` fp32 bundle and fixed seeded workloads (2,000 short sentences of
 8–20 words; 500 paragraphs of 120–200 words):
 
-* **ceiling** — `export.runtime.OnnxBundle.encode` in this process at batch 32, same thread count as the
+* **ceiling** — `core.runtime.OnnxBundle.encode` in this process at batch 32, same thread count as the
   server, measured right before and right after each server load (the machine is shared and its speed
   drifts, so each load gets its own paired ceiling); for (c), the in-process latency of each text is
   measured just before the same text goes through the server;
@@ -77,7 +77,7 @@ def naive_app():  # pragma: no cover - runs in the naive-server subprocess
     from fastapi.concurrency import run_in_threadpool
     from sentence_transformers import SentenceTransformer
 
-    from training.catalog import resolve_model
+    from core.catalog import resolve_model
 
     model = SentenceTransformer(str(resolve_model(MODEL)), device="cpu")
     app = FastAPI()
@@ -205,7 +205,7 @@ class Ceiling:
     """
 
     def __init__(self, bundle_dir: Path, threads: int) -> None:
-        from export.runtime import OnnxBundle
+        from core.runtime import OnnxBundle
 
         self.bundle = OnnxBundle(bundle_dir, intra_op_threads=threads)
         self.bundle.encode(["warm up"] * 32, batch_size=32)
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_naive(args.port, args.threads)
         return 0
 
-    from export import registry
+    from core import registry
 
     if registry.current_version(args.registry, MODEL) is None:
         subprocess.run(

@@ -28,7 +28,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _setup_torch(device: str | None) -> str:
     import torch
 
-    from embedder.settings import get_settings
+    from core.settings import get_settings
 
     settings = get_settings()
     if settings.num_threads:

@@ -5,7 +5,7 @@
 - a built-in name (``minilm-l6``, ``minilm-l3``, ``mpnet-base``) or a Hugging Face folder / training
   checkpoint → a `TorchModel` around `training.encoder.Encoder` (layer-wise embeddings available);
 - a bundle folder (it holds ``manifest.json``) or ``registry:NAME[@VERSION]`` (the registry folder
-  from settings; no version = the promoted one) → an `OnnxModel` around `export.runtime.OnnxBundle`;
+  from settings; no version = the promoted one) → an `OnnxModel` around `core.runtime.OnnxBundle`;
 - an `Encoder` or an `EmbeddingModel` object (returned as is / wrapped).
 
 Every model has a ``name``, a content ``hash`` (SHA-256 of its weights and the settings that change
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from embedder.settings import get_settings
+from core.settings import get_settings
 
 REGISTRY_PREFIX = "registry:"
 
@@ -178,7 +178,7 @@ class OnnxModel(EmbeddingModel):
         manifest = self.bundle.manifest
         onnx_file = manifest["onnx"][self.bundle.variant]
         files = manifest.get("files") or {}
-        from training.catalog import sha256_file
+        from core.catalog import sha256_file
 
         payload = {
             "variant": self.bundle.variant,
@@ -194,7 +194,7 @@ def _bundle_threads() -> int:
 
 
 def _load_bundle(path: Path, variant: str | None) -> OnnxModel:
-    from export.runtime import OnnxBundle, load_checked
+    from core.runtime import OnnxBundle, load_checked
 
     if variant is None:  # what the service would serve on this CPU
         return OnnxModel(load_checked(path, intra_op_threads=_bundle_threads())[0])
@@ -202,7 +202,7 @@ def _load_bundle(path: Path, variant: str | None) -> OnnxModel:
 
 
 def _registry_bundle(spec: str) -> Path:
-    from export.registry import RegistryError, current_bundle, read_manifest, validate_name
+    from core.registry import RegistryError, current_bundle, read_manifest, validate_name
 
     target = spec[len(REGISTRY_PREFIX) :]
     name, _, version = target.partition("@")
@@ -247,7 +247,7 @@ def load_model(spec: Any, *, device: str = "cpu", variant: str | None = None) ->
     path = Path(text).expanduser()
     if path.is_dir() and (path / "manifest.json").is_file():
         return _load_bundle(path, variant)
-    from training.catalog import ModelNotFoundError
+    from core.catalog import ModelNotFoundError
 
     try:
         encoder = Encoder.from_pretrained(text, device=device)

@@ -21,7 +21,7 @@ from sklearn.exceptions import UndefinedMetricWarning
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from embedder.settings import get_settings
+from core.settings import get_settings
 from evaluation.adapter import EmbeddingMemo, MtebEncoder
 from evaluation.models import EmbeddingModel, load_model
 from evaluation.tasks import DEFAULT_TASKS, OfflineTask, resolve_task

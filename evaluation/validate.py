@@ -11,7 +11,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from embedder.settings import get_settings
+from core.settings import get_settings
 from evaluation import data
 from evaluation.adapter import EmbeddingMemo
 from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity

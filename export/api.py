@@ -24,13 +24,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from core import registry as reg
+from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
+from core.runtime import PROBES_FILE, write_probes
 from export import graph
-from export import registry as reg
 from export.parity import ParityError, check_parity
 from export.probes import probe_texts
 from export.quantize import choose_int8
-from export.runtime import PROBES_FILE, write_probes
-from training.catalog import BUILTIN_MODELS, resolve_model, sha256_file
 from training.encoder import Encoder
 from training.pooling import check_pooling
 

@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from embedder.settings import get_settings
+from core.settings import get_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,10 +55,10 @@ def main(argv: list[str]) -> int:
     settings = get_settings()
     registry_dir = args.registry if args.registry is not None else settings.registry_dir
 
+    from core.catalog import ChecksumError, ModelNotFoundError
+    from core.registry import RegistryError
     from export.api import export_bundle  # imports torch: only once the arguments are known to be valid
     from export.parity import ParityError
-    from export.registry import RegistryError
-    from training.catalog import ChecksumError, ModelNotFoundError
 
     if settings.num_threads is not None:
         import torch

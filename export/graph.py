@@ -19,7 +19,7 @@ import onnxruntime as ort
 import torch
 from transformers import PreTrainedModel
 
-from export.runtime import OUTPUT_NAME
+from core.runtime import OUTPUT_NAME
 from training.encoder import Encoder
 
 log = logging.getLogger(__name__)

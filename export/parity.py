@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from export.runtime import OnnxBundle, ParityBars, cosines, int8_failures
+from core.runtime import OnnxBundle, ParityBars, cosines, int8_failures
 from training.encoder import Encoder
 
 

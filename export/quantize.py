@@ -9,7 +9,7 @@ with optimum's ``reduce_range`` (7-bit weights, no saturation). Each candidate b
 the bars on MiniLM, min cosine ≈ 0.92).
 
 The chosen graph is recorded in the manifest with the CPU it was checked on; because the serving
-CPU may differ, the service checks it again at load (`export.runtime.load_checked`).
+CPU may differ, the service checks it again at load (`core.runtime.load_checked`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import onnx
 from onnxruntime.quantization import quantize_dynamic
 from optimum.onnxruntime.configuration import AutoQuantizationConfig, QuantizationConfig
 
-from export.runtime import OnnxBundle, ParityBars, cosines, cpu_features, int8_failures
+from core.runtime import OnnxBundle, ParityBars, cosines, cpu_features, int8_failures
 
 log = logging.getLogger(__name__)
 

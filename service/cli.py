@@ -23,7 +23,7 @@ from typing import Any, get_args, get_origin
 import uvicorn
 from pydantic import SecretStr, ValidationError
 
-from export import registry
+from core import registry
 from service.settings import ServiceSettings
 
 log = logging.getLogger("service")

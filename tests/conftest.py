@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from training.catalog import resolve_model
+from core.catalog import resolve_model
 
 VARIED_TEXTS = [
     "A man is playing a guitar.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from training.catalog import BUILTIN_MODELS, ChecksumError, ModelNotFoundError, prepare, resolve_model
+from core.catalog import BUILTIN_MODELS, ChecksumError, ModelNotFoundError, prepare, resolve_model
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
             for name in names:
                 print(f"{name}: {prepare(name)}")
             if "minilm-l6" in names and not args.no_default_bundle:
-                from embedder.settings import get_settings
+                from core.settings import get_settings
                 from export.api import ensure_default_bundle
 
                 print(f"default bundle: {ensure_default_bundle(get_settings().registry_dir)}")

@@ -70,7 +70,7 @@ class TrainConfig:
     view_params: Mapping[str, Any] = field(default_factory=dict)
     rank_reduction: float = 0.0  # γ of the rank-reduction regulariser (paper 002); 0 disables it
     crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
-    crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (training.views.choose_crop_rule)
+    crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
 
     # --- data ---------------------------------------------------------------------------------
     corpus: str | tuple[str, ...] = "aclsum"  # built-in corpus name, a file/folder path, or the texts

@@ -1,7 +1,7 @@
 """Training corpora: local files through 🤗 ``datasets`` and the offline built-in corpora.
 
 A corpus is a list of *documents* (strings); views (crops, dropout, token augmentations) are made
-from them by `training.views`. Built-in corpora (see docs/OFFLINE.md) never include a text that an
+from them by `core.text` and `training.views`. Built-in corpora (see docs/OFFLINE.md) never include a text that an
 evaluation task scores:
 
 | name | documents |
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedder.settings import get_settings
+from core.settings import get_settings
 
 MIN_PARAGRAPH_CHARS = 200
 

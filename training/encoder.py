@@ -13,7 +13,6 @@ Checkpoints are saved as a Hugging Face folder plus sentence-transformers' modul
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -28,8 +27,9 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import logging as hf_logging
 
-from training.catalog import resolve_model
-from training.pooling import ST_POOLING_KEYS, check_pooling, pool
+from core.catalog import resolve_model
+from core.model_folder import read_sentence_transformers_config, write_sentence_transformers_config
+from training.pooling import check_pooling, pool
 
 log = logging.getLogger(__name__)
 
@@ -47,53 +47,6 @@ def find_layers(backbone: nn.Module) -> tuple[nn.Module, str]:
         if owner is not None and isinstance(getattr(owner, parts[-1], None), nn.ModuleList):
             return owner, parts[-1]
     raise ValueError(f"cannot find the transformer layers of {type(backbone).__name__}: looked for {_LAYER_PATHS}")
-
-
-def write_sentence_transformers_config(
-    folder: Path, *, dim: int, pooling: str, normalize: bool, max_seq_length: int
-) -> None:
-    """Write the module files sentence-transformers reads next to a Hugging Face model."""
-    folder = Path(folder)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (folder / "2_Normalize").mkdir(parents=True, exist_ok=True)
-    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
-    pooling_config: dict[str, Any] = {"word_embedding_dimension": dim}
-    pooling_config.update({key: mode == pooling for mode, key in ST_POOLING_KEYS.items()})
-    pooling_config.update({"pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
-    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
-    (folder / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}, indent=2)
-    )
-
-
-def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
-    """Pooling, normalisation and max length from sentence-transformers' files, where present."""
-    folder = Path(folder)
-    found: dict[str, Any] = {}
-    modules_file = folder / "modules.json"
-    if modules_file.exists():
-        modules = json.loads(modules_file.read_text())
-        found["normalize"] = any(m["type"].endswith("Normalize") for m in modules)
-        for module in modules:
-            if module["type"].endswith("Pooling"):
-                cfg = json.loads((folder / module["path"] / "config.json").read_text())
-                modes = [mode for mode, key in ST_POOLING_KEYS.items() if cfg.get(key)]
-                if len(modes) != 1:
-                    raise ValueError(
-                        f"{folder}: pooling config {cfg} is not one of {list(ST_POOLING_KEYS)}; "
-                        "pass pooling= explicitly"
-                    )
-                found["pooling"] = modes[0]
-    st_config = folder / "sentence_bert_config.json"
-    if st_config.exists():
-        found["max_seq_length"] = int(json.loads(st_config.read_text())["max_seq_length"])
-    return found
 
 
 class Encoder(nn.Module):

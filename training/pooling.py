@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import torch
 
-POOLING_MODES = ("mean", "cls", "last")
-
-# Our names <-> sentence-transformers' Pooling config keys.
-ST_POOLING_KEYS = {
-    "mean": "pooling_mode_mean_tokens",
-    "cls": "pooling_mode_cls_token",
-    "last": "pooling_mode_lasttoken",
-}
+from core.model_folder import POOLING_MODES
 
 
 def check_pooling(mode: str) -> str:

@@ -37,12 +37,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from embedder.settings import get_settings
+from core.settings import get_settings
 from training.config import TrainConfig
 from training.data import ScoredPair, load_corpus, load_scored_pairs, split_documents
 from training.encoder import Encoder
 from training.students import layer_subset_student, tiny_bert_student
-from training.views import CropRule, augment_text, choose_crop_rule
+from core.text import CropRule, choose_crop_rule
+from training.views import augment_text
 
 log = logging.getLogger(__name__)
 

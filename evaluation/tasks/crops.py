@@ -1,7 +1,7 @@
 """CropPairRetrieval: a label-free retrieval task built from any corpus.
 
 For each document with at least two crops, two distinct crops are drawn with a seeded RNG (the
-crop rule is `training.views.choose_crop_rule` of the corpus, paper 000 §3.1's rule when it yields
+crop rule is `core.text.choose_crop_rule` of the corpus, paper 000 §3.1's rule when it yields
 enough pairs): one becomes a query, the other joins the corpus. A query must retrieve the crop of its
 own document among the crops of every document; main score nDCG@10 (one relevant crop per query).
 This is what ``/adapt`` scores on a customer corpus that has no labels.
@@ -100,7 +100,7 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
 
     def crop_pairs(self) -> list[tuple[str, str]]:
         """(query crop, corpus crop) per usable document, in document order; stats in ``crop_stats``."""
-        from training.views import choose_crop_rule, crop_yield
+        from core.text import choose_crop_rule, crop_yield
 
         documents = self._documents()
         limit = FAST_DOCUMENTS if self.fast else self.max_documents

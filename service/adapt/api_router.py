@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from export import registry
+from core import registry
 from service.adapt.config import BUILTIN_MODEL_NAMES, AdaptConfig
 from service.adapt.corpus import CorpusError, CorpusTooLargeError, check_corpus, parse_upload
 from service.adapt.schemas import AdaptJob, AdaptJobList, AdaptRequest

@@ -13,7 +13,7 @@ from typing import Any
 
 from service.adapt.corpus import CorpusLimits
 
-# The catalog's built-in names (training.catalog.BUILTIN_MODELS; mirrored because the API process
+# The catalog's built-in names (core.catalog.BUILTIN_MODELS; mirrored because the API process
 # must not import training — tests/adapt check the two stay equal). Adapted models may not take them.
 BUILTIN_MODEL_NAMES = ("minilm-l6", "minilm-l3", "mpnet-base")
 

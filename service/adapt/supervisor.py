@@ -85,7 +85,7 @@ class WorkerSupervisor:
 
     def spawn(self, index: int) -> _Worker:
         worker_id = f"w{index}-{secrets.token_hex(4)}"
-        env = None  # inherit; the worker reads EMBED_CACHE_DIR through embedder.settings like every tool
+        env = None  # inherit; the worker reads EMBED_CACHE_DIR through core.settings like every tool
         if self.config.cache_dir is not None:
             env = {**os.environ, "EMBED_CACHE_DIR": str(self.config.cache_dir)}
         process = subprocess.Popen(self.command(worker_id), stdin=subprocess.DEVNULL, env=env)

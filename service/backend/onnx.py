@@ -1,4 +1,4 @@
-"""The production backend: an exported bundle run by `export.runtime.OnnxBundle` (no torch)."""
+"""The production backend: an exported bundle run by `core.runtime.OnnxBundle` (no torch)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from export.runtime import load_checked
+from core.runtime import load_checked
 from service.backend.base import Backend, ModelInfo, Tokenized
 from service.settings import ServiceSettings
 
@@ -28,7 +28,7 @@ def resolve_threads(intra_op_threads: int) -> int:
 class OnnxBackend(Backend):
     """Tokenise with the bundle's fast tokenizer; embed with its onnxruntime session (pooled and normalised
     in the graph, so one `run` gives final embeddings). The int8 graph is served only if it passes the probe
-    check on this CPU (`export.runtime.load_checked`); otherwise the fp32 one, and ``info`` says why."""
+    check on this CPU (`core.runtime.load_checked`); otherwise the fp32 one, and ``info`` says why."""
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from export import registry
+from core import registry
 from service.backend.base import Backend, BackendFactory, ModelInfo
 from service.engine.batcher import Batcher
 from service.errors import ErrorKind, ServiceError

@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from export import registry
+from core import registry
 from service.adapt.api_router import build_adapt_router
 from service.adapt.config import BUILTIN_MODEL_NAMES, AdaptConfig
 from service.adapt.corpus import CorpusLimits
@@ -185,7 +185,7 @@ def test_events_stream_until_the_job_ends(client: TestClient, tmp_path: Path) ->
 
 
 def test_builtin_names_mirror_the_catalog() -> None:
-    from training.catalog import BUILTIN_MODELS
+    from core.catalog import BUILTIN_MODELS
 
     assert set(BUILTIN_MODEL_NAMES) == set(BUILTIN_MODELS)
     assert all(registry.validate_name(n) for n in BUILTIN_MODEL_NAMES)

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from core import registry
 from evaluation.data import lee_background
-from export import registry
 from service.adapt.store import FAILED, INTERRUPTED, JobStore
 from service.app import create_app
 from service.settings import ServiceSettings

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from core import registry
+from core.runtime import OnnxBundle
 from embedder.cli import main as embedder_main
-from export import api, registry
-from export.runtime import OnnxBundle
+from export import api
 from training import catalog_cli
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,11 +15,12 @@ import onnx
 import pytest
 import torch
 
-from export import api, graph, quantize, registry, runtime
+from core import registry, runtime
+from core.catalog import sha256_file
+from core.runtime import OnnxBundle, cosines
+from export import api, graph, quantize
 from export.parity import ParityError
 from export.probes import probe_texts
-from export.runtime import OnnxBundle, cosines
-from training.catalog import sha256_file
 from training.encoder import Encoder
 
 MANIFEST_KEYS = {

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from export import registry
+from core import registry
 from service.backend.base import Backend, ModelInfo, Tokenized
 
 VOCAB = 997

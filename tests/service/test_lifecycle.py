@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from export import registry
+from core import registry
 
 
 def test_new_version_is_served_without_a_restart_and_no_request_fails(

@@ -16,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from export.runtime import OnnxBundle, read_probes, write_probes
+from core.runtime import OnnxBundle, read_probes, write_probes
 from service.app import create_app
 from service.settings import ServiceSettings
 
@@ -161,7 +161,7 @@ def test_embedder_serve_end_to_end_and_sigterm(tiny_registry, tmp_path):
 
 @pytest.mark.parametrize("spinning", [True, False])
 def test_the_spinning_setting_reaches_the_onnxruntime_session(tiny_registry, reference, varied_texts, spinning):
-    from export.runtime import session_options
+    from core.runtime import session_options
     from service.backend.onnx import onnx_backend_factory
 
     expected = "1" if spinning else "0"

