@@ -48,21 +48,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the raw numbers here as JSON")
     args = parser.parse_args(argv)
 
+    from core.settings import get_settings
     from evaluation.diagnostics import effective_rank
-    from evaluation.models import load_model
     from evaluation.speed import measure_speed
     from evaluation.suite import run_suite
     from evaluation.tasks import DEFAULT_TASKS, resolve_task
+    from training.torch_model import load_any
 
     tasks = [resolve_task(t) for t in (args.tasks or DEFAULT_TASKS)]
     if args.heldout_from:
         tasks.append(heldout_task(args.heldout_from))
     names = [t.metadata.name for t in tasks]
     rows: dict[str, dict[str, Any]] = {}
-    models = {spec: load_model(spec) for spec in args.models}
+    settings = get_settings()
+    models = {spec: load_any(spec, registry_dir=settings.registry_dir) for spec in args.models}
     rank_texts = [text for pair in tasks[-1].crop_pairs() for text in pair] if args.heldout_from else []
     for spec, model in models.items():
-        report = run_suite(model, tasks, progress=False)
+        report = run_suite(model, tasks, progress=False, cache=settings.cache_dir)
         rows[spec] = {"scores": report["scores"], "layers": getattr(model, "num_layers", None), "dim": model.dim}
         if rank_texts:  # paper 002 §2.2.1: effective rank of the in-domain held-out crop embeddings
             rows[spec]["heldout_effective_rank"] = effective_rank(model.encode(rank_texts))

@@ -1,5 +1,5 @@
-"""The `embedder` command. Each subcommand lives in its own package and is imported only when
-it runs, so `embedder serve` never imports torch and `embedder models list` starts fast."""
+"""The `embedder` command: the top floor, wiring the packages below together. Each subcommand is imported
+only when it runs, so `embedder serve` never imports torch and `embedder models list` starts fast."""
 
 from __future__ import annotations
 
@@ -8,14 +8,23 @@ import sys
 
 # name -> ("module:function", one-line help). The function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "models": ("training.catalog_cli:main", "list, prepare and locate the built-in offline models"),
+    "models": ("embedder.models_cli:main", "list, prepare and locate the built-in offline models"),
     "export": ("export.cli:main", "export a model to a parity-checked ONNX bundle (optionally int8) in the registry"),
     "adapt-worker": ("adapt.worker:main", "run queued /adapt jobs (the service starts and supervises this)"),
     "serve": ("service.cli:main", "serve promoted bundles over HTTP (OpenAI/TEI routes, metrics); see --help"),
     "train": ("training.cli:main", "train an embedder from a TOML recipe (sct-tiny, tmft, crop-mpnet, ...)"),
-    "validate": ("evaluation.cli:validate_main", "offline suite, report, plots; gate vs a baseline (exit 1 on a drop)"),
-    "layers": ("evaluation.cli:layers_main", "score every layer's pooled embedding (TMFT: pick the layer to keep)"),
-    "bench": ("evaluation.cli:bench_main", "encode speed: texts/s and p50 latency, batch 1/32, short/long texts"),
+    "validate": (
+        "embedder.evaluation_cli:validate_main",
+        "offline suite, report, plots; gate vs a baseline (exit 1 on a drop)",
+    ),
+    "layers": (
+        "embedder.evaluation_cli:layers_main",
+        "score every layer's pooled embedding (TMFT: pick the layer to keep)",
+    ),
+    "bench": (
+        "embedder.evaluation_cli:bench_main",
+        "encode speed: texts/s and p50 latency, batch 1/32, short/long texts",
+    ),
 }
 
 

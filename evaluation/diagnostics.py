@@ -18,6 +18,11 @@ import numpy as np
 from sklearn.neighbors import KNeighborsClassifier
 from tqdm.auto import tqdm
 
+from evaluation.adapter import EmbeddingMemo
+from evaluation.models import EmbeddingModel
+from evaluation.suite import score_task
+from evaluation.tasks import resolve_task
+
 
 def _as_matrix(x: Any, name: str) -> np.ndarray:
     arr = np.asarray(x, dtype=np.float64)
@@ -108,7 +113,7 @@ def uniformity(x: Any, t: float = 2.0) -> float:
 
 
 def layerwise_scores(
-    encoder: Any,
+    model: EmbeddingModel,
     task_or_fn: Any,
     *,
     fast: bool = False,
@@ -121,7 +126,7 @@ def layerwise_scores(
     Figure 2 (STS Spearman per layer; TMFT picks the layer *l* to truncate at).
 
     Args:
-        encoder: a `training.encoder.Encoder`, a torch `EmbeddingModel`, or a spec for `load_model`.
+        model: an `EmbeddingModel` with layer-wise embeddings (`training.torch_model.TorchModel`).
         task_or_fn: an evaluation task (name, class or instance; scored in points 0-100 with its main
             metric) or a callable ``fn(embed) -> float`` where ``embed(texts) -> (N, dim)`` returns one
             layer's unit-norm embeddings.
@@ -129,17 +134,11 @@ def layerwise_scores(
 
     Every text is encoded once (all layers in the same forward pass, ``Encoder.encode(all_layers=True)``).
     """
-    from evaluation.adapter import EmbeddingMemo
-    from evaluation.models import load_model
-
-    model = load_model(encoder)
     memo = EmbeddingMemo(model, all_layers=True, batch_size=batch_size, progress=progress)
     n_layers = int(model.num_layers or 0) + 1
     if callable(task_or_fn) and not isinstance(task_or_fn, type):
         fn: Callable[[Callable[[Sequence[str]], np.ndarray]], float] = task_or_fn
         return [float(fn(lambda texts, layer=layer: memo.embed(list(texts), layer))) for layer in range(n_layers)]
-    from evaluation.suite import score_task
-    from evaluation.tasks import resolve_task
 
     task = resolve_task(task_or_fn, fast=fast)
     scores = []

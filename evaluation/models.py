@@ -1,12 +1,11 @@
-"""One interface over everything the evaluation can score: torch encoders and exported bundles.
+"""One interface over everything the evaluation can score: `EmbeddingModel`.
 
-`load_model(spec)` accepts
+Evaluation defines it and implements it for exported bundles (`OnnxModel`, around
+`core.runtime.OnnxBundle`); training implements it for torch checkpoints (`training.torch_model.TorchModel`,
+with layer-wise embeddings), so evaluation scores both without importing torch code.
 
-- a built-in name (``minilm-l6``, ``minilm-l3``, ``mpnet-base``) or a Hugging Face folder / training
-  checkpoint → a `TorchModel` around `training.encoder.Encoder` (layer-wise embeddings available);
-- a bundle folder (it holds ``manifest.json``) or ``registry:NAME[@VERSION]`` (the registry folder
-  from settings; no version = the promoted one) → an `OnnxModel` around `core.runtime.OnnxBundle`;
-- an `Encoder` or an `EmbeddingModel` object (returned as is / wrapped).
+`load_model(spec)` accepts a bundle folder (it holds ``manifest.json``), ``registry:NAME[@VERSION]`` (no
+version = the promoted one) or an `EmbeddingModel` (returned as is).
 
 Every model has a ``name``, a content ``hash`` (SHA-256 of its weights and the settings that change
 its output), used to cache results, and ``encode(texts, batch_size) -> (N, dim)`` unit-norm rows.
@@ -25,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from core.settings import get_settings
+from core.catalog import sha256_file
+from core.registry import MANIFEST, RegistryError, current_bundle, read_manifest, validate_name
+from core.runtime import OnnxBundle, load_checked
 
 REGISTRY_PREFIX = "registry:"
 
@@ -34,7 +35,7 @@ class ModelSpecError(ValueError):
     """A model spec that names no loadable model."""
 
 
-def _l2_normalise(x: np.ndarray) -> np.ndarray:
+def l2_normalise(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return (x / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
 
@@ -91,60 +92,6 @@ class EmbeddingModel(ABC):
         }
 
 
-class TorchModel(EmbeddingModel):
-    """A `training.encoder.Encoder` (checkpoint or built-in model); gives layer-wise embeddings too."""
-
-    kind = "torch"
-
-    def __init__(self, encoder: Any, name: str | None = None) -> None:
-        self.encoder = encoder
-        self.name = name or (Path(encoder.source).name if encoder.source else "encoder")
-
-    @property
-    def dim(self) -> int:
-        return int(self.encoder.dim)
-
-    @property
-    def max_seq_length(self) -> int:
-        return int(self.encoder.max_seq_length)
-
-    @property
-    def supports_layers(self) -> bool:
-        return True
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.encoder.num_layers)
-
-    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-        return _l2_normalise(self.encoder.encode(list(texts), batch_size=batch_size))
-
-    def encode_layers(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-        return _l2_normalise(self.encoder.encode(list(texts), batch_size=batch_size, all_layers=True))
-
-    def _compute_hash(self) -> str:
-        digest = hashlib.sha256()
-        enc = self.encoder
-        settings = {
-            "pooling": enc.pooling,
-            "normalize": enc.normalize,
-            "max_seq_length": enc.max_seq_length,
-            "config": {
-                k: v
-                for k, v in enc.backbone.config.to_dict().items()
-                if not k.startswith("_") and k != "transformers_version"  # paths and versions: not content
-            },
-            "vocab": len(enc.tokenizer),
-        }
-        digest.update(json.dumps(settings, sort_keys=True).encode())
-        for key, tensor in sorted(enc.backbone.state_dict().items()):
-            if key.startswith("pooler."):  # unused by Encoder; freshly random when the checkpoint has none
-                continue
-            digest.update(key.encode())
-            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-        return digest.hexdigest()
-
-
 class OnnxModel(EmbeddingModel):
     """An exported bundle run by onnxruntime (the serving path)."""
 
@@ -172,13 +119,12 @@ class OnnxModel(EmbeddingModel):
         return len(layers) if isinstance(layers, list) else layers
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-        return _l2_normalise(self.bundle.encode(list(texts), batch_size=batch_size))
+        return l2_normalise(self.bundle.encode(list(texts), batch_size=batch_size))
 
     def _compute_hash(self) -> str:
         manifest = self.bundle.manifest
         onnx_file = manifest["onnx"][self.bundle.variant]
         files = manifest.get("files") or {}
-        from core.catalog import sha256_file
 
         payload = {
             "variant": self.bundle.variant,
@@ -189,71 +135,66 @@ class OnnxModel(EmbeddingModel):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _bundle_threads() -> int:
-    return get_settings().num_threads or os.cpu_count() or 1
-
-
-def _load_bundle(path: Path, variant: str | None) -> OnnxModel:
-    from core.runtime import OnnxBundle, load_checked
-
+def _load_bundle(path: Path, variant: str | None, threads: int | None) -> OnnxModel:
+    threads = threads or os.cpu_count() or 1
     if variant is None:  # what the service would serve on this CPU
-        return OnnxModel(load_checked(path, intra_op_threads=_bundle_threads())[0])
-    return OnnxModel(OnnxBundle(path, variant=variant, intra_op_threads=_bundle_threads()))
+        return OnnxModel(load_checked(path, intra_op_threads=threads)[0])
+    return OnnxModel(OnnxBundle(path, variant=variant, intra_op_threads=threads))
 
 
-def _registry_bundle(spec: str) -> Path:
-    from core.registry import RegistryError, current_bundle, read_manifest, validate_name
-
+def _registry_bundle(spec: str, registry_dir: Path | None) -> Path:
     target = spec[len(REGISTRY_PREFIX) :]
     name, _, version = target.partition("@")
-    root = get_settings().registry_dir
+    if registry_dir is None:
+        raise ModelSpecError(f"{spec!r} names a registry bundle, but no registry folder was given")
     try:
         validate_name(name)
         if not version:
-            return current_bundle(root, name)
-        folder = Path(root) / name / version
+            return current_bundle(registry_dir, name)
+        folder = Path(registry_dir) / name / version
         read_manifest(folder)
         return folder
     except (RegistryError, OSError) as exc:
         raise ModelSpecError(
-            f"{spec!r}: no such bundle in the registry {root} ({exc}). "
+            f"{spec!r}: no such bundle in the registry {registry_dir} ({exc}). "
             "Use registry:NAME for the promoted version or registry:NAME@VERSION; set EMBED_REGISTRY_DIR "
             "to point at another registry."
         ) from exc
 
 
-def load_model(spec: Any, *, device: str = "cpu", variant: str | None = None) -> EmbeddingModel:
-    """Load anything the evaluation can score (see the module docstring for the accepted specs).
+def is_bundle_spec(spec: Any) -> bool:
+    """True for ``registry:NAME[@VERSION]`` and for a folder holding a bundle manifest."""
+    if isinstance(spec, EmbeddingModel) or not isinstance(spec, str | os.PathLike):
+        return False
+    text = os.fspath(spec)
+    return text.startswith(REGISTRY_PREFIX) or (Path(text).expanduser() / MANIFEST).is_file()
+
+
+def load_model(
+    spec: Any, *, registry_dir: Path | None = None, threads: int | None = None, variant: str | None = None
+) -> EmbeddingModel:
+    """An `EmbeddingModel` as is, or an exported bundle: a folder holding ``manifest.json`` or
+    ``registry:NAME[@VERSION]`` (resolved in ``registry_dir``).
+
+    Torch checkpoints and built-in model names are loaded by `training.torch_model.load_any` (evaluation
+    scores them through the same interface but never imports torch code).
 
     Args:
-        spec: built-in name, HF folder, bundle folder, ``registry:NAME[@VERSION]``, an ``Encoder``
-            or an ``EmbeddingModel``.
-        device: torch device for torch encoders.
+        threads: onnxruntime intra-op threads (default: every core).
         variant: ``fp32`` or ``int8`` for bundles (default: what the service would serve on this CPU: int8 where
             it passes the bundle's probe check, else fp32).
 
     Raises:
-        ModelSpecError: the spec names nothing loadable; the message says what is accepted.
+        ModelSpecError: the spec names no bundle; the message says what is accepted.
     """
     if isinstance(spec, EmbeddingModel):
         return spec
-    from training.encoder import Encoder
-
-    if isinstance(spec, Encoder):
-        return TorchModel(spec)
+    if not is_bundle_spec(spec):
+        raise ModelSpecError(
+            f"{spec!r} is not an exported bundle (a folder holding {MANIFEST}, or registry:NAME[@VERSION]); "
+            "load checkpoints and built-in models with training.torch_model.load_any"
+        )
     text = os.fspath(spec)
     if text.startswith(REGISTRY_PREFIX):
-        return _load_bundle(_registry_bundle(text), variant)
-    path = Path(text).expanduser()
-    if path.is_dir() and (path / "manifest.json").is_file():
-        return _load_bundle(path, variant)
-    from core.catalog import ModelNotFoundError
-
-    try:
-        encoder = Encoder.from_pretrained(text, device=device)
-    except ModelNotFoundError as exc:
-        raise ModelSpecError(
-            f"{exc}\nBundles are accepted too: a folder holding manifest.json, or registry:NAME[@VERSION]."
-        ) from exc
-    name = text if path.name == "" or not path.exists() else path.name
-    return TorchModel(encoder, name=name)
+        return _load_bundle(_registry_bundle(text, registry_dir), variant, threads)
+    return _load_bundle(Path(text).expanduser(), variant, threads)

@@ -21,7 +21,6 @@ from sklearn.exceptions import UndefinedMetricWarning
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from core.settings import get_settings
 from evaluation.adapter import EmbeddingMemo, MtebEncoder
 from evaluation.models import EmbeddingModel, load_model
 from evaluation.tasks import DEFAULT_TASKS, OfflineTask, resolve_task
@@ -89,8 +88,9 @@ def score_task(memo: EmbeddingMemo, task: OfflineTask, *, layer: int | None = No
     }
 
 
-def result_cache_dir(model: EmbeddingModel) -> Path:
-    return get_settings().cache_dir / "evaluation" / model.hash[:24]
+def result_cache_dir(model: EmbeddingModel, cache: Path) -> Path:
+    """Where ``model``'s results are kept under the cache root ``cache``."""
+    return Path(cache) / "evaluation" / model.hash[:24]
 
 
 def read_cached_result(path: Path) -> dict[str, Any] | None:
@@ -114,7 +114,7 @@ def run_suite(
     *,
     fast: bool = False,
     progress: bool = True,
-    cache: bool = True,
+    cache: Path | None = None,
     batch_size: int = 32,
     memo: EmbeddingMemo | None = None,
 ) -> dict[str, Any]:
@@ -126,7 +126,8 @@ def run_suite(
         tasks: task names, classes or instances (default: every task in `evaluation.tasks.TASKS`).
         fast: a few documents per task (smoke runs and tests; not comparable to full scores).
         progress: tqdm bars for tasks and batches.
-        cache: reuse / store results keyed by the model's content hash and the task's data.
+        cache: a cache root (the CLI passes ``EMBED_CACHE_DIR``): reuse / store results there, keyed by the
+            model's content hash and the task's data; None = always score afresh.
         memo: share embeddings with another call (e.g. layer-wise curves after the suite).
 
     Returns:
@@ -154,8 +155,8 @@ def run_suite(
             log.warning("skipping %s: %s", name, reason)
             report["skipped"][name] = reason
             continue
-        path = result_cache_dir(emb_model) / f"{task.cache_key}.json"
-        entry = read_cached_result(path) if cache else None
+        path = result_cache_dir(emb_model, cache) / f"{task.cache_key}.json" if cache else None
+        entry = read_cached_result(path) if path else None
         if entry is None:
             entry = score_task(memo, task)
             if cache:

@@ -11,7 +11,6 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from core.settings import get_settings
 from evaluation import data
 from evaluation.adapter import EmbeddingMemo
 from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
@@ -33,7 +32,7 @@ def layer_curves(
     *,
     memo: EmbeddingMemo | None = None,
     fast: bool = False,
-    cache: bool = True,
+    cache: Path | None = None,
     progress: bool = True,
 ) -> dict[str, list[float]]:
     """``{task: [points per layer]}`` (layer 0 = embeddings), cached by model hash; empty for bundles."""
@@ -45,8 +44,8 @@ def layer_curves(
     for task in (resolve_task(t, fast=fast) for t in tasks):
         if task.unavailable_reason() is not None:
             continue
-        path = result_cache_dir(model) / f"layers-{task.cache_key}.json"
-        cached = read_cached_result(path) if cache else None
+        path = result_cache_dir(model, cache) / f"layers-{task.cache_key}.json" if cache else None
+        cached = read_cached_result(path) if path else None
         if cached is None:
             layers = range(int(model.num_layers or 0) + 1)
             bar = tqdm(layers, desc=f"layers {task.metadata.name}", disable=not progress, leave=False)
@@ -93,7 +92,7 @@ def evaluate_model(
     layer_tasks: Sequence[Any] = DEFAULT_LAYER_TASKS,
     speed: bool = True,
     diagnostics: bool = True,
-    cache: bool = True,
+    cache: Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """`run_suite` plus ``layers`` (torch models), ``diagnostics`` and ``speed`` for one model."""
@@ -102,8 +101,9 @@ def evaluate_model(
     report = run_suite(emb, tasks, fast=fast, progress=progress, cache=cache, memo=memo)
     report["layers"] = layer_curves(emb, layer_tasks, memo=memo, fast=fast, cache=cache, progress=progress)
     if diagnostics:
-        path = result_cache_dir(emb) / f"diagnostics-r{DIAGNOSTICS_REVISION}-{'fast' if fast else 'full'}.json"
-        cached = read_cached_result(path) if cache else None
+        name = f"diagnostics-r{DIAGNOSTICS_REVISION}-{'fast' if fast else 'full'}.json"
+        path = result_cache_dir(emb, cache) / name if cache else None
+        cached = read_cached_result(path) if path else None
         if cached is None:
             cached = compute_diagnostics(memo, fast=fast)
             if cache:
@@ -114,12 +114,14 @@ def evaluate_model(
     return report
 
 
-def default_out_dir(model: EmbeddingModel) -> Path:
+def default_out_dir(model: EmbeddingModel, cache_dir: Path | None) -> Path:
     """Next to the bundle for a bundle; else ``<cache_dir>/reports/<name>-<hash>``."""
     if isinstance(model, OnnxModel):
         return model.path
+    if cache_dir is None:
+        raise ValueError(f"no report folder for {model.name}: give one, or a cache root")
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", model.name).strip("-") or "model"
-    return get_settings().cache_dir / "reports" / f"{safe}-{model.hash[:12]}"
+    return Path(cache_dir) / "reports" / f"{safe}-{model.hash[:12]}"
 
 
 def validate(
@@ -134,7 +136,7 @@ def validate(
     speed: bool = True,
     diagnostics: bool = True,
     out_dir: str | Path | None = None,
-    cache: bool = True,
+    cache: Path | None = None,
     progress: bool = True,
     command: str = "",
 ) -> tuple[dict[str, Any], GateResult | None, dict[str, Path]]:
@@ -171,5 +173,7 @@ def validate(
         report["baseline"] = evaluate_model(load_model(baseline), **kwargs)
         result = check(report["candidate"], report["baseline"], max_drop=max_drop, min_speedup=min_speedup)
         report["gate"] = result.as_dict()
-    written = write_report(report, Path(out_dir) if out_dir is not None else default_out_dir(candidate))
+    if out_dir is None and cache is None and not isinstance(candidate, OnnxModel):
+        raise ValueError("a checkpoint's report needs out_dir, or a cache root to put it under")
+    written = write_report(report, Path(out_dir) if out_dir is not None else default_out_dir(candidate, cache))
     return report, result, written

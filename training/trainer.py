@@ -175,10 +175,10 @@ class CropPairValidation:
     def evaluate(self, encoder: Encoder) -> dict[str, float]:
         from evaluation.adapter import EmbeddingMemo
         from evaluation.diagnostics import alignment, effective_rank, uniformity
-        from evaluation.models import load_model
         from evaluation.suite import score_task
+        from training.torch_model import TorchModel
 
-        memo = EmbeddingMemo(load_model(encoder), progress=False)
+        memo = EmbeddingMemo(TorchModel(encoder), progress=False)
         result = score_task(memo, self.task)
         details = result["details"]
         pairs = self.task.crop_pairs()
@@ -196,8 +196,9 @@ class CropPairValidation:
     def layer_scores(self, encoder: Encoder) -> list[float]:
         """The score of every layer's pooled output (index 0 = embeddings): TMFT's layer-wise probe."""
         from evaluation.diagnostics import layerwise_scores
+        from training.torch_model import TorchModel
 
-        return [float(s) for s in layerwise_scores(encoder, self.task, progress=False)]
+        return [float(s) for s in layerwise_scores(TorchModel(encoder), self.task, progress=False)]
 
 
 class ScoredPairValidation:

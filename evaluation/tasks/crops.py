@@ -18,6 +18,7 @@ from datasets import Dataset
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
+from core.text import choose_crop_rule, crop_yield
 from evaluation import data
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
@@ -100,7 +101,7 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
 
     def crop_pairs(self) -> list[tuple[str, str]]:
         """(query crop, corpus crop) per usable document, in document order; stats in ``crop_stats``."""
-        from core.text import choose_crop_rule, crop_yield
+
 
         documents = self._documents()
         limit = FAST_DOCUMENTS if self.fast else self.max_documents

@@ -11,9 +11,9 @@ import pytest
 
 from core import registry
 from core.runtime import OnnxBundle
+from embedder import models_cli as catalog_cli
 from embedder.cli import main as embedder_main
 from export import api
-from training import catalog_cli
 
 REPO = Path(__file__).resolve().parents[2]
 

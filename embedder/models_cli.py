@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from core.catalog import BUILTIN_MODELS, ChecksumError, ModelNotFoundError, prepare, resolve_model
+from core.settings import get_settings
 
 
 def main(argv: list[str]) -> int:
@@ -22,7 +23,7 @@ def main(argv: list[str]) -> int:
     p_path = sub.add_parser("path", help="print the local folder of a model name or path")
     p_path.add_argument("name")
     args = parser.parse_args(argv)
-
+    settings = get_settings()
     try:
         if args.action == "list":
             for model in BUILTIN_MODELS.values():
@@ -33,14 +34,13 @@ def main(argv: list[str]) -> int:
         elif args.action == "prepare":
             names = args.names or [m.name for m in BUILTIN_MODELS.values() if m.installed()]
             for name in names:
-                print(f"{name}: {prepare(name)}")
+                print(f"{name}: {prepare(name, settings.cache_dir)}")
             if "minilm-l6" in names and not args.no_default_bundle:
-                from core.settings import get_settings
-                from export.api import ensure_default_bundle
+                from export.api import ensure_default_bundle  # imports torch: only when a bundle is made
 
-                print(f"default bundle: {ensure_default_bundle(get_settings().registry_dir)}")
+                print(f"default bundle: {ensure_default_bundle(settings.registry_dir)}")
         else:
-            print(resolve_model(args.name))
+            print(resolve_model(args.name, settings.cache_dir))
     except (ModelNotFoundError, ChecksumError) as err:
         print(f"embedder models: {err}", file=sys.stderr)
         return 1

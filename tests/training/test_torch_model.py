@@ -1,4 +1,5 @@
-"""load_model over every kind of spec: built-in name / checkpoint (torch), bundle folder, registry."""
+"""load_any over every kind of spec: built-in name / checkpoint (torch), bundle folder, registry; evaluation's
+own load_model takes bundles only."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluation.models import ModelSpecError, OnnxModel, TorchModel, load_model
+from evaluation.models import ModelSpecError, OnnxModel, load_model
+from training.torch_model import TorchModel, load_any
 
 
 def test_checkpoint_loads_as_torch_model_with_layers(tiny_bert_path: Path, varied_texts: list[str]) -> None:
-    model = load_model(str(tiny_bert_path))
+    model = load_any(str(tiny_bert_path))
     assert isinstance(model, TorchModel)
     emb = model.encode(varied_texts)
     assert emb.shape == (len(varied_texts), 32)
@@ -24,7 +26,7 @@ def test_checkpoint_loads_as_torch_model_with_layers(tiny_bert_path: Path, varie
 def test_hash_is_content_based(tiny_bert_path: Path) -> None:
     import torch
 
-    first, second = load_model(str(tiny_bert_path)), load_model(str(tiny_bert_path))
+    first, second = load_any(str(tiny_bert_path)), load_any(str(tiny_bert_path))
     assert first.hash == second.hash and len(first.hash) == 64
     with torch.no_grad():
         second.encoder.backbone.embeddings.word_embeddings.weight[0, 0] += 1.0
@@ -33,23 +35,24 @@ def test_hash_is_content_based(tiny_bert_path: Path) -> None:
 
 
 def test_bundle_folder_and_registry_specs(
-    tiny_registry: Path, tiny_bert_path: Path, varied_texts: list[str], monkeypatch: pytest.MonkeyPatch
+    tiny_registry: Path, tiny_bert_path: Path, varied_texts: list[str]
 ) -> None:
     folder = tiny_registry / "tiny" / "1"
-    bundle = load_model(str(folder))
+    bundle = load_any(str(folder))
     assert isinstance(bundle, OnnxModel)
     assert bundle.name == "tiny@1" and not bundle.supports_layers
-    torch_emb = load_model(str(tiny_bert_path)).encode(varied_texts)
+    torch_emb = load_any(str(tiny_bert_path)).encode(varied_texts)
     np.testing.assert_allclose(bundle.encode(varied_texts), torch_emb, atol=1e-3)
-    monkeypatch.setenv("EMBED_REGISTRY_DIR", str(tiny_registry))
-    assert load_model("registry:tiny").hash == bundle.hash
-    assert load_model("registry:tiny@1").path == folder
+    assert load_any("registry:tiny", registry_dir=tiny_registry).hash == bundle.hash
+    assert load_model("registry:tiny@1", registry_dir=tiny_registry).path == folder
     with pytest.raises(TypeError, match="layer-wise embeddings need the torch checkpoint"):
         bundle.encode_layers(["x"])
     with pytest.raises(ModelSpecError, match="registry:NAME@VERSION"):
-        load_model("registry:tiny@7")
+        load_model("registry:tiny@7", registry_dir=tiny_registry)
 
 
 def test_unknown_spec_explains_what_is_accepted(tmp_path: Path) -> None:
     with pytest.raises(ModelSpecError, match=r"Bundles are accepted too: a folder holding manifest.json"):
-        load_model(str(tmp_path / "nowhere"))
+        load_any(str(tmp_path / "nowhere"))
+    with pytest.raises(ModelSpecError, match=r"not an exported bundle .* load checkpoints and built-in models with"):
+        load_model("minilm-l6")  # evaluation never loads torch checkpoints itself

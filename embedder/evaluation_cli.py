@@ -12,6 +12,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from core.settings import Settings, get_settings
+
 MODEL_HELP = (
     "built-in name (minilm-l6, minilm-l3, mpnet-base), a Hugging Face folder or training checkpoint, "
     "a bundle folder (with manifest.json) or registry:NAME[@VERSION]"
@@ -25,21 +27,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _setup_torch(device: str | None) -> str:
+def _setup_torch(device: str | None, settings: Settings) -> str:
     import torch
 
-    from core.settings import get_settings
-
-    settings = get_settings()
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     return device or settings.device
 
 
-def _load(spec: str, device: str):  # type: ignore[no-untyped-def]
-    from evaluation.models import load_model
+def _load(spec: str, device: str, settings: Settings):  # type: ignore[no-untyped-def]
+    """A checkpoint, built-in name or bundle → an evaluation model (the thin adapter the card puts here)."""
+    from training.torch_model import load_any
 
-    return load_model(spec, device=device)
+    return load_any(spec, device=device, registry_dir=settings.registry_dir, threads=settings.num_threads)
 
 
 def validate_main(argv: list[str]) -> int:
@@ -85,7 +85,8 @@ def validate_main(argv: list[str]) -> int:
         parser.error("--min-speedup compares throughput with a baseline: pass --baseline too")
     if args.min_speedup is not None and args.no_speed:
         parser.error("--min-speedup needs the speed measurement: drop --no-speed")
-    device = _setup_torch(args.device)
+    settings = get_settings()
+    device = _setup_torch(args.device, settings)
     from evaluation.models import ModelSpecError
     from evaluation.tasks import resolve_task
     from evaluation.validate import DEFAULT_LAYER_TASKS, validate
@@ -93,8 +94,8 @@ def validate_main(argv: list[str]) -> int:
     try:
         for name in (args.tasks or []) + (args.layer_tasks or []):
             resolve_task(name, fast=True)
-        model = _load(args.model, device)
-        baseline = _load(args.baseline, device) if args.baseline else None
+        model = _load(args.model, device, settings)
+        baseline = _load(args.baseline, device, settings) if args.baseline else None
     except (ModelSpecError, ValueError) as exc:
         print(f"embedder validate: {exc}", file=sys.stderr)
         return 2
@@ -109,7 +110,7 @@ def validate_main(argv: list[str]) -> int:
         speed=not args.no_speed,
         diagnostics=not args.no_diagnostics,
         out_dir=args.out,
-        cache=not args.no_cache,
+        cache=None if args.no_cache else settings.cache_dir,
         progress=not args.quiet,
         command="embedder validate " + shlex.join(argv),
     )
@@ -141,7 +142,8 @@ def layers_main(argv: list[str]) -> int:
     parser.add_argument("--no-cache", action="store_true", help="recompute instead of reusing cached results")
     _common(parser)
     args = parser.parse_args(argv)
-    device = _setup_torch(args.device)
+    settings = get_settings()
+    device = _setup_torch(args.device, settings)
     from evaluation.models import ModelSpecError
     from evaluation.report import plot_layers
     from evaluation.tasks import resolve_task
@@ -150,7 +152,8 @@ def layers_main(argv: list[str]) -> int:
     try:
         for name in args.tasks:
             resolve_task(name, fast=True)
-        models = [_load(args.model, device)] + ([_load(args.baseline, device)] if args.baseline else [])
+        specs = [args.model] + ([args.baseline] if args.baseline else [])
+        models = [_load(spec, device, settings) for spec in specs]
         for m in models:
             if not m.supports_layers:
                 raise ValueError(f"{m.name} is an exported bundle: layer-wise scores need the torch checkpoint")
@@ -158,7 +161,9 @@ def layers_main(argv: list[str]) -> int:
         print(f"embedder layers: {exc}", file=sys.stderr)
         return 2
     curves = {
-        m.name: layer_curves(m, args.tasks, fast=args.fast, cache=not args.no_cache, progress=not args.quiet)
+        m.name: layer_curves(
+            m, args.tasks, fast=args.fast, cache=None if args.no_cache else settings.cache_dir, progress=not args.quiet
+        )
         for m in models
     }
     for label, per_task in curves.items():
@@ -167,7 +172,7 @@ def layers_main(argv: list[str]) -> int:
             print(f"{label} {task} (best layer {best})")
             for layer, y in enumerate(ys):
                 print(f"  layer {layer:>2}  {y:7.2f}" + ("  <- best" if layer == best else ""))
-    out = args.out or default_out_dir(models[0])
+    out = args.out or default_out_dir(models[0], settings.cache_dir)
     out.mkdir(parents=True, exist_ok=True)
     plot_layers(curves, out / "layers.png", title="Layer-wise quality" + (" (fast mode)" if args.fast else ""))
     (out / "layers.json").write_text(json.dumps({"fast": args.fast, "curves": curves}, indent=1) + "\n")
@@ -188,14 +193,15 @@ def bench_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.calls < 1:
         parser.error("--calls must be at least 1")
-    device = _setup_torch(args.device)
+    settings = get_settings()
+    device = _setup_torch(args.device, settings)
     from evaluation.models import ModelSpecError
     from evaluation.speed import measure_speed
 
     results = {}
     for spec in args.models:
         try:
-            model = _load(spec, device)
+            model = _load(spec, device, settings)
         except ModelSpecError as exc:
             print(f"embedder bench: {exc}", file=sys.stderr)
             return 2

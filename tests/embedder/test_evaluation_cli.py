@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from embedder.cli import main as embedder_main
-from evaluation.cli import bench_main, layers_main, validate_main
+from embedder.evaluation_cli import bench_main, layers_main, validate_main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
