@@ -1,18 +1,13 @@
 """Per-step diagnostics of a batch of embeddings: the signals that expose collapse.
 
-Small pure functions on ``(B, D)`` tensors; all return plain floats except :func:`eigenvalues` and
-:func:`eigenvalue_entropy`, which stay differentiable for the rank-reduction regulariser.
+Effective rank (``papers/002`` §2.2.1, Eq. 2), alignment and uniformity (Wang & Isola, 2020) are reported with
+`evaluation.diagnostics`' numpy definitions — the same numbers the validation and the evaluation reports print —
+on the batch detached from the graph. What stays here in torch:
 
-* **Effective rank** — ``papers/002`` §2.2.1, Eq. 2: ``erank(H) = exp(−Σ_j λ_j log λ_j)`` with λ_j the
-  eigenvalues of ``ZᵀZ/N``, Z the L2-normalised rows of H (so ``tr(ZᵀZ/N) = 1`` and λ is a
-  distribution). Ranges from 1 (every row on one line) to ``min(N, D)``.
-* **Alignment and uniformity** — Wang & Isola (2020), which ``papers/002`` §3.1 builds on:
-  ``align = E_i ‖z_i − z'_i‖²`` (lower = positives closer) and
-  ``uniform = log E_{i≠j} exp(−2 ‖z_i − z_j‖²)`` (lower = spread more evenly on the sphere). Paper 002
-  plots the temperature-scaled DCL split (Eqs. 3–5) instead; we report the temperature-free original
-  so values compare across objectives with different τ.
-* **Per-dimension std** of the L2-normalised embeddings (SimSiam's collapse signal): about
-  ``1/√D`` for well-spread embeddings, → 0 under complete collapse.
+* :func:`eigenvalues` and :func:`eigenvalue_entropy` — the spectrum of ``ZᵀZ/N`` *with gradients*: the
+  rank-reduction regulariser (``papers/002`` Eq. 6) differentiates through it, which a numpy copy cannot do.
+* **Per-dimension std** of the L2-normalised embeddings (SimSiam's collapse signal): about ``1/√D`` for
+  well-spread embeddings, → 0 under complete collapse.
 * **Contrastive accuracy** — how often an anchor's most similar candidate is its own positive.
 """
 
@@ -21,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from evaluation.diagnostics import alignment, effective_rank, uniformity
 
 
 def _check_batch(z: Tensor, name: str = "embeddings") -> None:
@@ -50,32 +47,10 @@ def eigenvalue_entropy(z: Tensor, eps: float = 1e-12) -> Tensor:
 
 
 @torch.no_grad()
-def effective_rank(z: Tensor) -> float:
-    """``exp(−Σ λ log λ)`` (paper 002 Eq. 2): 1 for collapsed, ``min(N, D)`` for isotropic embeddings."""
-    return float(torch.exp(eigenvalue_entropy(z.detach())))
-
-
-@torch.no_grad()
 def per_dimension_std(z: Tensor) -> float:
     """Mean over dimensions of the batch std of the L2-normalised embeddings (≈ 1/√D healthy, 0 collapsed)."""
     _check_batch(z)
     return float(F.normalize(z.detach().float(), dim=-1).std(dim=0).mean())
-
-
-@torch.no_grad()
-def alignment(view1: Tensor, view2: Tensor) -> float:
-    """Wang & Isola (2020) alignment ``E_i ‖z_i − z'_i‖²`` on L2-normalised pairs (0 = identical)."""
-    a = F.normalize(view1.detach().float(), dim=-1)
-    p = F.normalize(view2.detach().float(), dim=-1)
-    return float((a - p).pow(2).sum(-1).mean())
-
-
-@torch.no_grad()
-def uniformity(z: Tensor, t: float = 2.0) -> float:
-    """Wang & Isola (2020) uniformity ``log E_{i≠j} exp(−t ‖z_i − z_j‖²)`` (t = 2); lower = more uniform."""
-    _check_batch(z)
-    zn = F.normalize(z.detach().float(), dim=-1)
-    return float(torch.pdist(zn).pow(2).mul(-t).exp().mean().log())
 
 
 @torch.no_grad()
@@ -90,9 +65,11 @@ def embedding_metrics(view1: Tensor, view2: Tensor) -> dict[str, float]:
     """The collapse diagnostics every objective adds to its step metrics (on the trainer's embeddings)."""
     _check_batch(view1, "view1")
     both = torch.cat([view1, view2]).detach()  # (2B, D)
+    vectors = both.float().cpu().numpy()
+    b = view1.shape[0]
     return {
         "std": per_dimension_std(both),
-        "effective_rank": effective_rank(both),
-        "alignment": alignment(view1, view2),
-        "uniformity": uniformity(both),
+        "effective_rank": effective_rank(vectors),
+        "alignment": alignment(vectors[:b], vectors[b:]),
+        "uniformity": uniformity(vectors),
     }

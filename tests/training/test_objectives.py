@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from training import metrics
 from training.objectives import OBJECTIVES
 from training.objectives.barlow_twins import BarlowTwins
+from training.objectives.cosent import CoSENT
 from training.objectives.infonce import InfoNCE
 from training.objectives.mse_distillation import MSEDistillation
 from training.objectives.rank_reduction import RankReduction
@@ -37,22 +38,27 @@ def seeded(*shape: int, seed: int = 0) -> torch.Tensor:
 # --- metrics -------------------------------------------------------------------------------------
 
 
-def test_effective_rank_known_answers() -> None:
-    assert metrics.effective_rank(torch.eye(8)) == pytest.approx(8.0, rel=1e-5)
-    assert metrics.effective_rank(torch.ones(8, 5)) == pytest.approx(1.0, abs=1e-4)
+def test_eigenvalue_spectrum_known_answers() -> None:
+    # the differentiable spectrum rank reduction uses: exp(entropy) is the effective rank
+    assert math.exp(metrics.eigenvalue_entropy(torch.eye(8)).item()) == pytest.approx(8.0, rel=1e-5)
+    assert math.exp(metrics.eigenvalue_entropy(torch.ones(8, 5)).item()) == pytest.approx(1.0, abs=1e-4)
     # two orthogonal directions, 3 rows on one and 1 on the other: λ = (3/4, 1/4)
     z = torch.tensor([[1.0, 0], [2, 0], [5, 0], [0, 3]])
     entropy = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
-    assert metrics.effective_rank(z) == pytest.approx(math.exp(entropy), rel=1e-5)
+    assert metrics.eigenvalue_entropy(z).item() == pytest.approx(entropy, rel=1e-5)
     assert metrics.eigenvalues(seeded(6, 10)).sum().item() == pytest.approx(1.0, rel=1e-5)
 
 
-def test_alignment_uniformity_std_and_accuracy() -> None:
+def test_embedding_metrics_std_and_accuracy_known_answers() -> None:
     z = seeded(16, 8)
-    assert metrics.alignment(z, 3 * z) == pytest.approx(0.0, abs=1e-6)
-    assert metrics.alignment(torch.eye(2), -torch.eye(2)) == pytest.approx(4.0)
-    # two antipodal points: ‖z_i − z_j‖² = 4 → log exp(−8) = −8
-    assert metrics.uniformity(torch.tensor([[1.0, 0], [-1.0, 0]])) == pytest.approx(-8.0)
+    same = metrics.embedding_metrics(z, 3 * z)
+    assert same["alignment"] == pytest.approx(0.0, abs=1e-6)
+    assert same["effective_rank"] == pytest.approx(math.exp(metrics.eigenvalue_entropy(z).item()), rel=1e-4)
+    opposite = metrics.embedding_metrics(torch.eye(2), -torch.eye(2))
+    assert opposite["alignment"] == pytest.approx(4.0)
+    assert opposite["effective_rank"] == pytest.approx(2.0, rel=1e-5)
+    # ±e1, ±e2: each point has two neighbours at ‖z_i − z_j‖² = 2 and one at 4
+    assert opposite["uniformity"] == pytest.approx(math.log((2 * math.exp(-4) + math.exp(-8)) / 3))
     assert metrics.per_dimension_std(torch.ones(4, 3)) == pytest.approx(0.0)
     assert metrics.contrastive_accuracy(torch.tensor([[2.0, 1], [3, 0]])) == 0.5
     with pytest.raises(ValueError, match=r"must be a \(B, D\) tensor with B >= 2"):
@@ -140,9 +146,9 @@ def descend(
 @pytest.mark.parametrize(("gamma", "direction"), [(1.0, -1), (-1.0, 1)])
 def test_rank_reduction_gradient_lowers_rank_for_positive_gamma(gamma: float, direction: int) -> None:
     z = seeded(12, 6, seed=5).requires_grad_(True)
-    before = metrics.effective_rank(z)
+    before = metrics.embedding_metrics(z, z)["effective_rank"]
     descend([z], lambda: RankReduction(gamma=gamma)(z), steps=8, lr=1.0)
-    assert direction * (metrics.effective_rank(z) - before) > 0.3
+    assert direction * (metrics.embedding_metrics(z, z)["effective_rank"] - before) > 0.3
 
 
 def test_rank_reduction_bad_gamma() -> None:
@@ -154,7 +160,42 @@ def test_registry_names() -> None:
     assert OBJECTIVES["infonce"] is InfoNCE and OBJECTIVES["simcse"] is InfoNCE
     assert OBJECTIVES["rank_reduction"] is RankReduction and OBJECTIVES["sct"] is SCT
     assert OBJECTIVES["barlow_twins"] is BarlowTwins and OBJECTIVES["vicreg"] is VICReg
-    assert OBJECTIVES["mse_distillation"] is MSEDistillation
+    assert OBJECTIVES["mse_distillation"] is MSEDistillation and OBJECTIVES["cosent"] is CoSENT
+
+
+# --- CoSENT (Su 2022; TMFT's supervised loss) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [20.0, 5.0])
+def test_cosent_known_answer_for_two_pairs(scale: float) -> None:
+    view1 = torch.tensor([[1.0, 0], [2.0, 0]])
+    view2 = torch.tensor([[3.0, 0], [0, 1.0]])  # cosines (1, 0)
+    loss, stats = CoSENT(scale=scale)(view1, view2, scores=torch.tensor([5.0, 1.0]))  # ordered like the cosines
+    assert loss.item() == pytest.approx(math.log(1 + math.exp(-scale)), rel=1e-5, abs=1e-6)
+    assert stats["ordered_accuracy"] == 1.0 and stats["cosine"] == pytest.approx(0.5)
+    loss, stats = CoSENT(scale=scale)(view1, view2, scores=torch.tensor([1.0, 5.0]))  # the wrong order
+    assert loss.item() == pytest.approx(math.log(1 + math.exp(scale)), rel=1e-5)
+    assert stats["ordered_accuracy"] == 0.0
+
+
+def test_cosent_prefers_correctly_ordered_similarities() -> None:
+    a = F.normalize(seeded(4, 8), dim=-1)
+    scores = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    close, far = a + 0.01 * seeded(4, 8, seed=1), -a
+    mixed = torch.stack([close[0], close[1], far[2], far[3]])
+    reversed_ = torch.stack([far[0], far[1], close[2], close[3]])
+    assert CoSENT()(a, mixed, scores=scores)[0] < CoSENT()(a, reversed_, scores=scores)[0]
+    loss, stats = CoSENT()(a, a, scores=torch.zeros(4))  # no ordered pair: log(1) = 0
+    assert loss.item() == pytest.approx(0.0) and stats["ordered_accuracy"] == 1.0
+
+
+def test_cosent_bad_arguments_say_what_to_fix() -> None:
+    with pytest.raises(ValueError, match="scale must be a positive number"):
+        CoSENT(scale=0)
+    with pytest.raises(ValueError, match="CoSENT needs scores"):
+        CoSENT()(torch.ones(3, 4), torch.ones(3, 4))
+    with pytest.raises(ValueError, match=r"and \(B,\) scores"):
+        CoSENT()(torch.ones(3, 4), torch.ones(3, 4), scores=torch.ones(2))
 
 
 # --- plain MSE distillation (the baseline SCT is compared with) ------------------------------------
