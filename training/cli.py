@@ -7,7 +7,9 @@ import json
 import logging
 import sys
 
+from core.settings import get_settings
 from training.config import RECIPES_DIR, ConfigError, load_config
+from training.trainer import train
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,9 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from training.trainer import train
-
-    result = train(config)
+    settings = get_settings()  # a recipe's own device / num_threads still win
+    result = train(config, device=settings.device, threads=settings.num_threads)
     print(
         json.dumps(
             {

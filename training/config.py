@@ -90,8 +90,8 @@ class TrainConfig:
     warmup: float = 0.1  # fraction of the run (< 1) or a number of steps (≥ 1)
     grad_clip: float | None = 1.0
     seed: int = 0
-    num_threads: int | None = None  # torch intra-op threads; None: EMBED_NUM_THREADS or torch's default
-    device: str | None = None  # None: EMBED_DEVICE (default cpu)
+    num_threads: int | None = None  # torch intra-op threads; None: the caller's (CLI: EMBED_NUM_THREADS)
+    device: str | None = None  # None: the caller's (CLI: EMBED_DEVICE), else cpu
 
     # --- evaluation, logging, checkpoints -----------------------------------------------------
     eval_every: int = 0  # steps between validations (0: only at the end)

@@ -6,6 +6,7 @@
   (``papers/001`` §3.1) can use when its back-translation models are unavailable (they are offline).
 * **Dropout** (SimCSE) needs no function here: the same text goes through the encoder twice in
   train mode, so the trainer feeds one crop as both views.
+* `PairStream` (here) — the trainer's batches of two views, deterministic and resumable.
 
 Pure, seeded functions (every random choice goes through the ``random.Random`` the caller passes).
 """
@@ -13,7 +14,12 @@ Pure, seeded functions (every random choice goes through the ``random.Random`` t
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
+
+from core.text import CropRule
+from training.config import TrainConfig
+from training.data import ScoredPair
 
 # --- token-level augmentations -------------------------------------------------------------------
 
@@ -80,3 +86,89 @@ def augment_text(
     out = token_deletion(text, rng, deletion) if deletion else text
     out = token_masking(out, rng, masking, mask_token) if masking else out
     return span_shuffle(out, rng, shuffle) if shuffle else out
+
+
+# --- the trainer's stream of view pairs ----------------------------------------------------------
+
+
+class PairStream:
+    """A deterministic, resumable stream of batches of two views.
+
+    Epoch ``e`` draws, with a generator seeded by ``(seed, e)``, one view pair per usable document
+    (or per scored pair, in supervised mode) and shuffles them; batch ``i`` of epoch ``e`` is
+    therefore the same whether the run started at step 0 or resumed from a checkpoint.
+
+    ``crop``: two distinct crops of a document. ``dropout``: one crop twice (the encoder's dropout makes the
+    views). ``tokens``: one crop, token-augmented twice. ``crop+tokens``: two crops, each token-augmented.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        documents: Sequence[str],
+        rule: CropRule,
+        mask_token: str,
+        scored_pairs: Sequence[ScoredPair] | None = None,
+    ) -> None:
+        self.config = config
+        self.documents = list(documents)
+        self.rule = rule
+        self.mask_token = mask_token
+        self.scored_pairs = list(scored_pairs) if scored_pairs is not None else None
+        self._cache: dict[int, list[tuple[str, str, float]]] = {}
+        first = self.epoch_examples(0)
+        if len(first) < config.batch_size:
+            raise ValueError(
+                f"only {len(first)} training examples per epoch (from {len(self.documents)} documents; "
+                f"{self.skipped} skipped for having fewer than two crops under the rule {rule.describe()!r}), "
+                f"fewer than batch_size={config.batch_size}: use a larger corpus, a smaller batch_size or "
+                "crop_rule = 'auto'"
+            )
+        self.batches_per_epoch = len(first) // config.batch_size
+
+    def _rng(self, *key: int) -> random.Random:
+        return random.Random(hash((self.config.seed, *key)) & 0xFFFFFFFF)
+
+    def epoch_examples(self, epoch: int) -> list[tuple[str, str, float]]:
+        """``(view1, view2, score)`` for every example of ``epoch``, shuffled (score 0 when unsupervised)."""
+        if epoch in self._cache:
+            return self._cache[epoch]
+        rng = self._rng(epoch)
+        examples: list[tuple[str, str, float]] = []
+        self.skipped = 0
+        if self.scored_pairs is not None:
+            examples = [(p.text1, p.text2, p.score) for p in self.scored_pairs]
+        elif self.config.views in ("dropout", "tokens"):  # one crop, two views made from it
+            for doc in self.documents:
+                chunks = self.rule.chunks(doc)
+                if chunks:
+                    text = rng.choice(chunks)
+                    examples.append((text, text, 0.0))
+                else:
+                    self.skipped += 1
+        else:
+            for doc in self.documents:
+                pair = self.rule.sample_pair(doc, rng)
+                if pair is None:
+                    self.skipped += 1
+                else:
+                    examples.append((pair[0], pair[1], 0.0))
+        rng.shuffle(examples)
+        self._cache = {epoch: examples}
+        return examples
+
+    def batches(self, epoch: int, index: int) -> Iterator[tuple[int, int, list[str], list[str], list[float]]]:
+        """Yield ``(epoch, index, view1, view2, scores)`` from batch ``index`` of ``epoch`` onwards, forever."""
+        b = self.config.batch_size
+        while True:
+            examples = self.epoch_examples(epoch)
+            for i in range(index, len(examples) // b):
+                chunk = examples[i * b : (i + 1) * b]
+                first, second, scores = [c[0] for c in chunk], [c[1] for c in chunk], [c[2] for c in chunk]
+                if self.config.views in ("tokens", "crop+tokens"):
+                    rng = self._rng(epoch, i, 1)
+                    params = dict(self.config.view_params)
+                    first = [augment_text(t, rng, mask_token=self.mask_token, **params) for t in first]
+                    second = [augment_text(t, rng, mask_token=self.mask_token, **params) for t in second]
+                yield epoch, i, first, second, scores
+            epoch, index = epoch + 1, 0

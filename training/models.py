@@ -1,0 +1,184 @@
+"""What a run trains: the student (and its frozen reference), the objective, the optimiser's parameter groups,
+and how a trained model is written out.
+
+`build_models` turns a recipe into encoders: the base model or a student made from it (a layer subset or a
+freshly initialised small BERT), truncated (at a fixed layer or at the best layer of TMFT's probe) and with its
+lower layers frozen; objectives that need a second encoder also get a frozen reference (a teacher, or a frozen
+copy of the starting model).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.config import TrainConfig
+from training.encoder import Encoder
+from training.objectives import OBJECTIVES
+from training.objectives.cosent import CoSENT
+from training.objectives.rank_reduction import RankReduction
+from training.students import layer_subset_student, tiny_bert_student
+from training.validation import Validation
+
+log = logging.getLogger(__name__)
+
+# objectives that need a frozen second encoder (a teacher, or a frozen copy of the initial model)
+TEACHER_OBJECTIVES = ("sct", "mse_distillation")
+
+
+def resolve_device(name: str) -> torch.device:
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available: set device = 'cpu'")
+    return device
+
+
+def _freeze(module: nn.Module) -> nn.Module:
+    module.eval()
+    for param in module.parameters():
+        param.requires_grad_(False)
+    return module
+
+
+def needs_reference(config: TrainConfig) -> bool:
+    """Whether the objective that runs reads a frozen second encoder (scored pairs run CoSENT, which does not)."""
+    return config.objective in TEACHER_OBJECTIVES and not config.pairs
+
+
+@dataclass
+class Models:
+    """The encoders of a run and what the trainer reports about them."""
+
+    student: Encoder
+    reference: Encoder | None  # SCT's frozen teacher / frozen copy; None for other objectives
+    distillation: bool  # the reference is a teacher (a different, usually larger model), not a frozen copy
+    layers: int
+    probe: list[float] | None
+    # what the saved model truncates inputs to: the source model's own limit, not the (shorter) training length
+    saved_max_seq_length: int
+
+
+def build_models(config: TrainConfig, device: torch.device, validation: Validation | None) -> Models:
+    """The trained encoder and, for SCT and MSE distillation, the frozen reference encoder (teacher or initial
+    copy). ``validation`` is needed only by ``truncate = 'probe'``, which scores every layer on it."""
+    base = Encoder.from_pretrained(config.model, pooling=config.pooling, device=device)
+    saved_max_seq_length = base.max_seq_length
+    if config.max_seq_length is not None:  # training texts are cut shorter; students copy this from base
+        base.max_seq_length = min(config.max_seq_length, saved_max_seq_length)
+    if config.student == "layer_subset":
+        student = layer_subset_student(base, config.student_layers)
+    elif config.student == "tiny_bert":
+        student = tiny_bert_student(
+            base,
+            num_layers=config.student_num_layers,
+            hidden_size=config.student_hidden_size,
+            num_heads=config.student_num_heads,
+            seed=config.seed,
+        )
+    else:
+        student = base.clone() if needs_reference(config) else base
+    probe = None
+    if config.truncate == "probe":
+        if validation is None:
+            raise ValueError("truncate = 'probe' picks the best layer on validation data: set validation")
+        probe = validation.layer_scores(student)
+        candidates = probe[1 : (config.probe_max_layers or len(probe)) + 1]
+        best = 1 + int(np.argmax(candidates))
+        log.info("layer-wise probe %s → truncating at layer %d", [round(s, 4) for s in probe], best)
+        student.truncate(best)
+    elif isinstance(config.truncate, int):
+        student.truncate(config.truncate)
+    student.freeze(config.train_last_layers)
+    reference = None
+    distillation = False
+    if needs_reference(config):
+        if config.teacher is not None:
+            reference = Encoder.from_pretrained(config.teacher, max_seq_length=config.max_seq_length, device=device)
+        else:
+            # distillation from the full model when the student is smaller, else SCT's self-supervised mode
+            reference = base if student is not base else base.clone()
+        distillation = config.teacher is not None or config.student is not None or config.truncate is not None
+        _freeze(reference)
+    return Models(
+        student=student,
+        reference=reference,
+        distillation=distillation,
+        layers=student.num_layers,
+        probe=probe,
+        saved_max_seq_length=saved_max_seq_length,
+    )
+
+
+def build_objective(
+    config: TrainConfig, student_dim: int, reference_dim: int | None, distillation: bool = False
+) -> nn.Module:
+    """The objective named by the config, with the dimensions it needs passed when it asks for them.
+
+    Scored pairs (``config.pairs``) always train with CoSENT at its default scale: ``objective`` and
+    ``objective_params`` then describe the recipe's unsupervised fall-back, not this run."""
+    if config.pairs:
+        return CoSENT()
+    name = "infonce" if config.objective == "simcse" else config.objective
+    cls = OBJECTIVES[name]
+    params = dict(config.objective_params)
+    accepted = inspect.signature(cls).parameters
+    sizes = {
+        "dim": student_dim,
+        "input_dim": student_dim,
+        "student_dim": student_dim,
+        "reference_dim": reference_dim or student_dim,
+        "teacher_dim": reference_dim or student_dim,
+    }
+    if "distillation" in accepted:
+        sizes["distillation"] = distillation
+    for key, value in sizes.items():
+        if key in accepted and key not in params:
+            params[key] = value
+    unknown = sorted(set(params) - set(accepted))
+    if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        raise ValueError(
+            f"objective_params {unknown} are not parameters of {cls.__name__}; it takes {sorted(accepted)}"
+        )
+    return cls(**params)
+
+
+def build_rank_reduction(gamma: float) -> RankReduction | None:
+    """Paper 002's rank-reduction term added to the objective, or None when ``rank_reduction = 0``."""
+    return None if gamma == 0 else RankReduction(gamma=gamma)
+
+
+def parameter_groups(modules: Sequence[nn.Module], weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: weight decay on matrices only (not on biases and LayerNorm gains)."""
+    decay, no_decay = [], []
+    seen: set[int] = set()
+    for module in modules:
+        for param in module.parameters():
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    if not decay and not no_decay:
+        raise ValueError("nothing to train: every parameter is frozen (check train_last_layers)")
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def save_model(encoder: Encoder, folder: Path, max_seq_length: int) -> None:
+    """Write the model next to its final place, then swap it in: a reader never sees half a folder.
+
+    The folder records ``max_seq_length`` (the source model's limit) rather than the training length, so that
+    the shipped model does not silently cut long inputs to the length its training crops were cut to.
+    """
+    staging = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    encoder.save(staging, max_seq_length=max_seq_length)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)

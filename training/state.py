@@ -1,0 +1,159 @@
+"""The run's state: where a training run is, what it has found, and how to save and restore it.
+
+`TrainState` is everything that changes from step to step apart from the tensors (model, objective, optimiser):
+the position in the data, the best validation so far, the logs, and the clock. `save` writes it with those
+tensors and every RNG to ``DIR/checkpoint/state.pt`` (staged, then swapped in); `restore` reads it back, so a
+resumed run continues bit-for-bit where the interrupted one stopped.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from torch import nn
+
+STATE_FILE = "state.pt"
+
+T = TypeVar("T")
+
+
+@dataclass
+class TrainState:
+    """Position, best score and logs of a run; ``elapsed()`` counts every session of it, resumed ones included."""
+
+    step: int = 0  # optimiser steps taken
+    epoch: int = 0  # epoch of the next batch
+    index: int = 0  # index of the next batch within its epoch
+    best_score: float | None = None
+    best_step: int | None = None
+    bad_evaluations: int = 0  # validations in a row without improvement (early stopping's patience counter)
+    history: list[dict[str, Any]] = field(default_factory=list)  # logged training steps
+    evaluations: list[dict[str, Any]] = field(default_factory=list)  # validations
+    elapsed_before: float = 0.0  # seconds spent by earlier sessions of this run
+    session_start: float = field(default_factory=time.perf_counter)
+
+    def start_clock(self) -> None:
+        """Start this session's clock (after loading: setting up is not training time)."""
+        self.session_start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.session_start
+
+    def fraction_done(self, total_steps: int | None, time_budget_s: float | None) -> float:
+        """How far the run is, in [0, 1] when it has an end: whichever of steps and time budget is further."""
+        fractions = [0.0]
+        if total_steps:
+            fractions.append(self.step / total_steps)
+        if time_budget_s:
+            fractions.append(self.elapsed() / time_budget_s)
+        return max(fractions)
+
+    def record_validation(self, score: float) -> bool:
+        """Count a validation score; True when it is the best so far (the caller then saves the model)."""
+        improved = self.best_score is None or score > self.best_score
+        if improved:
+            self.best_score, self.best_step, self.bad_evaluations = score, self.step, 0
+        else:
+            self.bad_evaluations += 1
+        return improved
+
+    def save(
+        self,
+        folder: Path,
+        *,
+        model: nn.Module,
+        objective: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        layers: int,
+        device: torch.device,
+    ) -> None:
+        """Write ``folder/state.pt`` with the tensors and every torch RNG; a reader never sees half a folder."""
+        staging = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        state = {
+            "model": model.state_dict(),
+            "objective": objective.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "index": self.index,
+            "layers": layers,
+            "elapsed": self.elapsed(),
+            "best_score": self.best_score,
+            "best_step": self.best_step,
+            "bad_evaluations": self.bad_evaluations,
+            "history": self.history,
+            "evaluations": self.evaluations,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        }
+        torch.save(state, staging / STATE_FILE)
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+
+    @classmethod
+    def restore(
+        cls,
+        folder: Path,
+        *,
+        model: nn.Module,
+        objective: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        layers: int,
+        device: torch.device,
+    ) -> TrainState:
+        """Load ``folder/state.pt`` into the tensors and the torch RNGs and return the run's state."""
+        state = torch.load(folder / STATE_FILE, map_location=device, weights_only=False)
+        if state["layers"] != layers:
+            raise ValueError(
+                f"checkpoint in {folder} has {state['layers']} layers but this config builds {layers}: "
+                "resume with the config that wrote it"
+            )
+        model.load_state_dict(state["model"])
+        if state["objective"] is not None:  # None: written when CoSENT was not yet a module (it has no state)
+            objective.load_state_dict(state["objective"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        return cls(
+            step=state["step"],
+            epoch=state["epoch"],
+            index=state["index"],
+            best_score=state["best_score"],
+            best_step=state["best_step"],
+            bad_evaluations=state["bad_evaluations"],
+            history=state["history"],
+            evaluations=state["evaluations"],
+            elapsed_before=state["elapsed"],
+        )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def without_rng_side_effects(device: torch.device, fn: Callable[..., T], *args: Any) -> T:
+    """Call ``fn`` and restore every RNG afterwards: validation (mteb seeds its own generators) must not change
+    the training run, or a resumed run would differ from an uninterrupted one."""
+    torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    try:
+        return fn(*args)
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, device)
