@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import evaluation.data
 from core.settings import get_settings
 
 MIN_PARAGRAPH_CHARS = 200
@@ -41,24 +42,18 @@ def _site_file(package: str, *parts: str) -> Path:
 
 def aclsum_body_paragraphs() -> list[str]:
     """Body paragraphs of the ACLSum papers (abstracts and summaries are evaluation data: excluded)."""
-    from evaluation.data import aclsum_body_paragraphs as paragraphs  # the evaluation package owns the split
-
-    return list(paragraphs())
+    return list(evaluation.data.aclsum_body_paragraphs())  # the evaluation package owns the split
 
 
 def bbc_train_texts() -> list[str]:
     """BBC News train split, as defined by the evaluation package (its test split is evaluated)."""
-    from evaluation.data import bbc_split
-
-    texts, _labels = bbc_split("train")
+    texts, _labels = evaluation.data.bbc_split("train")
     return list(texts)
 
 
 def lee_background() -> list[str]:
     """gensim's 300 Lee background documents (disjoint from the 50 scored ``lee.cor`` documents)."""
-    from evaluation.data import lee_background as documents
-
-    return list(documents())
+    return list(evaluation.data.lee_background())
 
 
 def enwiki_paragraphs() -> list[str]:
