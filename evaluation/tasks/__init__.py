@@ -8,6 +8,11 @@
 | `BBCNewsKNN` | BBC, same split | kNN accuracy (k = 10, cosine) |
 | `ACLSumRetrieval` | 750 ACLSum summaries → 250 abstracts | nDCG@10 |
 | `CropPairRetrieval` | any corpus (default: Lee background news) | nDCG@10 |
+| `BibleParaphraseRetrieval` | 1,205 Open English Bible verses → the same verses in the 1901 ASV | nDCG@10 |
+| `PyDocSummaryRetrieval` | 340 stdlib docstring summary lines → the rest of their docstrings | nDCG@10 |
+| `PyDocModuleClustering` | 710 stdlib docstring summary lines, 23 modules | V-measure |
+
+Every task class names the corpus its texts come from in ``source_corpus`` (`evaluation.data.CORPUS_*`).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from typing import Any
 from evaluation.tasks.aclsum import ACLSumRetrieval
 from evaluation.tasks.base import OfflineTask
 from evaluation.tasks.bbc import BBCNewsClassification, BBCNewsClustering, BBCNewsKNN
+from evaluation.tasks.bible import BibleParaphraseRetrieval
 from evaluation.tasks.crops import CropPairRetrieval
 from evaluation.tasks.lee import LeeDocSTS
+from evaluation.tasks.pydoc import PyDocModuleClustering, PyDocSummaryRetrieval
 
 TASKS: dict[str, type[OfflineTask]] = {
     "LeeDocSTS": LeeDocSTS,
@@ -27,6 +34,9 @@ TASKS: dict[str, type[OfflineTask]] = {
     "BBCNewsKNN": BBCNewsKNN,
     "ACLSumRetrieval": ACLSumRetrieval,
     "CropPairRetrieval-LeeBackground": CropPairRetrieval,
+    "BibleParaphraseRetrieval": BibleParaphraseRetrieval,
+    "PyDocSummaryRetrieval": PyDocSummaryRetrieval,
+    "PyDocModuleClustering": PyDocModuleClustering,
 }
 DEFAULT_TASKS = tuple(TASKS)
 
@@ -52,8 +62,11 @@ __all__ = [
     "BBCNewsClassification",
     "BBCNewsClustering",
     "BBCNewsKNN",
+    "BibleParaphraseRetrieval",
     "CropPairRetrieval",
     "LeeDocSTS",
     "OfflineTask",
+    "PyDocModuleClustering",
+    "PyDocSummaryRetrieval",
     "resolve_task",
 ]

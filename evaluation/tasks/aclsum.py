@@ -30,6 +30,7 @@ class ACLSumRetrieval(OfflineTask, AbsTaskRetrieval):
         "ACLSum: 750 human-written aspect summaries retrieve their paper's abstract among 250.",
         "https://aclanthology.org/2024.naacl-long.371/",
     )
+    source_corpus = data.CORPUS_ACLSUM
 
     def check_data(self) -> None:
         data.aclsum_papers()

@@ -43,6 +43,7 @@ def bbc_task_split(fast: bool, seed: int = 0) -> tuple[list[int], list[int]]:
 
 class _BBCData(OfflineTask):
     revision = "3"  # 2: duplicates dropped, UTF-8 decoding; 3: sampling reseeded per evaluation
+    source_corpus = data.CORPUS_BBC
 
     def check_data(self) -> None:
         data.bbc_articles()

@@ -39,6 +39,7 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
         "ndcg_at_10",
         "Self-supervised: a crop of each document retrieves another crop of the same document.",
     )
+    source_corpus = data.CORPUS_LEE_BACKGROUND  # a task built from a corpus names it after the task
 
     def __init__(
         self,
@@ -51,6 +52,8 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
         **kwargs: Any,
     ) -> None:
         self._texts = None if texts is None else [t for t in texts if t and t.strip()]
+        if texts is not None:
+            self.source_corpus = name or "CropPairRetrieval"
         self.crop_seed = seed
         self.max_documents = max_documents
         if name is not None:
