@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from service.api.routes import SERVICE_VERSION, router
 from service.api.serving import EmbeddingService
@@ -139,6 +140,20 @@ class GuardMiddleware:
         await _error_response(ErrorKind.payload_too_large, message)(scope, receive, send)
 
 
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(app: FastAPI, scope: Scope) -> str:
+    """The ``Allow`` header of a 405: every method some route serves on the path (Starlette's own header names
+    only the first route that matched, so ``DELETE /adapt`` would list POST but not GET)."""
+    allowed = [
+        method
+        for method in _HTTP_METHODS
+        if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in app.router.routes)
+    ]
+    return ", ".join(allowed)
+
+
 def _validation_message(err: RequestValidationError) -> str:
     parts = []
     for error in err.errors()[:3]:
@@ -166,7 +181,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not embedding_service.auth_enabled:
+        if not embedding_service.keys.client_auth_enabled:
             log.warning(
                 "no API keys configured (EMBED_API_KEYS): the embedding routes are open to anyone who can reach "
                 "%s:%s", settings.host, settings.port,
@@ -195,25 +210,34 @@ def create_app(
         from service.adapt.api_router import build_adapt_router
         from service.adapt.config import AdaptConfig
 
-        app.include_router(build_adapt_router(AdaptConfig.from_settings(settings)))
+        app.include_router(build_adapt_router(AdaptConfig.from_settings(settings), embedding_service.keys))
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, err: ServiceError) -> Response:
         return _error_response(err.kind, err.message, err.headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, err: RequestValidationError) -> Response:
+    def _invalid_request(request: Request, message: str) -> Response:
         if request.url.path in EMBEDDING_ROUTES:
             embedding_service.count_failure(request.url.path, NO_MODEL, ErrorKind.invalid_request)
-        return _error_response(ErrorKind.invalid_request, _validation_message(err))
+        return _error_response(ErrorKind.invalid_request, message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> Response:
+        return _invalid_request(request, _validation_message(err))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
+        if err.status_code == 400:
+            # The framework's own 400 is a body it could not decode (bytes that are not UTF-8, a broken multipart
+            # form): malformed like broken JSON, which is a 422 (`invalid_request`), so both get the same answer.
+            message = f"invalid request: {err.detail}; send UTF-8 JSON (or a well-formed multipart upload to /adapt)"
+            return _invalid_request(request, message)
         if err.status_code == 404:
             return _error_response(ErrorKind.not_found, f"no route {request.method} {request.url.path}; see /docs")
         if err.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}"
-            return _error_response(ErrorKind.method_not_allowed, message)
+            allowed = _allowed_methods(app, request.scope)
+            message = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+            return _error_response(ErrorKind.method_not_allowed, message, {"Allow": allowed})
         body = {"error": {"message": str(err.detail), "type": "invalid_request_error", "code": "http_error"}}
         return Response(orjson.dumps(body), status_code=err.status_code, media_type="application/json",
                         headers=err.headers)  # fmt: skip

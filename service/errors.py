@@ -23,6 +23,7 @@ class ErrorKind(Enum):
     payload_too_large = (413, "invalid_request_error", "payload_too_large")
     overloaded = (429, "overloaded_error", "queue_full")
     unauthorized = (401, "authentication_error", "invalid_api_key")
+    forbidden = (403, "permission_error", "forbidden")
     model_not_ready = (503, "unavailable_error", "model_not_ready")
     shutting_down = (503, "unavailable_error", "shutting_down")
     internal = (500, "server_error", "internal_error")

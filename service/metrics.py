@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.errors import ErrorKind
 
-EMBEDDING_ROUTES = ("/v1/embeddings", "/embed", "/similarity")
+EMBEDDING_ROUTES = ("/v1/embeddings", "/embed", "/", "/similarity")  # "/" is TEI's root alias of /embed
 NO_MODEL = "-"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

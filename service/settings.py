@@ -155,8 +155,15 @@ class ServiceSettings(BaseSettings):
     )
     admin_api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
-        description="Bearer tokens for administrative routes (/adapt). Empty = the api_keys apply. Keep them "
-        "separate so clients that may embed cannot start training jobs.",
+        description="Bearer tokens for administrative routes (/adapt); they also work on the embedding routes. "
+        "Empty = /adapt answers 403 to client keys (unless adapt_allow_client_keys), and is open only when no "
+        "api_keys are set either.",
+    )
+    adapt_allow_client_keys: bool = Field(
+        default=False,
+        description="Let every api_keys key start and read /adapt jobs when no admin_api_keys are set. Saves "
+        "managing a second key on a single-tenant server, but any client that may embed can then start training "
+        "jobs that take CPU from /embed and publish models. Off: /adapt answers 403 to client keys.",
     )
 
     # --- operations ------------------------------------------------------------------------------
@@ -293,6 +300,5 @@ class ServiceSettings(BaseSettings):
         return [key.get_secret_value() for key in self.api_keys]
 
     def admin_key_values(self) -> list[str]:
-        """Keys for admin routes; falls back to the client keys when none are set."""
-        keys = self.admin_api_keys or self.api_keys
-        return [key.get_secret_value() for key in keys]
+        """Keys for admin routes (no fallback to the client keys: see ``adapt_allow_client_keys``)."""
+        return [key.get_secret_value() for key in self.admin_api_keys]

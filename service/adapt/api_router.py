@@ -1,6 +1,6 @@
 """HTTP routes of /adapt: thin handlers over the SQLite job store; no training in this process.
 
-``build_adapt_router(config)`` returns an ``APIRouter`` whose lifespan opens the store and, in the
+``build_adapt_router(config, keys)`` returns an ``APIRouter`` whose lifespan opens the store and, in the
 default single-machine mode, starts the supervised worker processes; the service includes it with
 ``app.include_router(...)`` (FastAPI merges the router's lifespan into the app's).
 
@@ -16,7 +16,6 @@ default single-machine mode, starts the supervised worker processes; the service
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import shutil
@@ -36,6 +35,9 @@ from service.adapt.corpus import CorpusError, CorpusTooLargeError, check_corpus,
 from service.adapt.schemas import AdaptJob, AdaptJobList, AdaptRequest
 from service.adapt.store import TERMINAL_STATES, JobStore, JobStoreError, QueueFullError, new_job_id
 from service.adapt.supervisor import WorkerSupervisor
+from service.api.protocol import ErrorResponse
+from service.auth import ApiKeys
+from service.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,12 @@ class AdaptHTTPError(Exception):
         self.status, self.message, self.type, self.code = status, message, type_, code
         self.headers = headers
         self.extra = extra
+
+    @classmethod
+    def from_service_error(cls, err: ServiceError) -> AdaptHTTPError:
+        """The same status, type and code as the service's error table gives ``err``."""
+        kind = err.kind
+        return cls(kind.status, err.message, type_=kind.type, code=kind.code, headers=err.headers or None)
 
     def response(self) -> JSONResponse:
         body: dict[str, Any] = {"message": self.message, "type": self.type, "code": self.code}
@@ -91,8 +99,9 @@ def _invalid(message: str, code: str = "invalid_request", **extra: Any) -> Adapt
 class AdaptAPI:
     """State shared by the routes: the config, the job store and (single-machine mode) the supervisor."""
 
-    def __init__(self, config: AdaptConfig) -> None:
+    def __init__(self, config: AdaptConfig, keys: ApiKeys) -> None:
         self.config = config
+        self.keys = keys
         self.store: JobStore | None = None
         self.supervisor: WorkerSupervisor | None = None
 
@@ -117,21 +126,10 @@ class AdaptAPI:
 
     # ------------------------------------------------------------------ checks
     def authorize(self, request: Request) -> None:
-        keys = self.config.admin_api_keys
-        if not keys:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = token.strip().encode()
-        # compare against every key (constant time each) so timing does not reveal which one matched
-        matched = [hmac.compare_digest(given, key.encode()) for key in keys]
-        if scheme.lower() != "bearer" or not any(matched):
-            raise AdaptHTTPError(
-                401,
-                "/adapt needs an admin API key: send 'Authorization: Bearer <admin key>'",
-                type_="authentication_error",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        try:
+            self.keys.check_admin(request.headers.get("authorization"))
+        except ServiceError as err:
+            raise AdaptHTTPError.from_service_error(err) from err
 
     def check_name(self, name: str) -> None:
         try:
@@ -260,9 +258,30 @@ def _sse(event_id: int | None, event: str, data: dict[str, Any]) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
-def build_adapt_router(config: AdaptConfig) -> APIRouter:
-    """The /adapt routes with a lifespan that opens the job store and supervises the workers."""
-    api = AdaptAPI(config)
+_ERROR_DESCRIPTIONS = {
+    401: "admin API key missing or wrong",
+    403: "a client API key: /adapt needs an admin key (or adapt_allow_client_keys)",
+    404: "unknown job, or unknown base_model",
+    409: "name belongs to a model that /adapt did not make",
+    413: "body or upload over adapt_max_upload_bytes",
+    422: "invalid body, name, query or corpus",
+    429: "adapt_max_pending_jobs jobs queued; retry after Retry-After seconds",
+    503: "/adapt disabled, or the job store not open yet",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries of a route's error answers: its own ``statuses`` plus those every route can give."""
+    return {
+        status: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]}
+        for status in sorted({401, 403, 503, *statuses})
+    }
+
+
+def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
+    """The /adapt routes with a lifespan that opens the job store and supervises the workers. ``keys`` are the
+    service's (`ApiKeys.check_admin` guards every route)."""
+    api = AdaptAPI(config, keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -278,7 +297,7 @@ def build_adapt_router(config: AdaptConfig) -> APIRouter:
 
     router = APIRouter(lifespan=lifespan, tags=["adapt"])
 
-    @router.post("/adapt", status_code=202, response_model=AdaptJob)
+    @router.post("/adapt", status_code=202, response_model=AdaptJob, responses=_errors(404, 409, 413, 422, 429))
     async def submit(request: Request) -> Response:
         try:
             api.authorize(request)
@@ -300,7 +319,7 @@ def build_adapt_router(config: AdaptConfig) -> APIRouter:
             return _invalid(str(err), code=err.code, **({"details": err.details} if err.details else {})).response()
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"), status_code=202)
 
-    @router.get("/adapt", response_model=AdaptJobList)
+    @router.get("/adapt", response_model=AdaptJobList, responses=_errors(422))
     async def list_jobs(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> Response:
         try:
             api.authorize(request)
@@ -310,7 +329,7 @@ def build_adapt_router(config: AdaptConfig) -> APIRouter:
         body = AdaptJobList(data=[AdaptJob.from_job(j) for j in jobs[:limit]], has_more=len(jobs) > limit)
         return JSONResponse(body.model_dump(mode="json"))
 
-    @router.get("/adapt/{job_id}", response_model=AdaptJob)
+    @router.get("/adapt/{job_id}", response_model=AdaptJob, responses=_errors(404))
     async def get_job(request: Request, job_id: str) -> Response:
         try:
             api.authorize(request)
@@ -319,7 +338,7 @@ def build_adapt_router(config: AdaptConfig) -> APIRouter:
             return err.response()
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
 
-    @router.post("/adapt/{job_id}/cancel", response_model=AdaptJob)
+    @router.post("/adapt/{job_id}/cancel", response_model=AdaptJob, responses=_errors(404))
     async def cancel_job(request: Request, job_id: str) -> Response:
         try:
             api.authorize(request)
@@ -330,7 +349,11 @@ def build_adapt_router(config: AdaptConfig) -> APIRouter:
             return err.response()
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
 
-    @router.get("/adapt/{job_id}/events")
+    @router.get(
+        "/adapt/{job_id}/events",
+        response_class=StreamingResponse,
+        responses={200: {"description": "server-sent events", "content": {"text/event-stream": {}}}, **_errors(404)},
+    )
     async def job_events(request: Request, job_id: str) -> Response:
         try:
             api.authorize(request)

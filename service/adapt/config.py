@@ -29,7 +29,6 @@ class AdaptConfig:
     limits: CorpusLimits = field(default_factory=CorpusLimits)
     keep_uploads: bool = False
     base_models: dict[str, str] = field(default_factory=dict)  # extra name → HF folder allowed as base_model
-    admin_api_keys: tuple[str, ...] = ()  # empty = /adapt is open (no keys configured at all)
     # Job defaults (a request may override each): the speed-by-design recipe, see docs/ADAPT.md.
     default_max_steps: int = 60
     default_time_budget_s: float = 150.0
@@ -74,7 +73,6 @@ class AdaptConfig:
             ),
             keep_uploads=settings.adapt_keep_uploads,
             base_models=dict(settings.adapt_base_models),
-            admin_api_keys=tuple(settings.admin_key_values()),
             default_max_steps=settings.adapt_max_steps,
             default_time_budget_s=settings.adapt_time_budget_s,
             default_train_last_layers=settings.adapt_train_last_layers,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api.protocol import (
@@ -69,7 +69,7 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> R
     """Texts longer than the model's max_seq_length are truncated (OpenAI clients have no truncate flag)."""
     svc = _service(request)
     async with svc.track("/v1/embeddings") as track:
-        svc.check_api_key(request.headers.get("authorization"))
+        svc.keys.check_client(request.headers.get("authorization"))
         model = svc.resolve(track, body.model)
         texts = _as_list(body.input)
         svc.check_texts(texts, "input")
@@ -94,9 +94,22 @@ def _identity(row: np.ndarray) -> np.ndarray:
 
 @router.post("/embed", response_model=list[list[float]], responses=_ERRORS, summary="TEI embed", tags=["embeddings"])
 async def tei_embed(body: TEIEmbedRequest, request: Request) -> Response:
+    return await _tei_embed(body, request, "/embed")
+
+
+@router.post(
+    "/", response_model=list[list[float]], responses=_ERRORS, summary="TEI embed at the root", tags=["embeddings"]
+)
+async def tei_root(body: TEIEmbedRequest, request: Request) -> Response:
+    """What TEI answers on ``POST /`` for an embedding model: the same as ``/embed``. ``huggingface_hub``'s
+    ``InferenceClient(base_url=...).feature_extraction(...)`` posts here."""
+    return await _tei_embed(body, request, "/")
+
+
+async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Response:
     svc = _service(request)
-    async with svc.track("/embed") as track:
-        svc.check_api_key(request.headers.get("authorization"))
+    async with svc.track(route) as track:
+        svc.keys.check_client(request.headers.get("authorization"))
         model = svc.resolve(track, body.model)
         texts = _as_list(body.inputs)
         svc.check_texts(texts, "inputs")
@@ -115,7 +128,7 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Respon
     """Cosine similarity of each of ``sentences`` with ``source_sentence``."""
     svc = _service(request)
     async with svc.track("/similarity") as track:
-        svc.check_api_key(request.headers.get("authorization"))
+        svc.keys.check_client(request.headers.get("authorization"))
         model = svc.resolve(track, body.model)
         if not body.inputs.sentences:
             svc.check_texts([], "inputs.sentences")
@@ -145,14 +158,14 @@ def _card(model: ServedModel) -> ModelCard:
 @router.get("/v1/models", response_model=ModelList, responses=_ERRORS, tags=["models"])
 async def list_models(request: Request) -> ModelList:
     svc = _service(request)
-    svc.check_api_key(request.headers.get("authorization"))
+    svc.keys.check_client(request.headers.get("authorization"))
     return ModelList(data=[_card(model) for model in svc.models.models()])
 
 
 @router.get("/info", response_model=Info, responses=_ERRORS, tags=["models"])
 async def info(request: Request) -> Info:
     svc = _service(request)
-    svc.check_api_key(request.headers.get("authorization"))
+    svc.keys.check_client(request.headers.get("authorization"))
     s = svc.settings
     return Info(
         version=SERVICE_VERSION,
@@ -166,7 +179,7 @@ async def info(request: Request) -> Info:
             max_batch_size=s.max_batch_size,
             max_queue_size=s.max_queue_size,
         ),
-        auth=svc.auth_enabled,
+        auth=svc.keys.client_auth_enabled,
     )
 
 
@@ -190,7 +203,12 @@ async def ready(request: Request) -> Response:
     )  # fmt: skip
 
 
-@router.get("/metrics", tags=["operations"])
+@router.get(
+    "/metrics",
+    tags=["operations"],
+    response_class=PlainTextResponse,
+    responses={200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}}},
+)
 async def metrics(request: Request) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format (not JSON)."""
     return Response(generate_latest(_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.auth import ApiKeys
 from service.engine.models import ModelManager, ServedModel
 from service.errors import ErrorKind, ServiceError
 from service.metrics import NO_MODEL, ServiceMetrics
@@ -65,26 +65,7 @@ class EmbeddingService:
         self.settings = settings
         self.models = models
         self.metrics = metrics
-        self._keys = [key.encode() for key in settings.api_key_values()]
-
-    # ------------------------------------------------------------------------------------ auth
-    @property
-    def auth_enabled(self) -> bool:
-        return bool(self._keys)
-
-    def check_api_key(self, authorization: str | None) -> None:
-        """Constant-time comparison against every configured key (no early exit reveals which one is close)."""
-        if not self._keys:
-            return
-        scheme, _, token = (authorization or "").partition(" ")
-        given = token.strip().encode()
-        matches = [hmac.compare_digest(given, key) for key in self._keys]
-        if scheme.lower() != "bearer" or not any(matches):
-            raise ServiceError(
-                ErrorKind.unauthorized,
-                "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        self.keys = ApiKeys.from_settings(settings)
 
     # ------------------------------------------------------------------------------------ tracking
     @asynccontextmanager

@@ -15,9 +15,11 @@ from service.adapt.api_router import build_adapt_router
 from service.adapt.config import BUILTIN_MODEL_NAMES, AdaptConfig
 from service.adapt.corpus import CorpusLimits
 from service.adapt.store import RUNNING, SUCCEEDED, JobStore
+from service.auth import ApiKeys
 
 DOC = "Crops are cut from documents. Two sentences make one view. A third one helps."
 KEY = "admin-secret"
+ADMIN_KEYS = ApiKeys.of(["client-key"], ["other-key", KEY])
 
 
 def _config(tmp_path: Path, **overrides) -> AdaptConfig:
@@ -28,7 +30,6 @@ def _config(tmp_path: Path, **overrides) -> AdaptConfig:
         "max_pending_jobs": 2,
         "limits": CorpusLimits(min_documents=4, max_documents=50, max_document_chars=500, max_upload_bytes=20_000),
         "base_models": {"tiny": "/models/tiny"},
-        "admin_api_keys": ("other-key", KEY),
     }
     values.update(overrides)
     return AdaptConfig(**values)
@@ -37,7 +38,7 @@ def _config(tmp_path: Path, **overrides) -> AdaptConfig:
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
     app = FastAPI()
-    app.include_router(build_adapt_router(_config(tmp_path)))
+    app.include_router(build_adapt_router(_config(tmp_path), ADMIN_KEYS))
     with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
         yield c
 
@@ -108,18 +109,50 @@ def test_name_of_a_model_not_made_by_adapt_is_refused(client: TestClient, tmp_pa
     assert client.post("/adapt", json=_body(name="exported")).status_code == 202  # a new version is fine
 
 
+ROUTES = (
+    ("post", "/adapt"), ("get", "/adapt"), ("get", "/adapt/x"), ("post", "/adapt/x/cancel"), ("get", "/adapt/x/events"),
+)  # fmt: skip
+
+
 def test_auth_is_required_when_an_admin_key_is_set(client: TestClient) -> None:
     for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
-        for method, path in (("post", "/adapt"), ("get", "/adapt"), ("get", "/adapt/x"), ("post", "/adapt/x/cancel")):
+        for method, path in ROUTES:
             r = client.request(method, path, headers=headers, json=_body())
             assert r.status_code == 401, (method, path, headers)
             assert r.json()["error"]["type"] == "authentication_error"
+            assert r.headers["www-authenticate"] == "Bearer"
+    for method, path in ROUTES:  # a client key authenticates, but may not use /adapt
+        r = client.request(method, path, headers={"Authorization": "Bearer client-key"}, json=_body())
+        assert r.status_code == 403, (method, path)
+        assert r.json()["error"] == {
+            "message": "this API key may embed but not start or read /adapt jobs: use an admin key "
+            "(EMBED_ADMIN_API_KEYS)",
+            "type": "permission_error",
+            "code": "forbidden",
+        }
     assert client.get("/adapt").status_code == 200
+    assert client.get("/adapt", headers={"Authorization": "Bearer other-key"}).status_code == 200
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["default", "adapt_allow_client_keys"])
+def test_client_keys_use_adapt_only_when_allowed(tmp_path: Path, allow: bool) -> None:
+    """Only client keys set: /adapt refuses them (403) unless the operator opts into the fallback."""
+    app = FastAPI()
+    keys = ApiKeys.of(["client-key"], admin_falls_back_to_client=allow)
+    app.include_router(build_adapt_router(_config(tmp_path), keys))
+    with TestClient(app) as c:
+        assert c.post("/adapt", json=_body()).status_code == 401  # no key at all is still unauthenticated
+        r = c.post("/adapt", json=_body(), headers={"Authorization": "Bearer client-key"})
+        if allow:
+            assert r.status_code == 202, r.text
+        else:
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+            assert "the server has none set" in r.json()["error"]["message"]
 
 
 def test_no_key_configured_means_open(tmp_path: Path) -> None:
     app = FastAPI()
-    app.include_router(build_adapt_router(_config(tmp_path, admin_api_keys=())))
+    app.include_router(build_adapt_router(_config(tmp_path), ApiKeys()))
     with TestClient(app) as c:
         assert c.post("/adapt", json=_body()).status_code == 202
 
@@ -208,12 +241,10 @@ def test_config_comes_from_the_service_settings(tmp_path: Path, monkeypatch: pyt
     from service.settings import ServiceSettings
 
     monkeypatch.setenv("EMBED_ADAPT_BASE_MODELS", json.dumps({"tiny": "/models/tiny"}))
-    monkeypatch.setenv("EMBED_API_KEYS", "client-key")
     monkeypatch.setenv("EMBED_ADAPT_GENERAL_TASKS", "LeeDocSTS")
     settings = ServiceSettings(registry_dir=tmp_path / "reg", adapt_min_documents=5, adapt_max_steps=9, adapt_lr=1e-3)
     config = AdaptConfig.from_settings(settings)
     assert config.base_models == {"tiny": "/models/tiny"}
-    assert config.admin_api_keys == ("client-key",)  # no admin keys: the client keys guard /adapt
     assert config.limits.min_documents == 5 and config.default_max_steps == 9
     assert config.lr == 1e-3 and config.general_tasks == ("LeeDocSTS",)
     assert config.data_dir == tmp_path / "adapt-jobs" and config.db_path.name == "jobs.sqlite3"
@@ -221,7 +252,7 @@ def test_config_comes_from_the_service_settings(tmp_path: Path, monkeypatch: pyt
 
 def test_disabled_adapt_answers_503(tmp_path: Path) -> None:
     app = FastAPI()
-    app.include_router(build_adapt_router(_config(tmp_path, enabled=False, supervise_worker=True)))
+    app.include_router(build_adapt_router(_config(tmp_path, enabled=False, supervise_worker=True), ADMIN_KEYS))
     with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
         r = c.post("/adapt", json=_body())
         assert r.status_code == 503 and "disabled" in r.json()["error"]["message"]

@@ -81,8 +81,19 @@ def test_models_info_health_ready_and_docs(client):
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/ready").json() == {"status": "ready", "models": ["fake-a", "fake-b"]}
     paths = client.get("/openapi.json").json()["paths"]
-    assert {"/v1/embeddings", "/embed", "/similarity", "/v1/models", "/info", "/metrics"} <= set(paths)
+    assert {"/v1/embeddings", "/embed", "/", "/similarity", "/v1/models", "/info", "/metrics"} <= set(paths)
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]  # Prometheus, not JSON
+    assert client.get("/metrics").headers["content-type"].startswith("text/plain")
     assert client.get("/docs").status_code == 200
+
+
+def test_post_root_is_tei_embed(client):
+    """TEI answers ``POST /`` for an embedding model (huggingface_hub's InferenceClient posts there)."""
+    body = {"inputs": ["a b", "c"], "truncate": True, "normalize": True}
+    root = client.post("/", json=body)
+    assert root.status_code == 200 and root.json() == client.post("/embed", json=body).json()
+    _error(client.post("/", json={"inputs": []}), 422, "invalid_request", "inputs is empty")
+    _error(client.get("/"), 405, "method_not_allowed", "allowed: POST")
 
 
 def _error(response, status: int, code: str, message_part: str) -> dict:
@@ -140,7 +151,13 @@ def test_error_table_rows(make_app):
         padded = client.post("/embed", json={"inputs": "a", "pad": "y" * 3000})
         _error(padded, 413, "payload_too_large", "max_body_bytes=2048")
         _error(client.get("/nowhere"), 404, "not_found", "no route GET /nowhere")
-        _error(client.get("/v1/embeddings"), 405, "method_not_allowed", "GET is not allowed")
+        not_allowed = _error(client.get("/v1/embeddings"), 405, "method_not_allowed", "GET is not allowed")
+        assert client.get("/v1/embeddings").headers["allow"] == "POST" and "allowed: POST" in not_allowed["message"]
+        # Bytes that are not UTF-8 cannot be decoded as JSON at all: the same 422 as broken JSON, not a bare 400.
+        _error(
+            client.post("/embed", content=b'{"inputs": "\xff\xfe"}', headers={"content-type": "application/json"}),
+            422, "invalid_request", "send UTF-8 JSON",
+        )  # fmt: skip
 
 
 def test_chunked_body_over_the_limit_is_413(make_app):
@@ -209,6 +226,45 @@ def test_api_keys(make_app, caplog):
         assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200
         assert client.get("/metrics").status_code == 200
     assert "key-one" not in caplog.text and "key-two" not in caplog.text
+
+
+def test_405_allows_every_method_of_the_path(make_app, tmp_path):
+    app = make_app(include_adapt=True, adapt_supervise_worker=False, adapt_dir=tmp_path / "adapt")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.delete("/adapt")  # two routes share the path: GET lists jobs, POST submits one
+        _error(response, 405, "method_not_allowed", "DELETE is not allowed on /adapt; allowed: GET, POST")
+        assert response.headers["allow"] == "GET, POST"
+
+
+def test_an_admin_key_works_on_the_client_routes_and_a_client_key_not_on_adapt(make_app, tmp_path):
+    app = make_app(
+        include_adapt=True, api_keys="client-key", admin_api_keys="admin-key", adapt_supervise_worker=False,
+        adapt_dir=tmp_path / "adapt",
+    )  # fmt: skip
+    admin, client_key = ({"Authorization": f"Bearer {key}"} for key in ("admin-key", "client-key"))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.post("/v1/embeddings", json={"input": "a"}, headers=admin).status_code == 200
+        assert client.post("/embed", json={"inputs": "a"}, headers=admin).status_code == 200
+        assert client.post("/", json={"inputs": "a"}, headers=admin).status_code == 200
+        assert client.get("/v1/models", headers=admin).status_code == 200
+        assert client.get("/info", headers=admin).json()["auth"] is True
+        assert client.get("/adapt", headers=admin).status_code == 200
+        _error(client.get("/adapt", headers=client_key), 403, "forbidden", "use an admin key")
+        _error(client.get("/adapt"), 401, "invalid_api_key", "admin API key")
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_without_admin_keys_adapt_refuses_client_keys_unless_allowed(make_app, tmp_path, allow):
+    app = make_app(
+        include_adapt=True, api_keys="client-key", adapt_allow_client_keys=allow, adapt_supervise_worker=False,
+        adapt_dir=tmp_path / "adapt",
+    )  # fmt: skip
+    with TestClient(app, raise_server_exceptions=False) as client:
+        listed = client.get("/adapt", headers={"Authorization": "Bearer client-key"})
+        if allow:
+            assert listed.status_code == 200 and listed.json()["object"] == "list"
+        else:
+            _error(listed, 403, "forbidden", "the server has none set")
 
 
 def test_open_server_warns_at_start(make_app, caplog):

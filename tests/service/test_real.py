@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -57,6 +58,39 @@ def test_openai_client_float_and_base64_equal_the_bundle(tiny_registry, referenc
             client.embeddings.create(model="other", input="x")
         with pytest.raises(openai.UnprocessableEntityError, match="input is empty"):
             client.embeddings.create(model="tiny", input=[])
+
+
+@pytest.fixture
+def hub_http() -> Iterator[None]:
+    """huggingface_hub refuses every request under HF_HUB_OFFLINE=1 (CI sets it), even to loopback: give it a plain
+    session for the test, then restore the offline guard."""
+    import requests
+    from huggingface_hub import configure_http_backend
+
+    configure_http_backend(backend_factory=requests.Session)
+    yield
+    configure_http_backend()
+
+
+def test_huggingface_hub_inference_client_posts_to_the_root(tiny_registry, reference, serve, varied_texts, hub_http):
+    """TEI's own client: ``InferenceClient(base_url=...).feature_extraction`` posts ``{"inputs", "truncate"?, ...}``
+    to ``POST /`` and reads back ``[[float]]``."""
+    from huggingface_hub import InferenceClient
+    from huggingface_hub.errors import HfHubHTTPError
+
+    app = create_app(_settings(tiny_registry), include_adapt=False)
+    long_text = "word " * 400
+    with serve(app) as (url, _):
+        client = InferenceClient(base_url=url, timeout=60)
+        vector = client.feature_extraction(varied_texts[0])
+        assert vector.shape == (1, 32) and vector.dtype == np.float32
+        np.testing.assert_allclose(vector[0], reference.encode(varied_texts[:1])[0], atol=1e-5)
+        cut = client.feature_extraction(long_text, truncate=True, normalize=True)
+        np.testing.assert_allclose(cut[0], reference.encode([long_text])[0], atol=1e-5)
+        with pytest.raises(HfHubHTTPError) as refused:  # TEI's default: no truncation, an over-long text is a 422
+            client.feature_extraction(long_text)
+        assert refused.value.response.status_code == 422
+        assert "more than model 'tiny' accepts" in refused.value.response.json()["error"]["message"]
 
 
 def test_tei_shapes_truncation_and_prometheus(tiny_registry, reference, serve, varied_texts):

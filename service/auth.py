@@ -1,0 +1,107 @@
+"""The one bearer check of the service: client keys for the embedding routes, admin keys for /adapt.
+
+| keys configured | embedding routes, /v1/models, /info | /adapt |
+|---|---|---|
+| none | open | open |
+| client keys only | client keys | 403 for client keys (401 without one) unless ``adapt_allow_client_keys`` |
+| admin keys only | open | admin keys |
+| both | client or admin keys | admin keys (403 for client keys) |
+
+An admin key works wherever a client key does, so an operator needs one key, not two. Every key is compared
+in constant time and all of them are compared each time, so timing reveals neither which key nor which kind
+came close.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from service.errors import ErrorKind, ServiceError
+from service.settings import ServiceSettings
+
+
+class Role(Enum):
+    client = "client"
+    admin = "admin"
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    """The bearer tokens a server accepts, by role. Built once per app (`from_settings`) and shared by the
+    embedding routes and the /adapt router."""
+
+    client: tuple[bytes, ...] = field(default=(), repr=False)
+    admin: tuple[bytes, ...] = field(default=(), repr=False)
+    admin_falls_back_to_client: bool = False  # adapt_allow_client_keys: client keys may use /adapt
+
+    @classmethod
+    def from_settings(cls, settings: ServiceSettings) -> ApiKeys:
+        return cls.of(
+            settings.api_key_values(),
+            settings.admin_key_values(),
+            admin_falls_back_to_client=settings.adapt_allow_client_keys,
+        )
+
+    @classmethod
+    def of(
+        cls, client: Sequence[str], admin: Sequence[str] = (), *, admin_falls_back_to_client: bool = False
+    ) -> ApiKeys:
+        """Keys from their plain values (settings, tests)."""
+        return cls(
+            client=tuple(key.encode() for key in client),
+            admin=tuple(key.encode() for key in admin),
+            admin_falls_back_to_client=admin_falls_back_to_client,
+        )
+
+    @property
+    def client_auth_enabled(self) -> bool:
+        """Whether the embedding routes need a key (only client keys turn it on: admin keys alone keep them open)."""
+        return bool(self.client)
+
+    @property
+    def admin_auth_enabled(self) -> bool:
+        return bool(self.client or self.admin)
+
+    def role(self, authorization: str | None) -> Role | None:
+        """The role of the key in an ``Authorization: Bearer <key>`` header, or None (missing, other scheme,
+        unknown key). Compares against every key, without an early exit."""
+        scheme, _, token = (authorization or "").partition(" ")
+        given = token.strip().encode()
+        admin = [hmac.compare_digest(given, key) for key in self.admin]
+        client = [hmac.compare_digest(given, key) for key in self.client]
+        if scheme.lower() != "bearer" or not given:
+            return None
+        if any(admin):
+            return Role.admin
+        return Role.client if any(client) else None
+
+    def check_client(self, authorization: str | None) -> None:
+        """Embedding routes, /v1/models, /info: a client or an admin key (nothing when no client key is set)."""
+        if self.client_auth_enabled and self.role(authorization) is None:
+            raise ServiceError(
+                ErrorKind.unauthorized,
+                "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def check_admin(self, authorization: str | None) -> None:
+        """/adapt: an admin key; a client key only with ``adapt_allow_client_keys`` (open when no key is set)."""
+        if not self.admin_auth_enabled:
+            return
+        role = self.role(authorization)
+        if role is Role.admin or (role is Role.client and self.admin_falls_back_to_client):
+            return
+        if role is Role.client:
+            raise ServiceError(
+                ErrorKind.forbidden,
+                "this API key may embed but not start or read /adapt jobs: use an admin key (EMBED_ADMIN_API_KEYS)"
+                + ("" if self.admin else "; the server has none set"),
+            )
+        raise ServiceError(
+            ErrorKind.unauthorized,
+            "/adapt needs an admin API key: send 'Authorization: Bearer <admin key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
