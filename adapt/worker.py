@@ -20,92 +20,16 @@ import shutil
 import signal
 import socket
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from adapt.pipeline import JobCancelled, JobFailed, WorkerOptions, run_job
-from service.adapt.store import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Job, JobStore, JobStoreError
+from adapt.context import JobCancelled, JobContext, JobFailed
+from adapt.pipeline import WorkerOptions, run_job
+from adapt.store import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Job, JobStore, JobStoreError
+from core.settings import get_settings
 
 log = logging.getLogger("adapt.worker")
-
-PROGRESS_EVERY_S = 0.5
-CANCEL_CHECK_EVERY_S = 0.5
-
-
-class JobContext:
-    """What the pipeline sees of the worker: progress reporting, stop checks, state changes."""
-
-    def __init__(self, store: JobStore, job: Job, stop: threading.Event) -> None:
-        self.store = store
-        self.job = job
-        self._stop = stop
-        self._started = time.monotonic()
-        self._cpu_started = time.process_time()
-        self._last_progress = 0.0
-        self._last_cancel_check = 0.0
-        self._cancelled = False
-
-    # -------------------------------------------------------------- stopping
-    @property
-    def interrupted(self) -> bool:
-        return self._stop.is_set()
-
-    def should_stop(self) -> bool:
-        """True once the job was cancelled or the worker was told to exit (cheap to call every step)."""
-        if self._stop.is_set() or self._cancelled:
-            return True
-        now = time.monotonic()
-        if now - self._last_cancel_check >= CANCEL_CHECK_EVERY_S:
-            self._last_cancel_check = now
-            self._cancelled = self.store.cancel_requested(self.job.id)
-        return self._cancelled
-
-    def check(self) -> None:
-        """Raise `JobCancelled` between stages when the job must stop."""
-        self._last_cancel_check = 0.0
-        if self.should_stop():
-            raise JobCancelled("stopped at a stage boundary")
-
-    # -------------------------------------------------------------- reporting
-    def elapsed(self) -> float:
-        return time.monotonic() - self._started
-
-    def cpu_seconds(self) -> float:
-        """CPU time of this worker (all threads) since the job started: the cost of a job on a shared
-        machine, where wall time also measures everyone else's load."""
-        return time.process_time() - self._cpu_started
-
-    def stage(self, name: str, **data: Any) -> None:
-        """Enter a stage (``detail`` names the step inside it; cleared when not given)."""
-        record = {
-            "stage": name,
-            "detail": None,
-            "elapsed_s": round(self.elapsed(), 2),
-            "cpu_s": round(self.cpu_seconds(), 2),
-            **data,
-        }
-        self.store.update_progress(self.job.id, record)
-
-    def progress(self, data: dict[str, Any], *, force: bool = False) -> None:
-        """Record training progress, at most every `PROGRESS_EVERY_S` unless ``force``."""
-        now = time.monotonic()
-        if not force and now - self._last_progress < PROGRESS_EVERY_S:
-            return
-        self._last_progress = now
-        self.store.update_progress(self.job.id, {"elapsed_s": round(self.elapsed(), 2), **data})
-
-    def result(self, data: dict[str, Any], *, event: str | None = None) -> None:
-        self.store.update_result(self.job.id, data, event_type=event)
-
-    def set_state(self, state: str) -> None:
-        self.store.set_state(self.job.id, state)
-
-    def log(self, message: str) -> None:
-        log.info("%s: %s", self.job.id, message)
-        self.store.add_event(self.job.id, "log", {"message": message})
 
 
 def _finish(store: JobStore, job_id: str, state: str, reason: str | None = None, message: str | None = None) -> None:
@@ -181,16 +105,10 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--nice", type=int, default=0, help="raise this process's niceness by N (0-19): /embed gets the cores first"
     )
-    p.add_argument("--gate-margin", type=float, default=2.0, help="points the general suite may drop")
     p.add_argument("--poll-s", type=float, default=0.5, help="seconds between polls of the queue")
     p.add_argument("--keep-uploads", action="store_true", help="keep each job's corpus after it ends")
     p.add_argument(
         "--base-model", action="append", default=[], metavar="NAME=PATH", help="extra base model (repeatable)"
-    )
-    p.add_argument(
-        "--general-tasks",
-        default=",".join(WorkerOptions.general_tasks),
-        help="comma-separated offline tasks of the gate's general side ('' skips that side)",
     )
     p.add_argument("--fast-general", action="store_true", help="a few documents per general task (tests only)")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
@@ -203,8 +121,6 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.nice > 0:
         os.nice(args.nice)  # before torch starts its threads: they inherit it
-    from core.settings import get_settings
-
     settings = get_settings()
     base_models = {}
     for item in args.base_model:
@@ -215,11 +131,10 @@ def main(argv: list[str]) -> int:
     options = WorkerOptions(
         registry_dir=args.registry_dir or settings.registry_dir,
         threads=args.threads,
-        gate_margin=args.gate_margin,
         keep_uploads=args.keep_uploads,
         base_models=base_models,
-        general_tasks=tuple(t for t in args.general_tasks.split(",") if t),
         general_fast=args.fast_general,
+        cache_dir=settings.cache_dir,
     )
     store = JobStore(args.db)
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -1,7 +1,7 @@
 """The rollout gate: a candidate may replace a baseline only if no task drops too far and it is fast enough.
 
-Used by ``embedder validate --baseline`` (exit code), export (before publishing a bundle) and the
-``/adapt`` worker (base vs adapted, with ``must_improve`` on the in-domain crop task).
+Used by ``embedder validate --baseline`` (exit code), export (before publishing a bundle) and, through
+`adapt_gate`, the ``/adapt`` worker (base vs adapted, with ``must_improve`` on the in-domain crop task).
 """
 
 from __future__ import annotations
@@ -137,3 +137,33 @@ def check(
         if task not in theirs and task not in their_skips:
             table.append({"task": task, "candidate": None, "baseline": None, "delta": None, "status": "skipped"})
     return GateResult(passed=not failures, failures=failures, table=table)
+
+
+IN_DOMAIN_TASK = "CropPairRetrieval-heldout"
+KNN_TASK = "kNN-accuracy-labels"
+
+
+def adapt_gate(
+    in_domain: Mapping[str, float],
+    general_tasks: Mapping[str, Mapping[str, float]] | None,
+    knn: Mapping[str, float] | None,
+    *,
+    margin: float,
+) -> dict[str, Any]:
+    """/adapt's two-sided gate on base vs adapted scores, in points: the held-out in-domain crop task must
+    improve strictly; every other score (each general task, and kNN accuracy when labels were given) may drop
+    at most ``margin`` points (adapting trades a little general quality for in-domain gains).
+
+    ``in_domain`` and ``knn`` hold ``{"base": x, "adapted": y}``; ``general_tasks`` holds
+    ``{"base": {task: x}, "adapted": {task: y}}``. Returns ``{"passed", "margin", "reasons", "table"}``.
+    """
+    candidate = {IN_DOMAIN_TASK: in_domain["adapted"]}
+    baseline = {IN_DOMAIN_TASK: in_domain["base"]}
+    if general_tasks is not None:
+        candidate.update(general_tasks["adapted"])
+        baseline.update(general_tasks["base"])
+    if knn is not None:
+        candidate[KNN_TASK] = knn["adapted"]
+        baseline[KNN_TASK] = knn["base"]
+    result = check(candidate, baseline, max_drop=margin, must_improve=[IN_DOMAIN_TASK])
+    return {"passed": result.passed, "margin": margin, "reasons": result.failures, "table": result.table}

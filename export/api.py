@@ -123,18 +123,42 @@ def export_bundle(
             setting passes); lists every failed check.
         ValueError: bad ``layers``, ``quantize`` or ``pooling``; RegistryError: bad ``name``.
     """
+    staging = Path(tempfile.mkdtemp(prefix=f"embedder-export-{name}-"))
+    try:
+        manifest = build_bundle(
+            model, staging, name, layers=layers, quantize=quantize, parent=parent, method=method, pooling=pooling
+        )
+        if validate is not None:
+            log.info("export %s: validate", name)
+            manifest["validation"] = validate(staging)
+        return publish_bundle(staging, registry, manifest, promote=promote)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_bundle(
+    model: str | Path | Encoder,
+    staging: Path,
+    name: str,
+    *,
+    layers: int | None = None,
+    quantize: str = "none",
+    parent: str | None = None,
+    method: dict | None = None,
+    pooling: str | None = None,
+) -> dict[str, Any]:
+    """Write a complete, parity-checked bundle into the empty folder ``staging``; return its manifest (also
+    written there, without a version until `publish_bundle`). Arguments and errors as `export_bundle`."""
     reg.validate_name(name)
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
-    registry_dir = Path(registry)
-    stages = ["load", "trace", "optimise"] + (["quantise"] if quantize != "none" else []) + ["parity", "publish"]
+    stages = ["load", "trace", "optimise"] + (["quantise"] if quantize != "none" else []) + ["parity"]
     progress = tqdm(total=len(stages), desc=f"export {name}", unit="stage", leave=False)
 
     def stage(label: str) -> None:
         progress.set_postfix_str(label)
         log.info("export %s: %s", name, label)
 
-    staging = Path(tempfile.mkdtemp(prefix=f"embedder-export-{name}-"))
     try:
         stage("load")
         encoder, source = _load(model, pooling)
@@ -208,24 +232,15 @@ def export_bundle(
         if int8_missed:
             raise ParityError(int8_missed, {**manifest["parity"], "int8": manifest["int8"]})
         progress.update()
-        if validate is not None:
-            stage("validate")
-            manifest["validation"] = validate(staging)
-
-        stage("publish")
-        path = _publish(staging, registry_dir, name, manifest)
-        progress.update()
     finally:
         progress.close()
-        shutil.rmtree(staging, ignore_errors=True)
-    if promote:
-        reg.promote(registry_dir, name, path.name)
-    log.info("exported %s", path)
-    return path
+    return manifest
 
 
-def _publish(staging: Path, registry_dir: Path, name: str, manifest: dict[str, Any]) -> Path:
-    """Reserve a version, move the finished folder next to its target, rename it into place."""
+def publish_bundle(staging: Path, registry: Path, manifest: dict[str, Any], *, promote: bool = False) -> Path:
+    """Reserve the next version of ``manifest["name"]``, hash the files, and rename a copy of ``staging`` into
+    ``<registry>/<name>/<version>`` (readers never see half a bundle); promote it if asked. Returns its folder."""
+    registry_dir, name = Path(registry), manifest["name"]
     version = reg.reserve_version(registry_dir, name)
     target_staging = registry_dir / name / f".staging-{version}"
     try:
@@ -235,11 +250,15 @@ def _publish(staging: Path, registry_dir: Path, name: str, manifest: dict[str, A
         # The temporary folder may be on another filesystem; copy next to the target, then rename.
         shutil.copytree(staging, target_staging)
         os.chmod(target_staging, 0o755)  # mkdtemp made it owner-only; the service may run as another user
-        return reg.publish(target_staging, registry_dir, name, version)
+        path = reg.publish(target_staging, registry_dir, name, version)
     except BaseException:
         shutil.rmtree(target_staging, ignore_errors=True)
         reg.release(registry_dir, name, version)
         raise
+    if promote:
+        reg.promote(registry_dir, name, version)
+    log.info("exported %s", path)
+    return path
 
 
 def ensure_default_bundle(registry: Path) -> Path:

@@ -28,7 +28,7 @@ from service.api.routes import SERVICE_VERSION, router
 from service.api.serving import EmbeddingService
 from service.backend.base import BackendFactory
 from service.engine.models import ModelManager
-from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_body
+from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response
 from service.metrics import EMBEDDING_ROUTES, NO_MODEL, ServiceMetrics
 from service.settings import ServiceSettings
 
@@ -43,13 +43,6 @@ Send = Callable[[Message], Awaitable[None]]
 _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
 UPLOAD_FRAMING_BYTES = 64 * 1024  # multipart boundaries, form fields and JSON keys around the corpus itself
-
-
-def _error_response(kind: ErrorKind, message: str, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        orjson.dumps(error_body(kind, message)), status_code=kind.status, media_type="application/json",
-        headers=headers,
-    )  # fmt: skip
 
 
 class _BodyTooLarge(Exception):
@@ -94,7 +87,7 @@ class GuardMiddleware:
         if self.state.draining:
             if route:
                 svc.count_failure(route, NO_MODEL, ErrorKind.shutting_down)
-            await _error_response(ErrorKind.shutting_down, "the server is shutting down; retry on another replica")(
+            await error_response(ErrorKind.shutting_down, "the server is shutting down; retry on another replica")(
                 scope, receive, send
             )
             return
@@ -137,7 +130,7 @@ class GuardMiddleware:
             svc.count_failure(route, NO_MODEL, ErrorKind.payload_too_large)
         limit = self.max_body_bytes if setting == "max_body_bytes" else self.upload_body_bytes
         message = f"request body exceeds {setting}={limit}; send fewer or shorter texts"
-        await _error_response(ErrorKind.payload_too_large, message)(scope, receive, send)
+        await error_response(ErrorKind.payload_too_large, message)(scope, receive, send)
 
 
 _HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -207,19 +200,19 @@ def create_app(
     app.state.in_flight = 0
     app.include_router(router)
     if include_adapt:
+        from adapt.spec import AdaptConfig
         from service.adapt.api_router import build_adapt_router
-        from service.adapt.config import AdaptConfig
 
         app.include_router(build_adapt_router(AdaptConfig.from_settings(settings), embedding_service.keys))
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, err: ServiceError) -> Response:
-        return _error_response(err.kind, err.message, err.headers)
+        return err.response()
 
     def _invalid_request(request: Request, message: str) -> Response:
         if request.url.path in EMBEDDING_ROUTES:
             embedding_service.count_failure(request.url.path, NO_MODEL, ErrorKind.invalid_request)
-        return _error_response(ErrorKind.invalid_request, message)
+        return error_response(ErrorKind.invalid_request, message)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> Response:
@@ -233,11 +226,11 @@ def create_app(
             message = f"invalid request: {err.detail}; send UTF-8 JSON (or a well-formed multipart upload to /adapt)"
             return _invalid_request(request, message)
         if err.status_code == 404:
-            return _error_response(ErrorKind.not_found, f"no route {request.method} {request.url.path}; see /docs")
+            return error_response(ErrorKind.not_found, f"no route {request.method} {request.url.path}; see /docs")
         if err.status_code == 405:
             allowed = _allowed_methods(app, request.scope)
             message = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
-            return _error_response(ErrorKind.method_not_allowed, message, {"Allow": allowed})
+            return error_response(ErrorKind.method_not_allowed, message, {"Allow": allowed})
         body = {"error": {"message": str(err.detail), "type": "invalid_request_error", "code": "http_error"}}
         return Response(orjson.dumps(body), status_code=err.status_code, media_type="application/json",
                         headers=err.headers)  # fmt: skip
@@ -245,7 +238,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def _internal(request: Request, err: Exception) -> Response:
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
-        return _error_response(ErrorKind.internal, INTERNAL_MESSAGE)
+        return error_response(ErrorKind.internal, INTERNAL_MESSAGE)
 
     upload_body_bytes = None
     if include_adapt and settings.adapt_enabled:

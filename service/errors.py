@@ -11,6 +11,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+import orjson
+from starlette.responses import Response
+
 
 class ErrorKind(Enum):
     """(HTTP status, OpenAI error type, code). The value's code doubles as the metrics label."""
@@ -27,6 +30,17 @@ class ErrorKind(Enum):
     model_not_ready = (503, "unavailable_error", "model_not_ready")
     shutting_down = (503, "unavailable_error", "shutting_down")
     internal = (500, "server_error", "internal_error")
+    # /adapt
+    invalid_name = (422, "invalid_request_error", "invalid_name")
+    reserved_name = (422, "invalid_request_error", "reserved_name")
+    name_taken = (409, "invalid_request_error", "name_taken")
+    invalid_corpus = (422, "invalid_request_error", "invalid_corpus")
+    too_many_documents = (422, "invalid_request_error", "too_many_documents")
+    document_too_long = (422, "invalid_request_error", "document_too_long")
+    corpus_too_small = (422, "invalid_request_error", "corpus_too_small")
+    job_not_found = (404, "invalid_request_error", "job_not_found")
+    adapt_disabled = (503, "unavailable_error", "disabled")
+    adapt_not_ready = (503, "unavailable_error", "not_ready")
 
     @property
     def status(self) -> int:
@@ -44,18 +58,42 @@ class ErrorKind(Enum):
 class ServiceError(Exception):
     """An error a client caused or should know about; ``message`` says what to change."""
 
-    def __init__(self, kind: ErrorKind, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.headers = headers or {}
+        self.details = details  # structured facts about the failure (e.g. which documents), sent with the message
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.kind, self.message)
+        return error_body(self.kind, self.message, self.details)
+
+    def response(self) -> Response:
+        """The JSON error response (status, headers and body from the table)."""
+        return error_response(self.kind, self.message, self.headers, self.details)
 
 
-def error_body(kind: ErrorKind, message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind.type, "code": kind.code}}
+def error_body(kind: ErrorKind, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"message": message, "type": kind.type, "code": kind.code}
+    if details:
+        error["details"] = details
+    return {"error": error}
+
+
+def error_response(
+    kind: ErrorKind, message: str, headers: dict[str, str] | None = None, details: dict[str, Any] | None = None
+) -> Response:
+    return Response(
+        orjson.dumps(error_body(kind, message, details)), status_code=kind.status, media_type="application/json",
+        headers=headers or None,
+    )  # fmt: skip
 
 
 INTERNAL_MESSAGE = "internal error"

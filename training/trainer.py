@@ -106,8 +106,9 @@ class TrainingData:
     validation: Validation | None
 
 
-def load_training_data(config: TrainConfig) -> TrainingData:
-    """The corpus (or scored pairs) of the recipe, split into training data and held-out validation."""
+def load_training_data(config: TrainConfig, crop_rule: CropRule | None = None) -> TrainingData:
+    """The corpus (or scored pairs) of the recipe, split into training data and held-out validation.
+    ``crop_rule`` overrides the recipe's (a caller that evaluates with a rule of its own passes it)."""
     if config.pairs:
         all_pairs = load_scored_pairs(config.pairs)
         random.Random(config.seed).shuffle(all_pairs)
@@ -117,7 +118,7 @@ def load_training_data(config: TrainConfig) -> TrainingData:
     corpus = list(config.corpus) if isinstance(config.corpus, tuple) else config.corpus
     all_documents = load_corpus(corpus, max_documents=config.max_documents, seed=config.seed)
     documents, validation_documents = _validation_source(config, all_documents)
-    rule = (
+    rule = crop_rule or (
         choose_crop_rule(documents, sentences=config.crop_sentences)
         if config.crop_rule == "auto"
         else CropRule(sentences=config.crop_sentences)
@@ -283,6 +284,7 @@ def train(
     should_stop: Callable[[], bool] | None = None,
     device: str | torch.device | None = None,
     threads: int | None = None,
+    crop_rule: CropRule | None = None,
 ) -> TrainResult:
     """Run one training recipe; see the module docstring for what it writes.
 
@@ -292,6 +294,7 @@ def train(
 
     ``device`` and ``threads`` are the caller's choice (the CLI passes ``EMBED_DEVICE`` / ``EMBED_NUM_THREADS``);
     a recipe's own ``device`` / ``num_threads`` take precedence. Without either: CPU, and torch's thread default.
+    ``crop_rule`` replaces the recipe's rule (/adapt trains and evaluates with the one rule it chose).
     """
     threads = config.num_threads or threads
     if threads:
@@ -302,7 +305,7 @@ def train(
     resuming = config.resume and (out / "checkpoint" / STATE_FILE).is_file()
     _prepare_output(config, out, fresh=not resuming)
 
-    data = load_training_data(config)
+    data = load_training_data(config, crop_rule)
     models = build_models(config, run_device, data.validation)
     student, reference = models.student, models.reference
     stream = PairStream(config, data.documents, data.rule, student.tokenizer.mask_token or "[MASK]", data.scored_pairs)

@@ -18,7 +18,7 @@ from datasets import Dataset
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
-from core.text import choose_crop_rule, crop_yield
+from core.text import CropRule, choose_crop_rule, crop_yield
 from evaluation import data
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
@@ -49,11 +49,13 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
         texts: Sequence[str] | None = None,
         name: str | None = None,
         max_documents: int | None = None,
+        rule: CropRule | None = None,
         **kwargs: Any,
     ) -> None:
         self._texts = None if texts is None else [t for t in texts if t and t.strip()]
         if texts is not None:
             self.source_corpus = name or "CropPairRetrieval"
+        self.rule = rule  # None: `choose_crop_rule` of the documents
         self.crop_seed = seed
         self.max_documents = max_documents
         if name is not None:
@@ -84,11 +86,13 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
         *,
         fast: bool = False,
         max_documents: int | None = None,
+        rule: CropRule | None = None,
     ) -> CropPairRetrieval:
-        """A crop-pair task over ``texts`` (one document per string). ``name`` names it in reports."""
+        """A crop-pair task over ``texts`` (one document per string). ``name`` names it in reports; ``rule`` is
+        the crop rule (default: chosen from ``texts``) — /adapt passes the rule its training used."""
         if isinstance(texts, str):
             raise TypeError("texts must be a list of documents, not one string")
-        return cls(fast=fast, seed=seed, texts=list(texts), name=name, max_documents=max_documents)
+        return cls(fast=fast, seed=seed, texts=list(texts), name=name, max_documents=max_documents, rule=rule)
 
     def _documents(self) -> list[str]:
         return list(data.lee_background()) if self._texts is None else self._texts
@@ -100,17 +104,16 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
     @property
     def cache_key(self) -> str:
         digest = hashlib.sha256("\x00".join(self._documents()).encode()).hexdigest()[:16]
-        return f"{super().cache_key}-s{self.crop_seed}-n{self.max_documents}-{digest}"
+        rule = f"-{self.rule.describe()}" if self.rule else ""
+        return f"{super().cache_key}-s{self.crop_seed}-n{self.max_documents}-{digest}{rule}"
 
     def crop_pairs(self) -> list[tuple[str, str]]:
         """(query crop, corpus crop) per usable document, in document order; stats in ``crop_stats``."""
-
-
         documents = self._documents()
         limit = FAST_DOCUMENTS if self.fast else self.max_documents
         if limit is not None:
             documents = documents[:limit]
-        rule = choose_crop_rule(documents)
+        rule = self.rule or choose_crop_rule(documents)
         rng = random.Random(self.crop_seed)
         pairs = [p for p in (rule.sample_pair(doc, rng) for doc in documents) if p is not None]
         self._crop_stats = {

@@ -29,43 +29,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from adapt.corpus import CorpusError, CorpusTooLargeError, check_corpus, parse_upload
+from adapt.spec import ADAPT_METHOD, AdaptConfig, JobSpec
+from adapt.store import TERMINAL_STATES, JobStore, JobStoreError, QueueFullError, new_job_id
 from core import registry
-from service.adapt.config import BUILTIN_MODEL_NAMES, AdaptConfig
-from service.adapt.corpus import CorpusError, CorpusTooLargeError, check_corpus, parse_upload
+from core.catalog import BUILTIN_MODELS
 from service.adapt.schemas import AdaptJob, AdaptJobList, AdaptRequest
-from service.adapt.store import TERMINAL_STATES, JobStore, JobStoreError, QueueFullError, new_job_id
 from service.adapt.supervisor import WorkerSupervisor
 from service.api.protocol import ErrorResponse
 from service.auth import ApiKeys
-from service.errors import ServiceError
+from service.errors import ErrorKind, ServiceError
+from service.metrics import NO_MODEL, ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-ADAPT_METHOD = "adapt"  # manifest method.name of bundles this feature publishes
 KEEPALIVE_S = 15.0
-
-
-class AdaptHTTPError(Exception):
-    """An error with its status code and OpenAI-shaped body; raised by helpers, rendered by the routes."""
-
-    def __init__(
-        self, status: int, message: str, *, type_: str, code: str, headers: dict[str, str] | None = None, **extra: Any
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code
-        self.headers = headers
-        self.extra = extra
-
-    @classmethod
-    def from_service_error(cls, err: ServiceError) -> AdaptHTTPError:
-        """The same status, type and code as the service's error table gives ``err``."""
-        kind = err.kind
-        return cls(kind.status, err.message, type_=kind.type, code=kind.code, headers=err.headers or None)
-
-    def response(self) -> JSONResponse:
-        body: dict[str, Any] = {"message": self.message, "type": self.type, "code": self.code}
-        body.update(self.extra)
-        return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
 
 
 class AdaptCollector:
@@ -92,8 +70,18 @@ class AdaptCollector:
             yield restarts
 
 
-def _invalid(message: str, code: str = "invalid_request", **extra: Any) -> AdaptHTTPError:
-    return AdaptHTTPError(422, message, type_="invalid_request_error", code=code, **extra)
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(ErrorKind.invalid_request, message)
+
+
+# CorpusError.code → the error kind it is answered with.
+_CORPUS_ERRORS = {
+    kind.code: kind
+    for kind in (
+        ErrorKind.invalid_corpus, ErrorKind.too_many_documents, ErrorKind.document_too_long,
+        ErrorKind.corpus_too_small,
+    )
+}  # fmt: skip
 
 
 class AdaptAPI:
@@ -104,6 +92,7 @@ class AdaptAPI:
         self.keys = keys
         self.store: JobStore | None = None
         self.supervisor: WorkerSupervisor | None = None
+        self.metrics: ServiceMetrics | None = None  # the service's, when mounted in it: failures are counted there
 
     async def start(self) -> None:
         self.config.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -119,78 +108,67 @@ class AdaptAPI:
 
     def jobs(self) -> JobStore:
         if self.store is None:
-            raise AdaptHTTPError(
-                503, "the adapt job store is not open yet", type_="unavailable_error", code="not_ready"
-            )
+            raise ServiceError(ErrorKind.adapt_not_ready, "the adapt job store is not open yet")
         return self.store
+
+    def fail(self, request: Request, err: ServiceError) -> Response:
+        """Count the failure like the embedding routes' (route template, error kind) and render it."""
+        if self.metrics is not None:
+            route = getattr(request.scope.get("route"), "path", request.url.path)
+            self.metrics.failures.labels(route, NO_MODEL, err.kind.code).inc()
+        return err.response()
 
     # ------------------------------------------------------------------ checks
     def authorize(self, request: Request) -> None:
-        try:
-            self.keys.check_admin(request.headers.get("authorization"))
-        except ServiceError as err:
-            raise AdaptHTTPError.from_service_error(err) from err
+        self.keys.check_admin(request.headers.get("authorization"))
 
     def check_name(self, name: str) -> None:
         try:
             registry.validate_name(name)
         except registry.RegistryError as err:
-            raise _invalid(str(err), code="invalid_name") from err
-        if name in BUILTIN_MODEL_NAMES or name in self.config.base_models:
-            raise _invalid(
+            raise ServiceError(ErrorKind.invalid_name, str(err)) from err
+        if name in BUILTIN_MODELS or name in self.config.base_models:
+            raise ServiceError(
+                ErrorKind.reserved_name,
                 f"model name {name!r} is a built-in base model and cannot be overwritten: choose another name",
-                code="reserved_name",
             )
         versions = registry.list_versions(self.config.registry_dir, name)
         if versions:
             manifest = registry.read_manifest(self.config.registry_dir / name / versions[-1])
             method = (manifest.get("method") or {}).get("name")
             if method != ADAPT_METHOD:
-                raise AdaptHTTPError(
-                    409,
+                raise ServiceError(
+                    ErrorKind.name_taken,
                     f"model {name!r} already exists in the registry and was not made by /adapt "
                     f"(method {method!r}): choose a new name",
-                    type_="invalid_request_error",
-                    code="name_taken",
                 )
 
     def check_base_model(self, base_model: str) -> None:
-        if base_model in BUILTIN_MODEL_NAMES or base_model in self.config.base_models:
+        if base_model in BUILTIN_MODELS or base_model in self.config.base_models:
             return
-        allowed = sorted({*BUILTIN_MODEL_NAMES, *self.config.base_models})
-        raise AdaptHTTPError(
-            404,
+        allowed = sorted({*BUILTIN_MODELS, *self.config.base_models})
+        raise ServiceError(
+            ErrorKind.model_not_found,
             f"unknown base_model {base_model!r}: adapt one of {allowed} "
             "(operators add more with EMBED_ADAPT_BASE_MODELS)",
-            type_="invalid_request_error",
-            code="model_not_found",
         )
 
-    def params_for(self, req: AdaptRequest, *, has_labels: bool, usable: int) -> dict[str, Any]:
-        """The job's full recipe, defaults filled in, so the job records exactly what it ran."""
-        c = self.config
-        max_steps = req.max_steps
-        time_budget_s = req.time_budget_s
-        if max_steps is None and time_budget_s is None:
-            max_steps, time_budget_s = c.default_max_steps, c.default_time_budget_s
-        train_last = c.default_train_last_layers if req.train_last_layers is None else req.train_last_layers
-        return {
-            "base_model": req.base_model,
-            "name": req.name,
-            "promote": req.promote,
-            "hyperparameters": {
-                "objective": req.objective,
-                "max_steps": max_steps,
-                "time_budget_s": time_budget_s,
-                "train_last_layers": train_last or None,
-                "batch_size": req.batch_size or c.default_batch_size,
-                "lr": c.lr,
-                "max_seq_length": c.max_seq_length,
-                "seed": req.seed,
-                "gate_margin": c.gate_margin,
-            },
-            "corpus": {"has_labels": has_labels, "usable_documents_estimate": usable},
-        }
+    def spec_for(self, req: AdaptRequest, *, has_labels: bool, usable: int) -> JobSpec:
+        """The job's typed recipe: the request with the service's defaults filled in, validated once."""
+        return JobSpec.build(
+            self.config,
+            base_model=req.base_model,
+            name=req.name,
+            objective=req.objective,
+            max_steps=req.max_steps,
+            time_budget_s=req.time_budget_s,
+            train_last_layers=req.train_last_layers,
+            batch_size=req.batch_size,
+            seed=req.seed,
+            promote=req.promote,
+            has_labels=has_labels,
+            usable=usable,
+        )
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:
@@ -288,8 +266,9 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         await api.start()
         app.state.adapt = api
         service = getattr(app.state, "embedding_service", None)
-        if service is not None:  # inside the full service: expose job gauges on its /metrics
+        if service is not None:  # inside the full service: job gauges and failures on its /metrics
             service.metrics.registry.register(AdaptCollector(api))
+            api.metrics = service.metrics
         try:
             yield
         finally:
@@ -302,21 +281,20 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             if not config.enabled:
-                raise AdaptHTTPError(
-                    503, "/adapt is disabled on this server", type_="unavailable_error", code="disabled"
-                )
+                raise ServiceError(ErrorKind.adapt_disabled, "/adapt is disabled on this server")
             store = api.jobs()
             try:
                 req, texts, labels = await _parse_request(request, config.limits.max_upload_bytes)
             except CorpusTooLargeError as err:
-                raise AdaptHTTPError(413, str(err), type_="invalid_request_error", code="payload_too_large") from err
+                raise ServiceError(ErrorKind.payload_too_large, str(err)) from err
             api.check_name(req.name)
             api.check_base_model(req.base_model)
             job = await run_in_threadpool(_queue_job, api, store, req, texts, labels)
-        except AdaptHTTPError as err:
-            return err.response()
         except CorpusError as err:
-            return _invalid(str(err), code=err.code, **({"details": err.details} if err.details else {})).response()
+            kind = _CORPUS_ERRORS.get(err.code, ErrorKind.invalid_corpus)
+            return api.fail(request, ServiceError(kind, str(err), details=err.details or None))
+        except ServiceError as err:
+            return api.fail(request, err)
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"), status_code=202)
 
     @router.get("/adapt", response_model=AdaptJobList, responses=_errors(422))
@@ -324,8 +302,8 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             jobs = await run_in_threadpool(api.jobs().list_jobs, limit=limit + 1, after=after)
-        except AdaptHTTPError as err:
-            return err.response()
+        except ServiceError as err:
+            return api.fail(request, err)
         body = AdaptJobList(data=[AdaptJob.from_job(j) for j in jobs[:limit]], has_more=len(jobs) > limit)
         return JSONResponse(body.model_dump(mode="json"))
 
@@ -334,8 +312,8 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             job = await run_in_threadpool(_get_or_404, api.jobs(), job_id)
-        except AdaptHTTPError as err:
-            return err.response()
+        except ServiceError as err:
+            return api.fail(request, err)
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
 
     @router.post("/adapt/{job_id}/cancel", response_model=AdaptJob, responses=_errors(404))
@@ -345,8 +323,8 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             store = api.jobs()
             await run_in_threadpool(_get_or_404, store, job_id)
             job = await run_in_threadpool(store.request_cancel, job_id)
-        except AdaptHTTPError as err:
-            return err.response()
+        except ServiceError as err:
+            return api.fail(request, err)
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
 
     @router.get(
@@ -359,8 +337,8 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             api.authorize(request)
             store = api.jobs()
             await run_in_threadpool(_get_or_404, store, job_id)
-        except AdaptHTTPError as err:
-            return err.response()
+        except ServiceError as err:
+            return api.fail(request, err)
         last = request.headers.get("last-event-id", "0")
         after_id = int(last) if last.isdigit() else 0
         return StreamingResponse(
@@ -376,7 +354,7 @@ def _get_or_404(store: JobStore, job_id: str) -> Any:
     try:
         return store.get(job_id)
     except JobStoreError as err:
-        raise AdaptHTTPError(404, str(err), type_="invalid_request_error", code="job_not_found") from err
+        raise ServiceError(ErrorKind.job_not_found, str(err)) from err
 
 
 def _queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str], labels: list[str] | None) -> Any:
@@ -384,10 +362,10 @@ def _queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[st
     job_id = new_job_id()
     folder = api.config.jobs_dir / job_id
     corpus.save(folder)
-    params = api.params_for(req, has_labels=corpus.labels is not None, usable=corpus.usable)
+    spec = api.spec_for(req, has_labels=corpus.labels is not None, usable=corpus.usable)
     try:
         return store.create(
-            params,
+            spec.to_params(),
             corpus_dir=folder,
             n_documents=len(corpus.texts),
             max_pending=api.config.max_pending_jobs,
@@ -395,9 +373,7 @@ def _queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[st
         )
     except QueueFullError as err:
         shutil.rmtree(folder, ignore_errors=True)
-        raise AdaptHTTPError(
-            429, str(err), type_="overloaded_error", code="queue_full", headers={"Retry-After": "60"}
-        ) from err
+        raise ServiceError(ErrorKind.overloaded, str(err), headers={"Retry-After": "60"}) from err
 
 
 async def _stream_events(

@@ -21,8 +21,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from service.adapt.config import AdaptConfig
-from service.adapt.store import JobStore
+from adapt.spec import AdaptConfig
+from adapt.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,9 @@ class WorkerSupervisor:
             "--max-running", str(c.max_concurrent_jobs),
             "--threads", str(c.worker_threads),
             "--nice", str(c.worker_nice),
-            "--gate-margin", str(c.gate_margin),
             "--poll-s", str(c.worker_poll_s),
             "--parent-pid", str(os.getpid()),
         ]  # fmt: skip
-        if c.general_tasks is not None:
-            cmd += ["--general-tasks", ",".join(c.general_tasks)]
         if c.general_fast:
             cmd.append("--fast-general")
         if c.keep_uploads:

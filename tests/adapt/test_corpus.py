@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from service.adapt.corpus import CorpusError, CorpusLimits, can_crop, check_corpus, load_corpus, parse_upload
+from adapt.corpus import CorpusError, CorpusLimits, check_corpus, parse_upload, read_job_corpus
+from core.text import can_crop
 
 TWO_SENTENCES = "Crops are cut from documents. Two sentences make one view."
 ONE_SHORT = "A single short sentence"
@@ -16,8 +17,9 @@ ONE_SHORT = "A single short sentence"
 def test_can_crop_needs_two_sentences_or_enough_words_for_halves() -> None:
     assert can_crop(TWO_SENTENCES)
     assert not can_crop(ONE_SHORT)
-    assert can_crop(" ".join(["word"] * 16))  # halves of 8 words each
-    assert not can_crop(" ".join(["word"] * 15))
+    assert can_crop(" ".join(f"w{i}" for i in range(16)))  # halves of 8 words each
+    assert not can_crop(" ".join(f"w{i}" for i in range(15)))
+    assert not can_crop(" ".join(["word"] * 16))  # two identical halves are no pair: training could not use it
 
 
 def test_too_few_usable_documents_says_how_many_and_what_is_needed() -> None:
@@ -43,7 +45,7 @@ def test_empty_documents_are_dropped_with_their_labels(tmp_path: Path) -> None:
     )
     assert corpus.labels == ["x", "z"] and corpus.usable == 2
     corpus.save(tmp_path)
-    texts, labels = load_corpus(tmp_path)
+    texts, labels = read_job_corpus(tmp_path)
     assert texts == corpus.texts and labels == ["x", "z"]
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from adapt.store import FAILED, INTERRUPTED, JobStore
 from core import registry
 from evaluation.data import lee_background
-from service.adapt.store import FAILED, INTERRUPTED, JobStore
 from service.app import create_app
 from service.settings import ServiceSettings
 

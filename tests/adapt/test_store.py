@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.adapt.store import (
+from adapt.store import (
     CANCELLED,
     EVALUATING,
     FAILED,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.gate import check, throughput_speedup
+from evaluation.gate import adapt_gate, check, throughput_speedup
 
 
 def _report(scores: dict[str, float], speed: dict[str, float] | None = None, skipped: dict[str, str] | None = None):
@@ -77,3 +77,18 @@ def test_bad_arguments_say_what_to_fix() -> None:
         check(BASE, BASE, min_speedup=0)
     with pytest.raises(ValueError, match="scores must be numbers in points"):
         check({"scores": {"A": "high"}}, BASE)
+
+
+def test_adapt_gate_is_two_sided() -> None:
+    general = {"base": {"LeeDocSTS": 60.0, "ACL": 40.0}, "adapted": {"LeeDocSTS": 58.5, "ACL": 41.0}}
+    passed = adapt_gate({"base": 50.0, "adapted": 55.0}, general, {"base": 70.0, "adapted": 69.0}, margin=2)
+    assert passed["passed"] and passed["reasons"] == [] and passed["margin"] == 2
+    assert {row["task"]: row["delta"] for row in passed["table"]}["LeeDocSTS"] == -1.5
+    no_gain = adapt_gate({"base": 50.0, "adapted": 50.0}, None, None, margin=2)
+    assert not no_gain["passed"]
+    assert no_gain["reasons"] == ["CropPairRetrieval-heldout: must improve on the baseline (50.00 vs 50.00)"]
+    forgot = {"base": {"LeeDocSTS": 60.0}, "adapted": {"LeeDocSTS": 57.5}}
+    result = adapt_gate({"base": 50.0, "adapted": 56.0}, forgot, None, margin=2)
+    assert not result["passed"] and result["reasons"][0].startswith("LeeDocSTS: 57.50 vs 60.00 (-2.50 points")
+    knn = adapt_gate({"base": 50.0, "adapted": 56.0}, None, {"base": 70.0, "adapted": 67.0}, margin=2)
+    assert not knn["passed"] and knn["reasons"][0].startswith("kNN-accuracy-labels")

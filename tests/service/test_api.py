@@ -193,6 +193,30 @@ def test_adapt_uploads_have_their_own_body_cap(tmp_path, make_app):
         _error(client.post("/adapt", json=huge), 413, "payload_too_large", "adapt_max_upload_bytes=")
 
 
+def test_adapt_errors_come_from_the_service_error_table_and_are_counted(tmp_path, make_app):
+    """/adapt raises the service's error kinds: the same body shape and the same failure counter as /embed."""
+    app = make_app(
+        include_adapt=True, adapt_enabled=True, adapt_supervise_worker=False, adapt_dir=tmp_path / "adapt"
+    )
+    doc = "A sentence of a customer's document that is long enough to count. Another one follows it."
+    with TestClient(app, raise_server_exceptions=False) as client:
+        body = {"base_model": "minilm-l6", "name": "minilm-l3", "texts": [doc] * 70}
+        _error(client.post("/adapt", json=body), 422, "reserved_name", "is a built-in base model")
+        small = client.post("/adapt", json={**body, "name": "acme", "texts": ["one"] * 3})
+        assert small.status_code == 422 and small.json()["error"]["code"] == "corpus_too_small"
+        assert small.json()["error"]["details"]["usable_documents"] == 0  # the facts travel with the message
+        _error(client.get("/adapt/nope"), 404, "job_not_found", "nope")
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    counted = {
+        (s.labels["route"], s.labels["error_type"]): s.value
+        for s in families["embed_request_failures"].samples
+        if s.name.endswith("_total") and s.value
+    }
+    assert counted == {
+        ("/adapt", "reserved_name"): 1, ("/adapt", "corpus_too_small"): 1, ("/adapt/{job_id}", "job_not_found"): 1,
+    }  # fmt: skip
+
+
 def test_internal_error_is_generic_for_clients(tmp_path, make_app, publish_fake, caplog):
     root = tmp_path / "reg"
     publish_fake(root, "fake-a", fail_word="explode")

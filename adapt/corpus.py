@@ -5,11 +5,11 @@ JSONL (one JSON string, or one object with ``text`` and optional ``label``, per 
 text (documents separated by blank lines). It is stored per job as ``corpus.jsonl`` and deleted
 when the job ends unless the service is told to keep uploads.
 
-Whether a document can feed crop pairs is estimated here with the most permissive rule the worker
-may fall back to (two sentences, or two halves of a long enough document — cropping paper
-``papers/000`` §2 takes two consecutive sentences; ``training.views.choose_crop_rule`` relaxes that
-on real corpora), so a corpus that cannot work is refused with a 422 at once instead of failing
-minutes later in the worker. The worker chooses the exact rule and reports its yield.
+Whether a document can feed crop pairs is `core.text.can_crop`: the most permissive rule the worker's
+`core.text.choose_crop_rule` may fall back to (two sentences, or two halves of a long enough document —
+cropping paper ``papers/000`` §2 takes two consecutive sentences), so a corpus that cannot work is refused
+with a 422 at once instead of failing minutes later in the worker. The worker chooses the exact rule, holds
+out only documents that rule can crop, and reports its yield.
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CORPUS_FILE = "corpus.jsonl"
+from core.text import MIN_WORDS_PER_HALF, can_crop
 
-_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
-# A half of a document must hold at least this many words to be a usable crop on its own.
-MIN_WORDS_PER_HALF = 8
+CORPUS_FILE = "corpus.jsonl"
 
 
 class CorpusError(ValueError):
@@ -65,17 +63,6 @@ class Corpus:
                     record["label"] = self.labels[i]
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
         return path
-
-
-def split_sentences(text: str) -> list[str]:
-    return [s for s in (part.strip() for part in _SENTENCE_END.split(text.strip())) if s]
-
-
-def can_crop(text: str) -> bool:
-    """True when a document yields two distinct views: two sentences, or two halves of enough words."""
-    if len(split_sentences(text)) >= 2:
-        return True
-    return len(text.split()) >= 2 * MIN_WORDS_PER_HALF
 
 
 def parse_upload(data: bytes, filename: str | None = None) -> tuple[list[str], list[str] | None]:
@@ -149,7 +136,7 @@ def check_corpus(texts: list[str], labels: list[str] | None, limits: CorpusLimit
     return Corpus(texts=texts, labels=labels, usable=usable)
 
 
-def load_corpus(folder: Path) -> tuple[list[str], list[str] | None]:
+def read_job_corpus(folder: Path) -> tuple[list[str], list[str] | None]:
     """Read a job's ``corpus.jsonl`` back (the worker side)."""
     texts: list[str] = []
     labels: list[str] = []
