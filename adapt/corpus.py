@@ -20,18 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.text import MIN_WORDS_PER_HALF, can_crop
+from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop
 
 CORPUS_FILE = "corpus.jsonl"
-
-
-class CorpusError(ValueError):
-    """The corpus breaks a limit or cannot produce enough crop pairs; the message says what to fix."""
-
-    def __init__(self, message: str, *, code: str = "invalid_corpus", details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.details = details or {}
 
 
 class CorpusTooLargeError(CorpusError):

@@ -37,7 +37,7 @@ from adapt.corpus import read_job_corpus
 from adapt.spec import ADAPT_METHOD, OBJECTIVES, JobSpec
 from adapt.store import EVALUATING, Job
 from core.catalog import resolve_model
-from core.text import CropRule, can_crop, choose_crop_rule, crop_yield
+from core.text import CropRule, can_crop, choose_crop_rule, crop_yield, hold_out
 from evaluation.diagnostics import knn_accuracy
 from evaluation.gate import IN_DOMAIN_TASK, adapt_gate
 from evaluation.models import EmbeddingModel, load_model
@@ -92,17 +92,14 @@ def split_corpus(
     Held-out documents are drawn only from documents that yield two crops (``CropPairRetrieval``
     needs a query and a positive from each), and never appear in training.
     """
-    order = list(range(len(texts)))
-    random.Random(seed).shuffle(order)
-    candidates = [i for i in order if usable(texts[i])]
-    n_held = min(max_held_out, max(min_held_out, round(fraction * len(candidates))))
-    if len(candidates) - n_held < n_held:
+    held = hold_out(texts, fraction, seed=seed, minimum=min_held_out, maximum=max_held_out, eligible=usable)
+    usable_count = sum(map(usable, texts))
+    if not held or usable_count - len(held) < len(held):
         raise JobFailed(
             "corpus",
-            f"only {len(candidates)} documents yield two crops: need at least {2 * min_held_out} "
+            f"only {usable_count} documents yield two crops: need at least {2 * min_held_out} "
             f"(half to train on, half to evaluate with); send more multi-sentence documents",
         )
-    held = sorted(candidates[:n_held])
     held_set = set(held)
     return Split(
         train=[texts[i] for i in range(len(texts)) if i not in held_set],

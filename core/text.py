@@ -1,4 +1,5 @@
-"""Text handling shared by training, evaluation and /adapt: the sentence split and the crop rules.
+"""Text handling shared by training, evaluation and /adapt: the sentence split, the crop rules, the seeded
+hold-out of documents and the error a corpus that cannot be used raises.
 
 One definition, so a job never evaluates on documents its training could not crop.
 
@@ -30,12 +31,23 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 _PERIOD_END = re.compile(r"(?<=\.)\s+")
 # Looser ends used only by the "halves" fall-back (which must accept the texts the /adapt intake accepts).
 _ANY_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
+
+class CorpusError(ValueError):
+    """A corpus that names nothing readable, breaks a limit or has too few usable documents; the message says
+    what to fix. ``code`` and ``details`` let an API answer with a stable code and the facts behind it."""
+
+    def __init__(self, message: str, *, code: str = "invalid_corpus", details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details or {}
+
 
 PAPER_MIN_CHARS = 100
 PAPER_MAX_CHARS = 250
@@ -258,3 +270,23 @@ def can_crop(text: str) -> bool:
     """True when ``text`` yields two distinct crops under the loosest rule `choose_crop_rule` may pick: two
     sentences (ended by ``. ! ? ;``), or halves of at least ``MIN_WORDS_PER_HALF`` words each."""
     return len(LOOSEST_RULE.chunks(text)) >= 2
+
+
+def hold_out(
+    texts: Sequence[str],
+    fraction: float,
+    *,
+    seed: int,
+    minimum: int = 1,
+    maximum: int | None = None,
+    eligible: Callable[[str], bool] | None = None,
+) -> list[int]:
+    """Indices (sorted) of a seeded random ``fraction`` of the ``eligible`` texts, at least ``minimum`` and at most
+    ``maximum``: the one hold-out rule of training's validation split and /adapt's evaluation split."""
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    candidates = [i for i in order if eligible is None or eligible(texts[i])]
+    count = max(minimum, round(fraction * len(candidates)))
+    if maximum is not None:
+        count = min(maximum, count)
+    return sorted(candidates[:count])

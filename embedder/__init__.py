@@ -1,1 +1,1 @@
-"""Shared entry points: the `embedder` command line and the process-wide settings."""
+"""The top floor: the `embedder` command line, whose subcommands wire the packages below together."""

@@ -28,7 +28,7 @@ from service.api.routes import SERVICE_VERSION, router
 from service.api.serving import EmbeddingService
 from service.backend.base import BackendFactory
 from service.engine.models import ModelManager
-from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response
+from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response, validation_message
 from service.metrics import EMBEDDING_ROUTES, NO_MODEL, ServiceMetrics
 from service.settings import ServiceSettings
 
@@ -147,14 +147,6 @@ def _allowed_methods(app: FastAPI, scope: Scope) -> str:
     return ", ".join(allowed)
 
 
-def _validation_message(err: RequestValidationError) -> str:
-    parts = []
-    for error in err.errors()[:3]:
-        loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
-        parts.append(f"{loc or 'body'}: {error.get('msg', 'invalid')}")
-    return "invalid request: " + "; ".join(parts)
-
-
 def create_app(
     settings: ServiceSettings | None = None,
     *,
@@ -216,7 +208,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> Response:
-        return _invalid_request(request, _validation_message(err))
+        return _invalid_request(request, validation_message(err.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:

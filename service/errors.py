@@ -8,6 +8,7 @@ the log only, never to the client.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -97,3 +98,12 @@ def error_response(
 
 
 INTERNAL_MESSAGE = "internal error"
+
+
+def validation_message(errors: Sequence[Mapping[str, Any]], what: str = "request", limit: int = 3) -> str:
+    """One line from pydantic's validation errors: where and what, for the first ``limit`` of them."""
+    parts = []
+    for error in list(errors)[:limit]:
+        loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {error.get('msg', 'invalid')}")
+    return f"invalid {what}: " + "; ".join(parts)

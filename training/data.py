@@ -27,12 +27,9 @@ from pathlib import Path
 
 import evaluation.data
 from core.settings import get_settings
+from core.text import CorpusError, hold_out
 
 MIN_PARAGRAPH_CHARS = 200
-
-
-class CorpusError(ValueError):
-    """A corpus spec that names no readable corpus, or a corpus with no usable documents."""
 
 
 def _site_file(package: str, *parts: str) -> Path:
@@ -140,12 +137,9 @@ class Split:
 
 def split_documents(documents: Sequence[str], fraction: float, *, seed: int, max_validation: int) -> Split:
     """Hold out a seeded random ``fraction`` of the documents (at most ``max_validation``) for validation."""
-    order = list(range(len(documents)))
-    random.Random(seed).shuffle(order)
-    n_val = min(max_validation, max(1, round(fraction * len(documents))))
-    if len(documents) - n_val < 2:
-        raise CorpusError(f"{len(documents)} documents are too few to hold out {n_val} for validation")
-    held = set(order[:n_val])
+    held = set(hold_out(documents, fraction, seed=seed, minimum=1, maximum=max_validation))
+    if len(documents) - len(held) < 2:
+        raise CorpusError(f"{len(documents)} documents are too few to hold out {len(held)} for validation")
     return Split(
         train=[d for i, d in enumerate(documents) if i not in held],
         validation=[d for i, d in enumerate(documents) if i in held],

@@ -38,7 +38,7 @@ from service.adapt.schemas import AdaptJob, AdaptJobList, AdaptRequest
 from service.adapt.supervisor import WorkerSupervisor
 from service.api.protocol import ErrorResponse
 from service.auth import ApiKeys
-from service.errors import ErrorKind, ServiceError
+from service.errors import ErrorKind, ServiceError, validation_message
 from service.metrics import NO_MODEL, ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ async def _parse_request(request: Request, limit: int) -> tuple[AdaptRequest, li
         try:
             req = AdaptRequest.model_validate(fields, strict=False)
         except ValidationError as err:
-            raise _invalid(_validation_message(err)) from err
+            raise _invalid(validation_message(err.errors(), "/adapt request")) from err
         if req.texts is not None:
             raise _invalid("send the corpus either as 'texts' or as an uploaded 'file', not both")
         return req, texts, labels
@@ -216,19 +216,11 @@ async def _parse_request(request: Request, limit: int) -> tuple[AdaptRequest, li
     try:
         req = AdaptRequest.model_validate(payload)
     except ValidationError as err:
-        raise _invalid(_validation_message(err)) from err
+        raise _invalid(validation_message(err.errors(), "/adapt request")) from err
     if req.texts is None:
         raise _invalid("no corpus: send 'texts' (a list of documents) or upload a JSONL/text 'file'")
     labels = [str(x) for x in req.labels] if req.labels is not None else None
     return req, list(req.texts), labels
-
-
-def _validation_message(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "body"
-        parts.append(f"{where}: {e['msg']}")
-    return "invalid /adapt request: " + "; ".join(parts)
 
 
 def _sse(event_id: int | None, event: str, data: dict[str, Any]) -> str:

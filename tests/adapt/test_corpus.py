@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from adapt.corpus import CorpusError, CorpusLimits, check_corpus, parse_upload, read_job_corpus
-from core.text import can_crop
+from adapt.corpus import CorpusLimits, check_corpus, parse_upload, read_job_corpus
+from core.text import CorpusError, can_crop
 
 TWO_SENTENCES = "Crops are cut from documents. Two sentences make one view."
 ONE_SHORT = "A single short sentence"

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.text import CorpusError
 from training.config import TrainConfig
-from training.data import CorpusError, load_corpus, load_scored_pairs
+from training.data import load_corpus, load_scored_pairs
 from training.encoder import Encoder
 from training.students import layer_subset_student
 from training.trainer import lr_factor, train
