@@ -2,14 +2,16 @@
 # adapt worker (`embedder adapt-worker`). See docs/DEPLOY.md for how to build it, offline included.
 #
 # Build arguments:
-#   BASE                 the Python 3.11 base image; pass a locally made one where no registry is reachable.
+#   BASE                 the Python 3.11.7 base image (the PyDoc evaluation tasks read its standard library;
+#                        another patch release fails their checksum and they are skipped); pass a local one
+#                        where no registry is reachable.
 #   PIP_INDEX_URL        where pip finds the project's dependencies (a PyPI mirror works).
 #   PIP_EXTRA_INDEX_URL  where pip finds the CPU-only torch wheel; PyPI's torch for Linux is the CUDA
 #                        build (several GB more). Set it empty when PIP_FIND_LINKS holds the CPU wheel.
 #   PIP_FIND_LINKS       a folder of local wheels mounted into the build (buildah --volume), e.g. torch+cpu.
 #   PIP_CERT             the CA bundle pip trusts; mount your own over it behind a TLS-inspecting proxy.
 #   DEFAULT_MODEL        the built-in model whose ONNX bundle is prepared at build time.
-ARG BASE=python:3.11-slim-bookworm
+ARG BASE=python:3.11.7-slim-bookworm
 # checkov:skip=CKV_DOCKER_7: checkov cannot resolve the ${BASE} build argument and reads it as untagged; the
 # default above is a fixed tag, and tests/deploy checks that it is not `latest` nor untagged.
 
