@@ -32,7 +32,10 @@ from pathlib import Path
 from typing import Any
 
 OBJECTIVE_NAMES = ("infonce", "simcse", "sct", "barlow_twins", "vicreg", "mse_distillation")
-VIEW_NAMES = ("crop", "dropout", "tokens", "crop+tokens")
+VIEW_NAMES = ("crop", "dropout", "tokens", "crop+tokens", "texts")
+VALIDATION_METRICS = ("crop_retrieval", "teacher_fidelity")
+# objectives that need a frozen second encoder (a teacher, or a frozen copy of the initial model)
+TEACHER_OBJECTIVES = ("sct", "mse_distillation")
 STUDENT_NAMES = ("layer_subset", "tiny_bert")
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -65,12 +68,15 @@ class TrainConfig:
 
     # --- objective and views ------------------------------------------------------------------
     objective: str = "infonce"
-    views: str = "crop"  # crop | dropout | tokens | crop+tokens (crop pairs, then token augmentations)
+    # crop | dropout | tokens | crop+tokens (crop pairs, then token augmentations) | texts (whole texts: each
+    # document and `text_sentences` of its sentences, for distillation; both views are the same text)
+    views: str = "crop"
     objective_params: Mapping[str, Any] = field(default_factory=dict)
     view_params: Mapping[str, Any] = field(default_factory=dict)
     rank_reduction: float = 0.0  # γ of the rank-reduction regulariser (paper 002); 0 disables it
     crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
     crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
+    text_sentences: int = 1  # views = "texts": sentences drawn from each document besides the document itself
 
     # --- data ---------------------------------------------------------------------------------
     corpus: str | tuple[str, ...] = "aclsum"  # built-in corpus name, a file/folder path, or the texts
@@ -79,6 +85,9 @@ class TrainConfig:
     validation_fraction: float = 0.1  # of the documents, when validation = "holdout"
     max_validation_documents: int = 200
     pairs: str | None = None  # JSONL of scored pairs {"text1","text2","score"}: supervised CoSENT
+    # what selects DIR/best and early-stops: held-out crop-pair retrieval, or (distillation) fidelity to the
+    # teacher — the mean cosine of student and teacher embeddings of held-out texts (documents and sentences)
+    validation_metric: str = "crop_retrieval"
 
     # --- optimisation -------------------------------------------------------------------------
     max_steps: int | None = None
@@ -128,6 +137,19 @@ class TrainConfig:
             problems.append(f"validation_fraction must be in (0, 1), got {self.validation_fraction}")
         if self.warmup < 0:
             problems.append(f"warmup must be ≥ 0, got {self.warmup}")
+        if self.validation_metric not in VALIDATION_METRICS:
+            problems.append(f"validation_metric must be one of {VALIDATION_METRICS}, got {self.validation_metric!r}")
+        if self.validation_metric == "teacher_fidelity" and self.objective not in TEACHER_OBJECTIVES:
+            problems.append(
+                f"validation_metric 'teacher_fidelity' compares the student with its teacher: use one of the "
+                f"objectives {TEACHER_OBJECTIVES}, or validation_metric = 'crop_retrieval'"
+            )
+        if self.validation_metric == "teacher_fidelity" and self.truncate == "probe":
+            problems.append(
+                "truncate = 'probe' scores layers by crop retrieval: set validation_metric = 'crop_retrieval'"
+            )
+        if self.text_sentences < 0:
+            problems.append(f"text_sentences must be >= 0, got {self.text_sentences}")
         if self.objective == "simcse" and self.views != "dropout":
             problems.append("objective 'simcse' is InfoNCE on dropout views: set views = 'dropout'")
         if problems:

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import evaluation.data
 from core.settings import get_settings
-from core.text import CorpusError, hold_out
+from core.text import CorpusError, hold_out, split_sentences
 
 MIN_PARAGRAPH_CHARS = 200
+MIN_SENTENCE_CHARS = 40  # shorter "sentences" are mostly split debris ("Fig.", "et al.", list items)
 
 
 def _site_file(package: str, *parts: str) -> Path:
@@ -144,6 +145,20 @@ def split_documents(documents: Sequence[str], fraction: float, *, seed: int, max
         train=[d for i, d in enumerate(documents) if i not in held],
         validation=[d for i, d in enumerate(documents) if i in held],
     )
+
+
+def text_units(documents: Sequence[str], sentences_per_document: int, *, seed: int) -> list[str]:
+    """Whole texts to distil on, short and long mixed: every document followed by up to
+    ``sentences_per_document`` of its sentences (seeded draw, of at least ``MIN_SENTENCE_CHARS`` characters),
+    each text once. Split documents first, then expand: a held-out document's sentences stay held out."""
+    rng = random.Random(seed)
+    units: dict[str, None] = {}
+    for document in documents:
+        units[document] = None
+        sentences = [s for s in split_sentences(document) if len(s) >= MIN_SENTENCE_CHARS and s != document]
+        for sentence in rng.sample(sentences, min(sentences_per_document, len(sentences))):
+            units[sentence] = None
+    return list(units)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.config import TrainConfig
+from training.config import TEACHER_OBJECTIVES, TrainConfig
 from training.encoder import Encoder
 from training.objectives import OBJECTIVES
 from training.objectives.cosent import CoSENT
@@ -30,9 +30,6 @@ from training.students import layer_subset_student, tiny_bert_student
 from training.validation import Validation
 
 log = logging.getLogger(__name__)
-
-# objectives that need a frozen second encoder (a teacher, or a frozen copy of the initial model)
-TEACHER_OBJECTIVES = ("sct", "mse_distillation")
 
 
 def resolve_device(name: str) -> torch.device:

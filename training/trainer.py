@@ -4,9 +4,11 @@
 or a model whose lower layers are frozen), makes two views per example, runs the objective on the
 two embedding batches and optimises with AdamW under a linear warm-up + linear decay schedule
 (both ramps follow the fraction of the run done, counted in steps or, with a time budget, in
-seconds). It validates every ``eval_every`` steps on held-out crop-pair retrieval, keeps the best
-model in ``DIR/best``, stops early when validation stops improving, writes a resumable checkpoint
-and a JSONL metrics log, and saves the last model in ``DIR/final``.
+seconds). With ``views = "texts"`` the examples are whole texts (documents and their sentences), each
+encoded once per step, and the teacher embeds each text only the first time it comes (`TeacherTargets`).
+It validates every ``eval_every`` steps (held-out crop-pair retrieval, or fidelity to the teacher on
+held-out texts), keeps the best model in ``DIR/best``, stops early when validation stops improving,
+writes a resumable checkpoint and a JSONL metrics log, and saves the last model in ``DIR/final``.
 
 Output folder::
 
@@ -36,7 +38,8 @@ from tqdm.auto import tqdm
 
 from core.text import CropRule, choose_crop_rule
 from training.config import TrainConfig
-from training.data import ScoredPair, load_corpus, load_scored_pairs, split_documents
+from training.data import ScoredPair, load_corpus, load_scored_pairs, split_documents, text_units
+from training.encoder import Encoder
 from training.models import (
     Models,
     build_models,
@@ -47,7 +50,8 @@ from training.models import (
     save_model,
 )
 from training.state import STATE_FILE, TrainState, seed_everything, without_rng_side_effects
-from training.validation import CropPairValidation, ScoredPairValidation, Validation
+from training.targets import TeacherTargets
+from training.validation import CropPairValidation, ScoredPairValidation, TeacherFidelityValidation, Validation
 from training.views import PairStream
 
 Batch = tuple[int, int, list[str], list[str], list[float]]  # (epoch, index, view1 texts, view2 texts, scores)
@@ -98,12 +102,13 @@ def lr_factor(step: int, progress: float, warmup: float, total_steps: int | None
 
 @dataclass
 class TrainingData:
-    """What the run trains on (documents to crop, or scored pairs) and what it validates on."""
+    """What the run trains on (documents to crop, whole texts, or scored pairs) and what it validates on."""
 
-    documents: list[str]
+    documents: list[str]  # views = "texts": the texts themselves (documents and sentences)
     scored_pairs: list[ScoredPair] | None
     rule: CropRule
     validation: Validation | None
+    held_out_texts: list[str] | None = None  # teacher-fidelity validation: built once the teacher is loaded
 
 
 def load_training_data(config: TrainConfig, crop_rule: CropRule | None = None) -> TrainingData:
@@ -123,6 +128,15 @@ def load_training_data(config: TrainConfig, crop_rule: CropRule | None = None) -
         if config.crop_rule == "auto"
         else CropRule(sentences=config.crop_sentences)
     )
+    if config.views == "texts":
+        documents = text_units(documents, config.text_sentences, seed=config.seed)
+    if config.validation_metric == "teacher_fidelity":
+        held_out = (
+            text_units(validation_documents, config.text_sentences, seed=config.seed + 1)
+            if validation_documents
+            else None
+        )
+        return TrainingData(documents, None, rule, None, held_out)
     crop_validation = CropPairValidation(validation_documents, config.seed) if validation_documents else None
     return TrainingData(documents, None, rule, crop_validation)
 
@@ -159,6 +173,7 @@ class Run:
     total_steps: int | None
     metrics_log: IO[str]
     progress: Progress | None
+    targets: TeacherTargets | None = None  # views = "texts": the teacher's embedding of each text, computed once
 
     @property
     def out(self) -> Path:
@@ -185,11 +200,14 @@ class Run:
         for group in self.optimizer.param_groups:
             group["lr"] = config.lr * factor
         z1 = student(**student.tokenize(first))  # (B, D)
-        z2 = student(**student.tokenize(second))  # (B, D): a new dropout mask for dropout views
+        whole_texts = config.views == "texts"  # both views are the text itself: encode it once
+        z2 = z1 if whole_texts else student(**student.tokenize(second))  # (B, D): a new dropout mask for dropout views
         extra = {}
         if config.pairs:  # CoSENT
             extra["scores"] = torch.tensor(scores, device=z1.device, dtype=z1.dtype)  # (B,)
-        if reference is not None:
+        if self.targets is not None:
+            extra["reference1"] = extra["reference2"] = self.targets(first)
+        elif reference is not None:
             with torch.no_grad():
                 extra["reference1"] = reference(**reference.tokenize(first))
                 extra["reference2"] = reference(**reference.tokenize(second))
@@ -213,7 +231,7 @@ class Run:
         state.step += 1
         state.epoch, state.index = batch_epoch, batch_index + 1
 
-        texts_per_s = 2 * len(first) / max(time.perf_counter() - tick, 1e-9)
+        texts_per_s = (1 if whole_texts else 2) * len(first) / max(time.perf_counter() - tick, 1e-9)
         now = state.elapsed()
         fraction = state.fraction_done(self.total_steps, config.time_budget_s)
         eta = now * (1 - fraction) / fraction if fraction > 0 else None
@@ -308,6 +326,7 @@ def train(
     data = load_training_data(config, crop_rule)
     models = build_models(config, run_device, data.validation)
     student, reference = models.student, models.reference
+    validation, targets, setup = _teacher_side(config, data, reference)
     stream = PairStream(config, data.documents, data.rule, student.tokenizer.mask_token or "[MASK]", data.scored_pairs)
     objective = build_objective(config, student.dim, reference.dim if reference else None, models.distillation)
     rank_reduction = build_rank_reduction(config.rank_reduction)
@@ -328,8 +347,8 @@ def train(
     with (out / "metrics.jsonl").open("a" if resuming else "w") as metrics_log:
         state.start_clock()
         run = Run(
-            config, models, objective, rank_reduction, optimizer, data.validation, state, run_device, total_steps,
-            metrics_log, progress,
+            config, models, objective, rank_reduction, optimizer, validation, state, run_device, total_steps,
+            metrics_log, progress, targets,
         )  # fmt: skip
         stopped_by = ""
         if state.step == 0 and run.validation_due() and not state.evaluations and run.validate():  # the start model
@@ -355,14 +374,16 @@ def train(
                     run.save_checkpoint()
                 student.train()  # validation left it in eval mode
 
-        if data.validation is not None and (not state.evaluations or state.evaluations[-1]["step"] != state.step):
+        if validation is not None and (not state.evaluations or state.evaluations[-1]["step"] != state.step):
             run.validate()
         run.save_checkpoint()
         save_model(student, out / "final", models.saved_max_seq_length)
-        if data.validation is None:
+        if validation is None:
             save_model(student, out / "best", models.saved_max_seq_length)
             state.best_step = state.step
 
+    if targets is not None:
+        setup["teacher_embedded_texts"] = len(targets)
     result = TrainResult(
         output_dir=out,
         best_dir=out / "best",
@@ -375,11 +396,34 @@ def train(
         best_step=state.best_step,
         stopped_by=stopped_by,
         layers=models.layers,
-        extra={"probe": models.probe, "crop_rule": data.rule.describe(), "skipped_documents": stream.skipped},
+        extra={
+            "probe": models.probe,
+            "crop_rule": data.rule.describe(),
+            "skipped_documents": stream.skipped,
+            "training_texts": len(data.documents),
+            **setup,
+        },
     )
     summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items() if k not in ("history",)}
     (out / "result.json").write_text(json.dumps(summary, indent=2, default=float))
     return result
+
+
+def _teacher_side(
+    config: TrainConfig, data: TrainingData, reference: Encoder | None
+) -> tuple[Validation | None, TeacherTargets | None, dict[str, float]]:
+    """What needs the loaded teacher: the teacher-fidelity validation (with the seconds its teacher embeddings took,
+    not training time) and, for whole-text views, the memo of the teacher's embeddings of the training texts."""
+    validation, targets, setup = data.validation, None, {}
+    if reference is None:
+        return validation, targets, setup
+    if data.held_out_texts:
+        tick = time.perf_counter()
+        validation = TeacherFidelityValidation(data.held_out_texts, reference, seed=config.seed)
+        setup["fidelity_setup_s"] = round(time.perf_counter() - tick, 1)
+    if config.views == "texts":
+        targets = TeacherTargets(reference)
+    return validation, targets, setup
 
 
 def _prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:

@@ -1,11 +1,15 @@
 """Held-out validation during training: the score the trainer selects ``DIR/best`` by and stops early on.
 
-Two kinds, one interface (``metric``, ``evaluate(encoder)``, ``layer_scores(encoder)``):
+Three kinds, one interface (``metric``, ``evaluate(encoder)``, ``layer_scores(encoder)``):
 
 * `CropPairValidation` — held-out documents (self-supervised runs): crop-pair retrieval, the task the /adapt
   gate and the evaluation reports score, plus the rank diagnostics of the held-out crops (papers/002 §2.2).
 * `ScoredPairValidation` — held-out scored pairs (supervised runs): Spearman correlation of the cosines with
   the gold scores.
+* `TeacherFidelityValidation` — held-out texts (distilled students): how closely the student reproduces its
+  teacher, the mean cosine of the two embeddings of each text. A student is for standing in for its teacher on
+  any text, so it is selected by that, not by retrieval in the training domain (which rises, then falls, while
+  out-of-domain scores keep rising).
 
 `layer_scores` is TMFT's layer-wise probe (papers/003 §3): the same score for every layer's pooled output.
 """
@@ -86,4 +90,49 @@ class ScoredPairValidation:
         return [self._spearman(layer[:n], layer[n:]) for layer in vectors]
 
 
-Validation = CropPairValidation | ScoredPairValidation
+class TeacherFidelityValidation:
+    """Held-out texts: mean cosine of the student's and the frozen teacher's embeddings of each text (the
+    teacher's are computed once, here). Also reports the Spearman correlation of the two models' pairwise
+    similarities over the texts (what retrieval and clustering read; defined whatever the two dimensions)."""
+
+    metric = "teacher_cosine"
+
+    def __init__(self, texts: Sequence[str], teacher: Encoder, max_pairs: int = 20_000, seed: int = 0) -> None:
+        if len(texts) < 2:
+            raise ValueError(f"teacher-fidelity validation needs at least 2 held-out texts, got {len(texts)}")
+        self.texts = list(texts)
+        self.targets = teacher.encode(self.texts, batch_size=64)  # (N, D_t)
+        n = len(self.texts)
+        rng = np.random.default_rng(seed)
+        first, second = rng.integers(0, n, size=(2, max_pairs))
+        keep = first != second
+        self.pairs = first[keep], second[keep]  # random distinct pairs for the similarity correlation
+
+    def _scores(self, vectors: np.ndarray) -> dict[str, float]:
+        if vectors.shape[1] != self.targets.shape[1]:
+            raise ValueError(
+                f"the student's embeddings have {vectors.shape[1]} dimensions, the teacher's {self.targets.shape[1]}: "
+                "teacher_cosine compares them directly — give the student an output layer into the teacher's space "
+                "or set validation_metric = 'crop_retrieval'"
+            )
+        student, teacher = _unit(vectors), _unit(self.targets)
+        i, j = self.pairs
+        correlation = spearmanr((student[i] * student[j]).sum(-1), (teacher[i] * teacher[j]).sum(-1)).statistic
+        return {
+            self.metric: float((student * teacher).sum(-1).mean()),
+            "similarity_spearman": float(0.0 if np.isnan(correlation) else correlation),
+        }
+
+    def evaluate(self, encoder: Encoder) -> dict[str, float]:
+        return self._scores(encoder.encode(self.texts, batch_size=64))
+
+    def layer_scores(self, encoder: Encoder) -> list[float]:
+        layers = encoder.encode(self.texts, batch_size=64, all_layers=True)
+        return [self._scores(layer)[self.metric] for layer in layers]
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+
+
+Validation = CropPairValidation | ScoredPairValidation | TeacherFidelityValidation

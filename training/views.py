@@ -100,6 +100,7 @@ class PairStream:
 
     ``crop``: two distinct crops of a document. ``dropout``: one crop twice (the encoder's dropout makes the
     views). ``tokens``: one crop, token-augmented twice. ``crop+tokens``: two crops, each token-augmented.
+    ``texts``: each document whole, as both views (distillation on the texts themselves).
     """
 
     def __init__(
@@ -138,6 +139,8 @@ class PairStream:
         self.skipped = 0
         if self.scored_pairs is not None:
             examples = [(p.text1, p.text2, p.score) for p in self.scored_pairs]
+        elif self.config.views == "texts":  # the documents are already the texts (training.data.text_units)
+            examples = [(text, text, 0.0) for text in self.documents]
         elif self.config.views in ("dropout", "tokens"):  # one crop, two views made from it
             for doc in self.documents:
                 chunks = self.rule.chunks(doc)

@@ -286,6 +286,23 @@ def test_sct_distillation_student_dim_differs_from_teacher() -> None:
     assert loss_cd.item() == pytest.approx(stats_cd["loss_cd"], rel=1e-6)
 
 
+def test_sct_mse_weight_adds_the_squared_distance_to_the_teacher() -> None:
+    torch.manual_seed(0)
+    plain = SCT(student_dim=6, queue_size=16, distillation=True, projector_layers=0)
+    torch.manual_seed(0)
+    with_mse = SCT(student_dim=6, queue_size=16, distillation=True, projector_layers=0, mse_weight=2.0)
+    v1, v2, t1, t2 = (F.normalize(seeded(4, 6, seed=s), dim=-1) for s in (1, 2, 3, 4))
+    loss, stats = plain(v1, v2, reference1=t1, reference2=t2)
+    loss_mse, stats_mse = with_mse(v1, v2, reference1=t1, reference2=t2)
+    expected_mse, _ = MSEDistillation(6)(v1, v2, t1, t2)
+    assert "loss_mse" not in stats and stats_mse["loss_mse"] == pytest.approx(expected_mse.item(), rel=1e-5)
+    assert loss_mse.item() == pytest.approx(loss.item() + 2.0 * expected_mse.item(), rel=1e-5)
+    # a student equal to its teacher adds nothing
+    torch.manual_seed(0)
+    same = SCT(student_dim=6, queue_size=16, distillation=True, projector_layers=0, mse_weight=2.0)
+    assert same(t1, t2, reference1=t1, reference2=t2)[1]["loss_mse"] == pytest.approx(0.0, abs=1e-7)
+
+
 def test_sct_training_teaches_the_student_the_teacher_neighbourhoods() -> None:
     """A few gradient steps on fixed data raise the cross-view accuracy (a smoke test of the whole loss)."""
     torch.manual_seed(0)
@@ -309,6 +326,8 @@ def test_sct_bad_arguments_say_what_to_fix() -> None:
         SCT(student_dim=4, tau_ref=0)
     with pytest.raises(ValueError, match="set projector_layers >= 1"):
         SCT(student_dim=4, reference_dim=8, projector_layers=0)
+    with pytest.raises(ValueError, match="mse_weight must be >= 0"):
+        SCT(student_dim=4, mse_weight=-1.0)
     sct = SCT(student_dim=4, reference_dim=8, queue_size=8, expansion=1)
     with pytest.raises(ValueError, match="SCT needs reference1 and reference2"):
         sct(torch.ones(2, 4), torch.ones(2, 4))

@@ -85,8 +85,15 @@ def test_crop_mpnet_follows_the_cropping_paper() -> None:
 
 def test_sct_tiny_recipes_distil_two_layer_students_from_minilm() -> None:
     subset, pca = load_config("sct-tiny"), load_config("sct-tiny-pca")
-    assert subset.objective == pca.objective == "sct"
+    assert pca.objective == "sct"
     assert subset.model == pca.model == "minilm-l6"
+    # the default student distils the teacher's embedding of whole texts and is selected by fidelity to it
+    assert (subset.objective, subset.views, subset.validation_metric) == (
+        "mse_distillation",
+        "texts",
+        "teacher_fidelity",
+    )
+    assert subset.max_seq_length == 128 and subset.text_sentences >= 1
     assert subset.student == "layer_subset" and subset.student_layers == (0, 5)
     assert pca.student == "tiny_bert" and (pca.student_num_layers, pca.student_hidden_size) == (2, 128)
 

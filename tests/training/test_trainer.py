@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from core.text import CorpusError
-from training.config import TrainConfig
-from training.data import load_corpus, load_scored_pairs
+from training.config import ConfigError, TrainConfig
+from training.data import MIN_SENTENCE_CHARS, load_corpus, load_scored_pairs, text_units
 from training.encoder import Encoder
-from training.students import layer_subset_student
+from training.students import layer_subset_student, tiny_bert_student
 from training.trainer import lr_factor, train
-from training.validation import CropPairValidation
+from training.validation import CropPairValidation, TeacherFidelityValidation
 
 
 def tiny_corpus(n: int = 24) -> list[str]:
@@ -293,3 +293,57 @@ def test_corpus_errors_say_what_to_fix(tmp_path: Path) -> None:
     (tmp_path / "p.jsonl").write_text(json.dumps({"text1": "a", "score": 1}))
     with pytest.raises(CorpusError, match=r"p.jsonl:1: expected"):
         load_scored_pairs(tmp_path / "p.jsonl")
+
+
+# --- whole-text distillation, selected by fidelity to the teacher -----------------------------------
+
+
+def test_text_units_mix_documents_and_their_sentences() -> None:
+    documents = tiny_corpus(3)
+    units = text_units(documents, 2, seed=0)
+    assert units[0] == documents[0] and len(units) == 3 * 3  # each document, then two of its sentences
+    sentences = [u for u in units if u not in documents]
+    assert all(any(s in d for d in documents) and len(s) >= MIN_SENTENCE_CHARS for s in sentences)
+    assert text_units(documents, 2, seed=0) == units and text_units(documents, 0, seed=0) == documents
+    assert text_units(["Too short. Also short.", "Too short. Also short."], 1, seed=0) == ["Too short. Also short."]
+
+
+def test_teacher_fidelity_is_one_for_the_teacher_and_lower_for_another_model(
+    tiny_bert_path: Path, tiny_electra_path: Path
+) -> None:
+    teacher = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32)
+    texts = text_units(tiny_corpus(6), 1, seed=0)
+    validation = TeacherFidelityValidation(texts, teacher)
+    same = validation.evaluate(teacher)
+    assert same["teacher_cosine"] == pytest.approx(1.0, abs=1e-5) and same["similarity_spearman"] == pytest.approx(1.0)
+    scores = validation.evaluate(Encoder.from_pretrained(tiny_electra_path, max_seq_length=32))  # another model
+    assert scores["teacher_cosine"] < 0.9 and scores["similarity_spearman"] < 0.9
+    assert validation.layer_scores(teacher)[-1] == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match="give the student an output layer"):
+        validation.evaluate(tiny_bert_student(teacher, num_layers=1, hidden_size=16, num_heads=2))  # 16 vs 32 dims
+
+
+def test_whole_text_distillation_selects_best_by_fidelity_and_approaches_the_teacher(
+    tmp_path: Path, tiny_bert_path: Path, tiny_electra_path: Path
+) -> None:
+    config = tiny_config(
+        tmp_path, tiny_bert_path, objective="mse_distillation", views="texts", student="layer_subset",
+        student_layers=[0, 3], teacher=str(tiny_electra_path), validation_metric="teacher_fidelity", eval_every=3,
+        max_steps=9, lr=1e-3, log_every=1,
+    )  # fmt: skip
+    result = train(config)
+    assert result.extra["training_texts"] > len(tiny_corpus())
+    assert 0 < result.extra["teacher_embedded_texts"] <= result.extra["training_texts"]
+    scores = [e["teacher_cosine"] for e in result.evaluations]
+    assert [e["step"] for e in result.evaluations] == [0, 3, 6, 9]
+    best = scores.index(max(scores))
+    assert result.best_score == max(scores) and result.best_step == result.evaluations[best]["step"]
+    assert max(scores[1:]) > scores[0]  # training brings the student closer to the teacher on held-out texts
+    assert all(r["texts_per_s"] > 0 and "cosine" in r for r in result.history)
+
+
+def test_teacher_fidelity_needs_a_teacher_objective() -> None:
+    with pytest.raises(ConfigError, match="teacher_fidelity' compares the student with its teacher"):
+        TrainConfig(objective="infonce", validation_metric="teacher_fidelity")
+    with pytest.raises(ConfigError, match="validation_metric must be one of"):
+        TrainConfig(validation_metric="crops")

@@ -81,10 +81,15 @@ class SCT(nn.Module):
     ==========  ==========  ==================================================================
 
     ``distillation=False``: L = L_SCT with the references as f_ref. ``distillation=True``: the references
-    are the teacher's, L = ``sct_weight`` · L_SCT(self-reference) + L_CD. After the loss the references
-    are enqueued (D₁ ← reference1, D₂ ← reference2). Metrics: ``loss``, ``loss_sct``, ``loss_cd``
-    (distillation), ``accuracy`` (how often an online view's highest-scoring candidate is the other
-    view's reference vector of the same text) and the collapse diagnostics of the student embeddings.
+    are the teacher's, L = ``sct_weight`` · L_SCT(self-reference) + L_CD. ``mse_weight`` > 0 adds
+    ``mse_weight`` · ½ Σ_v mean_b ||P(view_v) − reference_v||² (the teacher's embedding itself, Reimers &
+    Gurevych 2020 Eq. 1, as `MSEDistillation` computes it; P is the projector, so the student must map into
+    the reference space): L_SCT and L_CD match similarity *distributions* over the queue, which leave the
+    embedding free up to what the queue can tell apart; the MSE term pins it to the teacher's. After the loss
+    the references are enqueued (D₁ ← reference1, D₂ ← reference2). Metrics: ``loss``, ``loss_sct``,
+    ``loss_cd`` (distillation), ``loss_mse`` (mse_weight > 0), ``accuracy`` (how often an online view's
+    highest-scoring candidate is the other view's reference vector of the same text) and the collapse
+    diagnostics of the student embeddings.
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class SCT(nn.Module):
         projector_layers: int = 3,
         distillation: bool = False,
         sct_weight: float = 1.0,
+        mse_weight: float = 0.0,
     ) -> None:
         super().__init__()
         reference_dim = reference_dim or student_dim
@@ -114,9 +120,11 @@ class SCT(nn.Module):
             )
         if sct_weight < 0:
             raise ValueError(f"sct_weight must be >= 0, got {sct_weight}")
+        if mse_weight < 0:
+            raise ValueError(f"mse_weight must be >= 0 (0 = no MSE term), got {mse_weight}")
         self.student_dim, self.reference_dim = int(student_dim), int(reference_dim)
         self.tau_online, self.tau_ref = float(tau_online), float(tau_ref)
-        self.distillation, self.sct_weight = bool(distillation), float(sct_weight)
+        self.distillation, self.sct_weight, self.mse_weight = bool(distillation), float(sct_weight), float(mse_weight)
         self.projector: nn.Module = (
             SCTProjector(student_dim, reference_dim, expansion, projector_layers) if projector_layers else nn.Identity()
         )
@@ -170,6 +178,13 @@ class SCT(nn.Module):
         else:
             loss_sct = cross_view_kl(ref1, ref2, online1, online2)  # Eq. 2
             loss = loss_sct
+        if self.mse_weight > 0:
+            p1, p2 = self.projector(view1), self.projector(view2)  # (B, D_ref), not normalised: the teacher's vector
+            error1 = (p1 - reference1.detach()).pow(2).sum(-1).mean()
+            error2 = (p2 - reference2.detach()).pow(2).sum(-1).mean()
+            loss_mse = 0.5 * (error1 + error2)
+            loss = loss + self.mse_weight * loss_mse.to(loss.dtype)
+            stats["loss_mse"] = float(loss_mse.detach())
 
         with torch.no_grad():
             # the batch sits after the queue; a queued copy of the same vector (a text seen again) ties, not misses
