@@ -8,8 +8,10 @@ held-out crop-pair task (the validation documents of a recipe), and encoding spe
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/train_compare.py runs/exp1-crop/final runs/exp1-dropout/final \\
         minilm-l6 --heldout-from runs/exp1-crop/recipe.json --tasks ACLSumRetrieval
 
-Prints a markdown table (task scores in points, their average, the average relative to the baseline, and texts/s
-for 32-text batches of short and long texts, measured one model after the other in the same process).
+Prints a markdown table (task scores in points; per model the average of its out-of-domain tasks — the headline —
+and of its in-domain ones, judged by the corpora it declares, `evaluation.suite.domain_split`; the out-of-domain
+average relative to the baseline's on the same tasks; and texts/s for 32-text batches of short and long texts,
+measured one model after the other in the same process).
 """
 
 from __future__ import annotations
@@ -24,17 +26,22 @@ from typing import Any
 
 def heldout_task(recipe_json: Path) -> Any:
     """`CropPairRetrieval` over the validation documents a training run held out (same split, same seed)."""
+    from core.model_folder import TRAINED_ON_KEY
     from evaluation.tasks.crops import CropPairRetrieval
     from training.config import from_dict
-    from training.data import load_corpus, split_documents
+    from training.data import corpus_names, load_corpus, split_documents
 
-    config = from_dict(json.loads(recipe_json.read_text()))
+    recipe = json.loads(recipe_json.read_text())
+    recipe.pop(TRAINED_ON_KEY, None)  # what the trainer derived from the config, not a config key
+    config = from_dict(recipe)
     corpus = list(config.corpus) if isinstance(config.corpus, tuple) else config.corpus
     documents = load_corpus(corpus, max_documents=config.max_documents, seed=config.seed)
     split = split_documents(
         documents, config.validation_fraction, seed=config.seed, max_validation=config.max_validation_documents
     )
-    return CropPairRetrieval.from_corpus(split.validation, seed=config.seed, name="InDomainHeldOutCrops")
+    task = CropPairRetrieval.from_corpus(split.validation, seed=config.seed, name="InDomainHeldOutCrops")
+    task.source_corpus = corpus_names(corpus)[0]  # the recipe's documents: in-domain for the models trained on it
+    return task
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     rank_texts = [text for pair in tasks[-1].crop_pairs() for text in pair] if args.heldout_from else []
     for spec, model in models.items():
         report = run_suite(model, tasks, progress=False, cache=settings.cache_dir)
-        rows[spec] = {"scores": report["scores"], "layers": getattr(model, "num_layers", None), "dim": model.dim}
+        rows[spec] = {
+            "scores": report["scores"],
+            "domains": report["domains"],
+            "layers": getattr(model, "num_layers", None),
+            "dim": model.dim,
+        }
         if rank_texts:  # paper 002 §2.2.1: effective rank of the in-domain held-out crop embeddings
             rows[spec]["heldout_effective_rank"] = effective_rank(model.encode(rank_texts))
         print(f"scored {spec}: {report['scores']}", file=sys.stderr, flush=True)
@@ -85,10 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     if baseline not in rows:
         parser.error(f"--baseline {baseline!r} must be one of the models")
 
-    def average(spec: str) -> float:
-        return statistics.fmean(rows[spec]["scores"][n] for n in names)
+    def average(spec: str, part: str) -> str:
+        value = rows[spec]["domains"][part]["average"]
+        return "-" if value is None else f"{value:.2f}"
 
-    header = ["model", "layers", "dim", *names, "average", f"vs {baseline}"]
+    def versus_baseline(spec: str) -> str:
+        tasks = rows[spec]["domains"]["out_of_domain"]["tasks"]
+        if not tasks:
+            return "-"
+        ours, theirs = (statistics.fmean(rows[s]["scores"][n] for n in tasks) for s in (spec, baseline))
+        return f"{100 * ours / theirs:.1f} %"
+
+    header = ["model", "layers", "dim", *names, "out-of-domain avg", "in-domain avg", f"out-of-domain vs {baseline}"]
     if rank_texts:
         header.append("eff. rank (held-out)")
     if args.speed:
@@ -98,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec, row in rows.items():
         cells = [f"`{spec}`", str(row["layers"]), str(row["dim"])]
         cells += [f"{row['scores'][n]:.2f}" for n in names]
-        cells += [f"{average(spec):.2f}", f"{100 * average(spec) / average(baseline):.1f} %"]
+        cells += [average(spec, "out_of_domain"), average(spec, "in_domain"), versus_baseline(spec)]
         if rank_texts:
             cells.append(f"{row['heldout_effective_rank']:.1f}")
         if args.speed:
@@ -106,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
             ratio = statistics.geometric_mean([tps[k] / base[k] for k in tps])
             cells += [f"{tps['short']:.0f}", f"{tps['long']:.1f}", f"{ratio:.2f}×"]
         print("| " + " | ".join(cells) + " |")
+    print()
+    for spec, row in rows.items():
+        domains = row["domains"]
+        declared = ", ".join(domains["trained_on"]) or "none declared (every task out-of-domain)"
+        print(f"- `{spec}` trained on {declared}; in-domain: {', '.join(domains['in_domain']['tasks']) or '-'}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"tasks": names, "baseline": baseline, "rows": rows}, indent=2))

@@ -66,3 +66,22 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
     if st_config.exists():
         found["max_seq_length"] = int(json.loads(st_config.read_text())["max_seq_length"])
     return found
+
+
+# What the trainer writes into its run folder (``DIR/recipe.json``, next to ``DIR/best`` and ``DIR/final``): the
+# resolved config plus ``trained_on``, the corpus names the weights were trained on (evaluation.data.CORPUS_DOMAINS
+# names their domains; ``custom`` for text given as a path or in memory).
+RECIPE_FILE = "recipe.json"
+TRAINED_ON_KEY = "trained_on"
+
+
+def read_trained_on(folder: str | Path) -> list[str]:
+    """The corpora a checkpoint was trained on, from the ``recipe.json`` in ``folder`` or in its run folder
+    (``runs/NAME/best`` → ``runs/NAME/recipe.json``). Empty when none is declared: a built-in or downloaded model
+    whose training data is unknown, or a checkpoint written before recipes recorded ``trained_on``."""
+    folder = Path(folder).expanduser()
+    for recipe in (folder / RECIPE_FILE, folder.parent / RECIPE_FILE):
+        if folder.is_dir() and recipe.is_file():
+            names = json.loads(recipe.read_text()).get(TRAINED_ON_KEY)
+            return [str(name) for name in names] if isinstance(names, list) else []
+    return []

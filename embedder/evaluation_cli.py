@@ -122,11 +122,26 @@ def validate_main(argv: list[str]) -> int:
             print(f"{task:<34} {score:8.2f}")
         for task, reason in cand["skipped"].items():
             print(f"{task:<34} skipped: {reason}")
+    for role in ("candidate", "baseline"):
+        if report.get(role):
+            print(_domain_summary(role, report[role]))
     print(f"report: {written['report.md']}")
     if gate is not None and not gate.passed:
         print("failing: " + ", ".join(f.split(":")[0] for f in gate.failures), file=sys.stderr)
         return 1
     return 0
+
+
+def _domain_summary(role: str, model_report: dict) -> str:
+    """One line per model: the out-of-domain and in-domain averages and the corpora that split them."""
+    from evaluation.report import describe_trained_on
+
+    d = model_report["domains"]
+    parts = []
+    for label, part in (("out-of-domain", d["out_of_domain"]), ("in-domain", d["in_domain"])):
+        average = "-" if part["average"] is None else f"{part['average']:.2f}"
+        parts.append(f"{label} {average} ({len(part['tasks'])} tasks)")
+    return f"{role} {model_report['model']['name']}: {', '.join(parts)}; trained on: {describe_trained_on(d)}"
 
 
 def layers_main(argv: list[str]) -> int:

@@ -26,6 +26,10 @@ all articles, so a model trained on BBC text is no longer blind on `BBCNewsClust
 `aclsum_body_paragraphs` is the ACL text that is safe to train on: body paragraphs only, never the
 abstracts (the retrieval corpus) or the summaries (the queries). ``lee.cor`` is scored;
 ``lee_background.cor`` is a disjoint set of documents.
+
+**Domains.** Disjoint documents are not enough to call a task out-of-domain: `CORPUS_DOMAINS` maps every
+corpus to the kind of text it is, and `is_in_domain` judges a task by its corpus's domain against the domains
+of the corpora a model was trained on (reports average in-domain and out-of-domain tasks apart).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import platform
 import random
 import re
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,11 +61,39 @@ CORPUS_LEE = "lee"
 CORPUS_LEE_BACKGROUND = "lee_background"
 CORPUS_BBC = "bbc"
 CORPUS_ACLSUM = "aclsum"
+CORPUS_ENWIKI = "enwiki"
 CORPUS_BIBLE = "bible-oeb-asv"
 CORPUS_PYDOC = "python-stdlib-docstrings"
+CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in memory: no suite task draws from it
+
+# Corpus → domain: the kind of text, not the file. A model trained on any corpus of a domain is in-domain for every
+# task drawing from that domain: lee.cor and lee_background.cor are disjoint documents of one news collection, and
+# BBC News is news too; ACLSum's body paragraphs (trained on) and its abstracts (scored) are the same papers. A
+# corpus not listed here (``custom``, ``adapt:<name>``, a crop task built from a customer corpus) is a domain of
+# its own that no suite task shares.
+CORPUS_DOMAINS = {
+    CORPUS_LEE: "news",
+    CORPUS_LEE_BACKGROUND: "news",
+    CORPUS_BBC: "news",
+    CORPUS_ACLSUM: "nlp-papers",
+    CORPUS_ENWIKI: "encyclopedia",
+    CORPUS_BIBLE: "bible",
+    CORPUS_PYDOC: "python-docs",
+}
 BBC_CLASSES = ("business", "entertainment", "politics", "sports", "tech")
 ACLSUM_ASPECTS = ("challenge", "approach", "outcome")
 MIN_PARAGRAPH_CHARS = 200
+
+
+def corpus_domain(corpus: str) -> str:
+    """The domain of a corpus name (`CORPUS_DOMAINS`); an unlisted corpus is a domain of its own."""
+    return CORPUS_DOMAINS.get(corpus, corpus)
+
+
+def is_in_domain(source_corpus: str, trained_on: Iterable[str]) -> bool:
+    """Whether a task drawing from ``source_corpus`` is in-domain for a model trained on the corpora ``trained_on``
+    (none declared, as for a pretrained model whose training data is unknown: every task is out-of-domain)."""
+    return corpus_domain(source_corpus) in {corpus_domain(corpus) for corpus in trained_on}
 
 
 class DataUnavailableError(RuntimeError):

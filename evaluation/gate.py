@@ -17,18 +17,25 @@ class GateResult:
     """Outcome of `check`: ``passed``, one line per failure, and the comparison as rows.
 
     ``table`` rows: ``{"task", "candidate", "baseline", "delta", "status"}`` with scores in points and
-    status one of ``ok``, ``FAIL``, ``skipped``; a final ``speedup`` row when speed was compared.
+    status one of ``ok``, ``FAIL``, ``skipped``, ``headline``; a final ``speedup`` row when speed was compared.
+    ``headline``: `out_of_domain_headline`, None when the candidate report does not split its tasks by domain.
     """
 
     passed: bool
     failures: list[str]
     table: list[dict[str, Any]] = field(default_factory=list)
+    headline: dict[str, Any] | None = None
 
     def __bool__(self) -> bool:
         return self.passed
 
     def as_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "failures": list(self.failures), "table": list(self.table)}
+        return {
+            "passed": self.passed,
+            "failures": list(self.failures),
+            "table": list(self.table),
+            "headline": self.headline,
+        }
 
     def format_table(self) -> str:
         """The comparison as aligned plain text (for the terminal)."""
@@ -72,6 +79,25 @@ def throughput_speedup(report: Mapping[str, Any], baseline: Mapping[str, Any]) -
     return math.exp(sum(math.log(ours[k] / theirs[k]) for k in shared) / len(shared))
 
 
+def out_of_domain_headline(report: Mapping[str, Any], baseline_report: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The headline comparison: candidate and baseline averaged over the *candidate's* out-of-domain tasks that
+    both scored (`evaluation.suite.domain_split`), ``{"tasks", "candidate", "baseline", "delta"}`` in points.
+
+    None when the candidate report has no domain split (a plain ``{task: points}`` mapping) or no such task.
+    """
+    domains = report.get("domains") if "scores" in report else None
+    if not domains:
+        return None
+    ours, _ = _scores(report, "candidate")
+    theirs, _ = _scores(baseline_report, "baseline")
+    tasks = [t for t in domains["out_of_domain"]["tasks"] if t in ours and t in theirs]
+    if not tasks:
+        return None
+    cand = sum(ours[t] for t in tasks) / len(tasks)
+    base = sum(theirs[t] for t in tasks) / len(tasks)
+    return {"tasks": tasks, "candidate": round(cand, 4), "baseline": round(base, 4), "delta": round(cand - base, 4)}
+
+
 def check(
     report: Mapping[str, Any],
     baseline_report: Mapping[str, Any],
@@ -92,6 +118,10 @@ def check(
             crop-pair task of an ``/adapt`` job).
 
     A task the baseline ran but the candidate did not (or skipped) fails: the gate cannot vouch for it.
+
+    The first row is the headline when the candidate report splits its tasks by domain: the out-of-domain
+    average (`out_of_domain_headline`). It is reported, not gated — every task in it is already held to
+    ``max_drop``, so its average cannot drop further.
     """
     if max_drop < 0:
         raise ValueError(f"max_drop is a number of points and must be >= 0, got {max_drop}")
@@ -101,6 +131,11 @@ def check(
     theirs, their_skips = _scores(baseline_report, "baseline")
     failures: list[str] = []
     table: list[dict[str, Any]] = []
+    headline = out_of_domain_headline(report, baseline_report)
+    if headline is not None:
+        label = f"out-of-domain average ({len(headline['tasks'])} tasks)"
+        scores = {k: headline[k] for k in ("candidate", "baseline", "delta")}
+        table.append({"task": label, **scores, "status": "headline"})
     for task in list(theirs) + [t for t in ours if t not in theirs]:
         cand, base = ours.get(task), theirs.get(task)
         row: dict[str, Any] = {"task": task, "candidate": cand, "baseline": base, "delta": None, "status": "ok"}
@@ -136,7 +171,7 @@ def check(
     for task in our_skips:
         if task not in theirs and task not in their_skips:
             table.append({"task": task, "candidate": None, "baseline": None, "delta": None, "status": "skipped"})
-    return GateResult(passed=not failures, failures=failures, table=table)
+    return GateResult(passed=not failures, failures=failures, table=table, headline=headline)
 
 
 IN_DOMAIN_TASK = "CropPairRetrieval-heldout"

@@ -67,6 +67,12 @@ class EmbeddingModel(ABC):
         return self._compute_hash()
 
     @property
+    def trained_on(self) -> tuple[str, ...]:
+        """The corpora the model declares it was trained or adapted on (`evaluation.data.CORPUS_DOMAINS` names,
+        ``custom``, ``adapt:<name>``); empty when none is declared (training data unknown)."""
+        return ()
+
+    @property
     def supports_layers(self) -> bool:
         return False
 
@@ -89,6 +95,7 @@ class EmbeddingModel(ABC):
             "dim": self.dim,
             "max_seq_length": self.max_seq_length,
             "num_layers": self.num_layers,
+            "trained_on": list(self.trained_on),
         }
 
 
@@ -112,6 +119,10 @@ class OnnxModel(EmbeddingModel):
     @property
     def max_seq_length(self) -> int:
         return int(self.bundle.max_seq_length)
+
+    @property
+    def trained_on(self) -> tuple[str, ...]:
+        return tuple(self.bundle.manifest.get("trained_on") or ())  # bundles exported before it was recorded: none
 
     @property
     def num_layers(self) -> int | None:

@@ -119,6 +119,39 @@ def _cell(value: Any, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def describe_trained_on(domains: dict[str, Any]) -> str:
+    """The corpora a model declares, or why it declares none (for reports and the terminal)."""
+    if not domains["declared"]:
+        return "none declared (training data unknown: every task counts as out-of-domain)"
+    return ", ".join(domains["trained_on"])
+
+
+def _domain_lines(report: dict[str, Any]) -> list[str]:
+    models = [(role, m) for role, m in _models(report) if m.get("domains")]
+    if not models:
+        return []
+    lines = [
+        "",
+        "## Out-of-domain and in-domain (points)",
+        "",
+        "| model | trained on | out-of-domain average | out-of-domain tasks | in-domain average | in-domain tasks |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    for role, model in models:
+        d = model["domains"]
+        ood, ind = d["out_of_domain"], d["in_domain"]
+        lines.append(
+            f"| {role} `{model['model']['name']}` | {describe_trained_on(d)} | {_cell(ood['average'])} | "
+            f"{', '.join(ood['tasks']) or '-'} | {_cell(ind['average'])} | {', '.join(ind['tasks']) or '-'} |"
+        )
+    lines += [
+        "",
+        "A task is in-domain when the domain of the corpus it draws from (news, NLP papers, …) is one the model "
+        "was trained or adapted on; the out-of-domain average is the headline (docs/EVALUATION.md).",
+    ]
+    return lines
+
+
 def render_markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
     """The human-readable report."""
     cand, base, gate = report["candidate"], report.get("baseline"), report.get("gate")
@@ -139,6 +172,13 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
             + (f", min speedup {report['min_speedup']:g}x" if report.get("min_speedup") else "")
             + ")"
         ]
+    headline = (gate or {}).get("headline")
+    if headline:
+        lines.append(
+            f"- headline, the out-of-domain average over the candidate's {len(headline['tasks'])} out-of-domain "
+            f"tasks: **{headline['candidate']:.2f}** vs {headline['baseline']:.2f} ({headline['delta']:+.2f} points)"
+        )
+    lines += _domain_lines(report)
     lines += ["", "## Tasks (points, 0-100)", ""]
     if gate is not None:
         lines += ["| task | candidate | baseline | delta | status |", "|---|---:|---:|---:|---|"]

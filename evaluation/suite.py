@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from sklearn.exceptions import UndefinedMetricWarning
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from evaluation import data
 from evaluation.adapter import EmbeddingMemo, MtebEncoder
 from evaluation.models import EmbeddingModel, load_model
 from evaluation.tasks import DEFAULT_TASKS, OfflineTask, resolve_task
@@ -108,6 +109,23 @@ def write_cached_result(path: Path, value: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def domain_split(trained_on: Sequence[str], sources: Mapping[str, str], scores: Mapping[str, float]) -> dict[str, Any]:
+    """Scored tasks split into in-domain and out-of-domain for a model trained on ``trained_on``, with the mean of
+    each part in points (None when a part is empty). ``sources``: task → the corpus it draws from.
+
+    The out-of-domain average is the headline: what the model does on text unlike what it was trained on. With no
+    declared corpora (a pretrained model whose training data is unknown) every task counts as out-of-domain.
+    """
+    parts: dict[str, list[str]] = {"in_domain": [], "out_of_domain": []}
+    for task in scores:
+        parts["in_domain" if data.is_in_domain(sources[task], trained_on) else "out_of_domain"].append(task)
+    split: dict[str, Any] = {"trained_on": list(trained_on), "declared": bool(trained_on)}
+    for part, tasks in parts.items():
+        mean = sum(scores[t] for t in tasks) / len(tasks) if tasks else None
+        split[part] = {"tasks": tasks, "average": None if mean is None else round(mean, 4)}
+    return split
+
+
 def run_suite(
     model: Any,
     tasks: Sequence[Any] | None = None,
@@ -132,7 +150,8 @@ def run_suite(
 
     Returns:
         ``{"model": info, "fast": bool, "scores": {task: points 0-100}, "tasks": {task: {"score",
-        "main_metric", "details", "seconds", "cached"}}, "skipped": {task: reason}, "seconds": float}``.
+        "main_metric", "details", "seconds", "cached", "source_corpus", "in_domain"}}, "skipped": {task: reason},
+        "domains": `domain_split` for the model's ``trained_on``, "seconds": float}``.
         A task whose data package is missing is listed in ``skipped`` with the reason, never raised.
     """
     emb_model = load_model(model)
@@ -145,6 +164,7 @@ def run_suite(
         "tasks": {},
         "skipped": {},
     }
+    sources: dict[str, str] = {}
     start = time.perf_counter()
     bar = tqdm(resolved, desc=f"suite {emb_model.name}", unit="task", disable=not progress)
     for task in bar:
@@ -164,7 +184,10 @@ def run_suite(
             entry = {**entry, "cached": False}
         else:
             entry = {**entry, "cached": True}
-        report["tasks"][name] = entry
+        sources[name] = task.source_corpus  # not cached: the model's trained_on is not part of its content hash
+        in_domain = data.is_in_domain(task.source_corpus, emb_model.trained_on)
+        report["tasks"][name] = {**entry, "source_corpus": task.source_corpus, "in_domain": in_domain}
         report["scores"][name] = entry["score"]
+    report["domains"] = domain_split(emb_model.trained_on, sources, report["scores"])
     report["seconds"] = round(time.perf_counter() - start, 2)
     return report

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from core import registry as reg
 from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
+from core.model_folder import read_trained_on
 from core.runtime import PROBES_FILE, write_probes
 from export import graph
 from export.parity import ParityError, check_parity
@@ -74,6 +75,13 @@ def _base_model(model: str | os.PathLike[str] | Encoder, encoder: Encoder) -> st
     return Path(encoder.source).name if encoder.source else "in-memory Encoder"
 
 
+def _trained_on(model: str | os.PathLike[str] | Encoder) -> list[str]:
+    """The corpora a checkpoint's recipe.json declares (its folder or its run folder); none for a built-in model."""
+    if isinstance(model, Encoder):
+        return read_trained_on(model.source) if model.source else []
+    return [] if isinstance(model, str) and model in BUILTIN_MODELS else read_trained_on(model)
+
+
 def _hash_files(folder: Path) -> dict[str, str]:
     return {
         path.relative_to(folder).as_posix(): sha256_file(path)
@@ -98,6 +106,7 @@ def export_bundle(
     method: dict | None = None,
     validate: Callable[[Path], dict] | None = None,
     pooling: str | None = None,
+    trained_on: Sequence[str] | None = None,
 ) -> Path:
     """Export ``model`` to a new version of bundle ``name`` in the registry; return its folder.
 
@@ -117,17 +126,22 @@ def export_bundle(
             into it; its returned dict becomes ``manifest["validation"]``. If it raises, nothing
             is published and the exception propagates.
         pooling: override the checkpoint's pooling (``mean``, ``cls``, ``last``).
+        trained_on: the corpora the weights were trained or adapted on (manifest ``trained_on``; evaluation splits
+            in-domain from out-of-domain tasks by them). Default: a checkpoint folder's recipe.json
+            (`core.model_folder.read_trained_on`); none for a built-in model, whose training data is unknown.
 
     Raises:
         ParityError: ONNX disagrees with torch on the probe set (or, with ``quantize="int8"``, no int8
             setting passes); lists every failed check.
         ValueError: bad ``layers``, ``quantize`` or ``pooling``; RegistryError: bad ``name``.
     """
+    reg.validate_name(name)  # before the name becomes part of a temporary folder's path
     staging = Path(tempfile.mkdtemp(prefix=f"embedder-export-{name}-"))
     try:
         manifest = build_bundle(
-            model, staging, name, layers=layers, quantize=quantize, parent=parent, method=method, pooling=pooling
-        )
+            model, staging, name, layers=layers, quantize=quantize, parent=parent, method=method, pooling=pooling,
+            trained_on=trained_on,
+        )  # fmt: skip
         if validate is not None:
             log.info("export %s: validate", name)
             manifest["validation"] = validate(staging)
@@ -146,6 +160,7 @@ def build_bundle(
     parent: str | None = None,
     method: dict | None = None,
     pooling: str | None = None,
+    trained_on: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Write a complete, parity-checked bundle into the empty folder ``staging``; return its manifest (also
     written there, without a version until `publish_bundle`). Arguments and errors as `export_bundle`."""
@@ -190,6 +205,7 @@ def build_bundle(
             "base_model": _base_model(model, encoder),
             "parent": parent,
             "method": method or {"name": "pretrained", "hyperparameters": {}},
+            "trained_on": list(trained_on) if trained_on is not None else _trained_on(model),
             "layers": encoder.num_layers,
             "source_layers": source_layers,
             "dim": encoder.dim,

@@ -98,13 +98,25 @@ def _load_with_datasets(path: Path) -> list[str]:
     return [t for t in table["text"] if isinstance(t, str) and t.strip()]
 
 
+def _builtin_names(spec: str | Path | Sequence[str]) -> list[str] | None:
+    """The built-in corpora a spec names (``"enwiki+aclsum"`` → both), or None for a path or texts."""
+    names = str(spec).split("+") if isinstance(spec, str | Path) else []
+    return names if names and all(name in BUILTIN_CORPORA for name in names) else None
+
+
+def corpus_names(spec: str | Path | Sequence[str]) -> list[str]:
+    """What a model trained on ``spec`` records as ``trained_on`` (recipe.json, the bundle manifest): the
+    built-in corpus names (their domains are `evaluation.data.CORPUS_DOMAINS`), or ``custom`` for a path or texts."""
+    return _builtin_names(spec) or [evaluation.data.CUSTOM_CORPUS]
+
+
 def load_corpus(spec: str | Path | Sequence[str], *, max_documents: int | None = None, seed: int = 0) -> list[str]:
     """Documents of a corpus: a built-in name (or several joined by ``+``), a file or folder path, or texts.
 
     With ``max_documents`` a seeded random subset is kept (in corpus order).
     """
-    names = str(spec).split("+") if isinstance(spec, str | Path) else []
-    if names and all(name in BUILTIN_CORPORA for name in names):
+    names = _builtin_names(spec)
+    if names:
         documents = [doc for name in names for doc in BUILTIN_CORPORA[name]()]
     elif isinstance(spec, str | Path):
         path = Path(spec).expanduser()

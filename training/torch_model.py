@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from core.catalog import ModelNotFoundError
+from core.model_folder import read_trained_on
 from evaluation.models import EmbeddingModel, ModelSpecError, is_bundle_spec, l2_normalise, load_model
 from training.encoder import Encoder
 
@@ -34,6 +35,11 @@ class TorchModel(EmbeddingModel):
     @property
     def max_seq_length(self) -> int:
         return int(self.encoder.max_seq_length)
+
+    @property
+    def trained_on(self) -> tuple[str, ...]:
+        """From the checkpoint's recipe.json; a built-in model declares none."""
+        return tuple(read_trained_on(self.encoder.source)) if self.encoder.source else ()
 
     @property
     def supports_layers(self) -> bool:

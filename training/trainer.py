@@ -16,7 +16,7 @@ Output folder::
     DIR/final/         the model after the last step
     DIR/checkpoint/    state.pt: model, objective (projector, queues), optimiser, RNGs, position in the data
     DIR/metrics.jsonl  one line per logged step and per validation
-    DIR/recipe.json    the config that produced the run
+    DIR/recipe.json    the config that produced the run, and ``trained_on``: the corpora its weights saw
     DIR/result.json    steps, elapsed, best step and score, why it stopped
 """
 
@@ -36,9 +36,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from core.model_folder import RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
 from core.text import CropRule, choose_crop_rule
+from evaluation.data import CUSTOM_CORPUS
 from training.config import TrainConfig
-from training.data import ScoredPair, load_corpus, load_scored_pairs, split_documents, text_units
+from training.data import ScoredPair, corpus_names, load_corpus, load_scored_pairs, split_documents, text_units
 from training.encoder import Encoder
 from training.models import (
     Models,
@@ -433,4 +435,12 @@ def _prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:
             target = out / stale
             shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.json").write_text(json.dumps(config.to_dict(), indent=2))
+    recipe = {**config.to_dict(), TRAINED_ON_KEY: trained_on(config)}
+    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))
+
+
+def trained_on(config: TrainConfig) -> list[str]:
+    """The corpora the run's weights are trained on: those the start model's recipe declares, then the run's own
+    (built-in names, or ``custom`` for scored pairs, a path or texts). Evaluation judges domains by them."""
+    own = [CUSTOM_CORPUS] if config.pairs else corpus_names(config.corpus)
+    return list(dict.fromkeys(read_trained_on(config.model) + own))

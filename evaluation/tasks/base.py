@@ -51,8 +51,8 @@ class OfflineTask(ABC):
     dataset: Any
     data_loaded: bool
     revision: ClassVar[str] = "1"  # bump when the data or protocol changes: cached results are keyed by it
-    # the corpus the task's texts come from (an `evaluation.data.CORPUS_*` name): a model trained on that
-    # corpus is not blind on this task
+    # the corpus the task's texts come from (an `evaluation.data.CORPUS_*` name): a model trained on any corpus of
+    # its domain (`evaluation.data.CORPUS_DOMAINS`) is in-domain on this task, and reports average it apart
     source_corpus: str
 
     def __init__(self, fast: bool = False, seed: int = 42, **kwargs: Any) -> None:

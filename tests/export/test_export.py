@@ -4,6 +4,7 @@ failures that publish nothing, validation hook, concurrent versions."""
 from __future__ import annotations
 
 import functools
+import json
 import multiprocessing
 import shutil
 from concurrent.futures import ProcessPoolExecutor
@@ -18,6 +19,7 @@ import torch
 from core import registry, runtime
 from core.catalog import sha256_file
 from core.runtime import OnnxBundle, cosines
+from evaluation.models import load_model
 from export import api, graph, quantize
 from export.parity import ParityError
 from export.probes import probe_texts
@@ -26,7 +28,7 @@ from training.encoder import Encoder
 MANIFEST_KEYS = {
     "name", "version", "created_at", "source", "base_model", "parent", "method", "layers", "source_layers",
     "dim", "pooling", "normalized", "max_seq_length", "pad_token_id", "inputs", "output", "opset",
-    "quantization", "int8", "onnx", "serve_variant", "probes", "files", "parity", "validation",
+    "quantization", "int8", "onnx", "serve_variant", "probes", "files", "parity", "validation", "trained_on",
 }  # fmt: skip
 
 
@@ -288,3 +290,17 @@ def test_probe_set_is_varied() -> None:
     assert any(len(t.split()) <= 1 for t in texts)
     assert sum(len(t.split()) > 300 for t in texts) >= 3  # cut at any max_seq_length up to 512
     assert sum(any(ord(c) > 0x2FF for c in t) for t in texts) >= 10  # CJK, Cyrillic, Greek, Arabic, emoji
+
+
+def test_manifest_records_the_corpora_of_the_checkpoints_recipe(tiny_bert_path: Path, tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "acl"
+    shutil.copytree(tiny_bert_path, run / "best")
+    (run / "recipe.json").write_text(json.dumps({"corpus": "enwiki+aclsum", "trained_on": ["enwiki", "aclsum"]}))
+    bundle = api.export_bundle(run / "best", tmp_path / "registry", "acl")
+    assert registry.read_manifest(bundle)["trained_on"] == ["enwiki", "aclsum"]
+    assert load_model(bundle).trained_on == ("enwiki", "aclsum")
+    adapted = api.export_bundle(run / "best", tmp_path / "registry", "acl", trained_on=["enwiki", "adapt:acl"])
+    assert registry.read_manifest(adapted)["trained_on"] == ["enwiki", "adapt:acl"]
+    # a folder without a recipe (a downloaded model) declares nothing: every task is out-of-domain for it
+    plain = api.export_bundle(tiny_bert_path, tmp_path / "registry", "plain")
+    assert registry.read_manifest(plain)["trained_on"] == []
