@@ -18,9 +18,9 @@ skipped; the base model's general-suite scores are cached by its content hash, s
 between jobs.
 
 Gate (`evaluation.gate.adapt_gate`, base vs adapted): held-out crop-pair retrieval must improve; each task
-of the general offline suite — and kNN accuracy when labels were given — may drop at most ``gate_margin``
-points. The adapted model is always published as a new version of ``name``; it is promoted (made servable)
-only when the gate passes and the job says ``promote=auto``.
+of the general offline suite that is out-of-domain for the base model — and kNN accuracy when labels were
+given — may drop at most ``gate_margin`` points. The adapted model is always published as a new version of
+``name``; it is promoted (made servable) only when the gate passes and the job says ``promote=auto``.
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ from adapt.corpus import read_job_corpus
 from adapt.spec import ADAPT_METHOD, OBJECTIVES, JobSpec
 from adapt.store import EVALUATING, Job
 from core.catalog import resolve_model
+from core.model_folder import read_trained_on
 from core.text import CropRule, can_crop, choose_crop_rule, crop_yield, hold_out
+from evaluation.data import is_in_domain
 from evaluation.diagnostics import knn_accuracy
 from evaluation.gate import IN_DOMAIN_TASK, adapt_gate
 from evaluation.models import EmbeddingModel, load_model
 from evaluation.suite import run_suite
-from evaluation.tasks import CropPairRetrieval
+from evaluation.tasks import CropPairRetrieval, resolve_task
 from export.api import build_bundle, publish_bundle
 from training.config import TrainConfig
 from training.encoder import Encoder
@@ -123,11 +125,12 @@ def run_job(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
     ctx.check()
 
     ctx.stage("exporting")
-    staging, manifest = export_stage(spec, job.id, trained, rule, work)
+    base_trained_on = read_trained_on(base_path)  # none for a built-in base: its training data is unknown
+    staging, manifest = export_stage(spec, job.id, trained, rule, work, base_trained_on)
     ctx.check()
 
     ctx.set_state(EVALUATING)
-    evaluation = evaluate_stage(spec, ctx, options, base_path, staging, split, texts, labels, rule)
+    evaluation = evaluate_stage(spec, ctx, options, base_path, staging, split, texts, labels, rule, base_trained_on)
     gate = adapt_gate(
         evaluation["in_domain"],
         evaluation.get("general_tasks"),
@@ -247,8 +250,12 @@ class _TrainingProgress:
         self.ctx.progress({"stage": "training", **progress, "eta_s": record.get("eta")})
 
 
-def export_stage(spec: JobSpec, job_id: str, trained: Path, rule: CropRule, work: Path) -> tuple[Path, dict[str, Any]]:
-    """Export the trained checkpoint to a complete, unpublished bundle in the job's scratch folder."""
+def export_stage(
+    spec: JobSpec, job_id: str, trained: Path, rule: CropRule, work: Path, base_trained_on: Sequence[str]
+) -> tuple[Path, dict[str, Any]]:
+    """Export the trained checkpoint to a complete, unpublished bundle in the job's scratch folder. Its manifest's
+    ``trained_on`` is the base model's corpora plus ``adapt:<name>``, the customer's corpus (no suite task draws
+    from it, so the adapted model's out-of-domain tasks are the base model's)."""
     # training capped crops at a short length for speed; the checkpoint keeps the base model's limit (trainer)
     encoder = Encoder.from_pretrained(trained)
     encoder.source = spec.base_model  # the manifest's base_model/source name what was adapted
@@ -262,7 +269,8 @@ def export_stage(spec: JobSpec, job_id: str, trained: Path, rule: CropRule, work
     staging = work / "bundle"
     staging.mkdir(parents=True, exist_ok=True)
     try:
-        manifest = build_bundle(encoder, staging, spec.name, method=method)
+        trained_on = [*base_trained_on, f"{ADAPT_METHOD}:{spec.name}"]
+        manifest = build_bundle(encoder, staging, spec.name, method=method, trained_on=trained_on)
     except Exception as err:
         log.exception("%s: export failed", job_id)
         raise JobFailed("export", f"export failed: {type(err).__name__}: {err}") from err
@@ -279,11 +287,14 @@ def evaluate_stage(
     texts: list[str],
     labels: list[str] | None,
     rule: CropRule,
+    base_trained_on: Sequence[str],
 ) -> dict[str, Any]:
     """Score base (torch, the checkpoint it came from) and adapted (the ONNX bundle that will be served).
 
     In-domain: `CropPairRetrieval` over the held-out documents, cropped with the job's rule (the same
-    crops for both models). General: the spec's offline tasks (their mean, in points). kNN (labels given):
+    crops for both models). General: the spec's offline tasks that are out-of-domain for the base model
+    (`evaluation.data.is_in_domain`; those it was trained on are listed in ``general_in_domain`` and not scored),
+    their mean in points. kNN (labels given):
     accuracy of k = 10 cosine neighbours on up to 400 labelled documents (the cropping paper's protocol,
     000 §3.3.1: training never sees labels), averaged over five seeded 9:1 splits.
     """
@@ -292,7 +303,8 @@ def evaluate_stage(
             "base": TorchModel(Encoder.from_pretrained(base_path)),
             "adapted": load_model(bundle),
         }
-        return _evaluate(spec, ctx, options, models, split, texts, labels, rule)
+        general = general_tasks(spec.hyperparameters.general_tasks, base_trained_on)
+        return _evaluate(spec, ctx, options, models, split, texts, labels, rule, general)
     except (JobCancelled, JobFailed):
         raise
     except Exception as err:
@@ -309,21 +321,26 @@ def _evaluate(
     texts: list[str],
     labels: list[str] | None,
     rule: CropRule,
+    general: dict[str, list[str]],
 ) -> dict[str, Any]:
     hp = spec.hyperparameters
     in_domain_task = CropPairRetrieval.from_corpus(split.held_out, seed=hp.seed, name=IN_DOMAIN_TASK, rule=rule)
-    out: dict[str, Any] = {"in_domain": {}, "in_domain_task": "CropPairRetrieval (held-out documents, nDCG@10)"}
+    out: dict[str, Any] = {
+        "in_domain": {},
+        "in_domain_task": "CropPairRetrieval (held-out documents, nDCG@10)",
+        "general_in_domain": general["in_domain"],
+    }
     general_scores: dict[str, dict[str, float]] = {}
     for which, model in models.items():
         ctx.check()
         ctx.stage("evaluating", detail=f"{which} in-domain")
         report = run_suite(model, [in_domain_task], progress=False)
         out["in_domain"][which] = round(report["scores"][in_domain_task.metadata.name], 3)
-        if hp.general_tasks:
+        if general["out_of_domain"]:
             ctx.check()
             ctx.stage("evaluating", detail=f"{which} general suite")
             report = run_suite(
-                model, list(hp.general_tasks), fast=options.general_fast, progress=False, cache=options.cache_dir
+                model, general["out_of_domain"], fast=options.general_fast, progress=False, cache=options.cache_dir
             )
             if report["skipped"]:
                 raise JobFailed("evaluation", f"general tasks could not run here: {report['skipped']}")
@@ -342,9 +359,18 @@ def _evaluate(
     return out
 
 
+def general_tasks(tasks: Sequence[str], base_trained_on: Sequence[str]) -> dict[str, list[str]]:
+    """The gate's general tasks split by the base model's training corpora: ``out_of_domain`` are scored, and
+    ``in_domain`` ones are left out — a task the base was trained on does not measure general quality."""
+    split: dict[str, list[str]] = {"out_of_domain": [], "in_domain": []}
+    for name in tasks:
+        in_domain = is_in_domain(resolve_task(name, fast=True).source_corpus, base_trained_on)
+        split["in_domain" if in_domain else "out_of_domain"].append(name)
+    return split
+
+
 def _knn_points(model: EmbeddingModel, texts: list[str], labels: list[str]) -> float:
     n_train = round(0.9 * len(texts))
     k = max(1, min(10, n_train - 1))
     emb = model.encode(texts)
     return 100.0 * sum(knn_accuracy(emb, labels, k=k, seed=s) for s in range(5)) / 5
-

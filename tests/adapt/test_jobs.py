@@ -154,6 +154,8 @@ def test_happy_path_submit_events_succeed_and_serve(
     manifest = registry.read_manifest(registry.current_bundle(settings.registry_dir, "news"))
     assert manifest["method"]["name"] == "adapt" and manifest["base_model"] == "tiny"
     assert manifest["validation"]["gate"]["passed"] and manifest["max_seq_length"] == 128
+    # the tiny base declares no corpora; the adapted model adds the customer's, which no suite task draws from
+    assert manifest["trained_on"] == ["adapt:news"] and evaluation["general_in_domain"] == []
 
     # the service picks the new model up without a restart
     _wait(lambda: "news" in [m["id"] for m in client.get("/v1/models").json()["data"]], timeout_s=30)

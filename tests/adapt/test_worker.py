@@ -9,7 +9,7 @@ import pytest
 
 from adapt.context import JobCancelled, JobContext, JobFailed
 from adapt.corpus import Corpus
-from adapt.pipeline import WorkerOptions, split_corpus
+from adapt.pipeline import WorkerOptions, general_tasks, split_corpus
 from adapt.store import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Job, JobStore
 from adapt.worker import process_job
 
@@ -119,3 +119,13 @@ def test_split_is_seeded_disjoint_and_holds_out_only_croppable_documents() -> No
     assert len(split_corpus(texts, seed=0, fraction=0.9, max_held_out=7).held_out) == 7
     with pytest.raises(JobFailed, match="only 3 documents yield two crops: need at least 16"):
         split_corpus(texts[:5], seed=0, min_held_out=8)
+
+
+def test_general_tasks_leave_out_those_the_base_model_was_trained_on() -> None:
+    tasks = ("LeeDocSTS", "BBCNewsKNN", "PyDocSummaryRetrieval")
+    assert general_tasks(tasks, []) == {"out_of_domain": list(tasks), "in_domain": []}
+    # a base trained on Lee background news is in-domain on every news task
+    assert general_tasks(tasks, ["lee_background", "adapt:earlier"]) == {
+        "out_of_domain": ["PyDocSummaryRetrieval"],
+        "in_domain": ["LeeDocSTS", "BBCNewsKNN"],
+    }
