@@ -8,7 +8,7 @@ from datasets import Dataset
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
-from evaluation import data
+from evaluation import data, frozen_corpora
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
 FAST_CHAPTERS = 2
@@ -20,7 +20,7 @@ class BibleParaphraseRetrieval(OfflineTask, AbsTaskRetrieval):
     one relevant verse per query; main score nDCG@10.
 
     Short texts (one or two sentences) and a real paraphrase: two independent translations share the
-    meaning, not the words. The verses are 64 whole chapters (`evaluation.data.bible_parallel_verses`), so the
+    meaning, not the words. The verses are 64 whole chapters (`evaluation.frozen_corpora.bible_parallel_verses`), so the
     corpus holds each verse's neighbours — same people, same scene — and topic alone does not find it.
     No recipe trains on either translation.
     """
@@ -35,11 +35,11 @@ class BibleParaphraseRetrieval(OfflineTask, AbsTaskRetrieval):
     source_corpus = data.CORPUS_BIBLE
 
     def check_data(self) -> None:
-        data.bible_parallel_verses()
+        frozen_corpora.bible_parallel_verses()
 
-    def verses(self) -> list[data.ParallelVerse]:
+    def verses(self) -> list[frozen_corpora.ParallelVerse]:
         """The verses this instance scores (fast: the first `FAST_CHAPTERS` chapters of the selection)."""
-        verses = list(data.bible_parallel_verses())
+        verses = list(frozen_corpora.bible_parallel_verses())
         if self.fast:
             chapters = sorted({v.id // 1000 for v in verses})[:FAST_CHAPTERS]
             verses = [v for v in verses if v.id // 1000 in chapters]

@@ -11,7 +11,7 @@ from mteb.abstasks.clustering import AbsTaskClustering
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
-from evaluation import data
+from evaluation import data, frozen_corpora
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
 FAST_DOCSTRINGS = 40
@@ -25,7 +25,7 @@ class _PyDocData(OfflineTask):
     source_corpus = data.CORPUS_PYDOC
 
     def check_data(self) -> None:
-        data.stdlib_docstrings()
+        frozen_corpora.stdlib_docstrings()
 
 
 class PyDocSummaryRetrieval(_PyDocData, AbsTaskRetrieval):
@@ -44,8 +44,8 @@ class PyDocSummaryRetrieval(_PyDocData, AbsTaskRetrieval):
         REFERENCE,
     )
 
-    def docstrings(self) -> list[data.Docstring]:
-        chosen = [d for d in data.stdlib_docstrings() if len(d.body) >= data.PYDOC_MIN_BODY_CHARS]
+    def docstrings(self) -> list[frozen_corpora.Docstring]:
+        chosen = [d for d in frozen_corpora.stdlib_docstrings() if len(d.body) >= frozen_corpora.PYDOC_MIN_BODY_CHARS]
         return chosen[:FAST_DOCSTRINGS] if self.fast else chosen
 
     def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
@@ -79,15 +79,15 @@ class PyDocModuleClustering(_PyDocData, AbsTaskClustering):
     )
     max_fraction_of_documents_to_embed = None
 
-    def summaries(self) -> list[data.Docstring]:
+    def summaries(self) -> list[frozen_corpora.Docstring]:
         """Up to `CLUSTER_PER_MODULE` docstrings per module (fast: `FAST_PER_MODULE`), in selection order."""
         by_module: dict[str, list[int]] = {}
-        for i, doc in enumerate(data.stdlib_docstrings()):
+        for i, doc in enumerate(frozen_corpora.stdlib_docstrings()):
             by_module.setdefault(doc.module, []).append(i)
         rng = random.Random(CLUSTER_SEED)
         per_module = FAST_PER_MODULE if self.fast else CLUSTER_PER_MODULE
         chosen = sorted(i for indices in by_module.values() for i in rng.sample(indices, min(per_module, len(indices))))
-        return [data.stdlib_docstrings()[i] for i in chosen]
+        return [frozen_corpora.stdlib_docstrings()[i] for i in chosen]
 
     def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
         docs = self.summaries()

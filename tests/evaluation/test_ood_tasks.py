@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from evaluation import data
+from evaluation import data, frozen_corpora
 from evaluation.adapter import EmbeddingMemo
 from evaluation.suite import score_task
 from evaluation.tasks import (
@@ -22,8 +22,8 @@ from evaluation.tasks import (
 
 OOD_TASKS = [BibleParaphraseRetrieval, PyDocSummaryRetrieval, PyDocModuleClustering]
 READERS: list[tuple[Callable[..., tuple[Any, ...]], str]] = [
-    (data.bible_parallel_verses, "BIBLE_SHA256"),
-    (data.stdlib_docstrings, "PYDOC_SHA256"),
+    (frozen_corpora.bible_parallel_verses, "BIBLE_SHA256"),
+    (frozen_corpora.stdlib_docstrings, "PYDOC_SHA256"),
 ]
 
 
@@ -43,7 +43,7 @@ def _loaded(task: OfflineTask) -> OfflineTask:
 
 
 def test_bible_paraphrase_shapes() -> None:
-    verses = data.bible_parallel_verses()
+    verses = frozen_corpora.bible_parallel_verses()
     assert len(verses) == 1205
     assert len({v.id // 1000 for v in verses}) == 64  # whole chapters
     assert [v.id for v in verses] == sorted(v.id for v in verses)
@@ -56,20 +56,20 @@ def test_bible_paraphrase_shapes() -> None:
 
 
 def test_pydoc_shapes() -> None:
-    docstrings = data.stdlib_docstrings()
-    assert {d.module for d in docstrings} == set(data.PYDOC_MODULES)
+    docstrings = frozen_corpora.stdlib_docstrings()
+    assert {d.module for d in docstrings} == set(frozen_corpora.PYDOC_MODULES)
     assert len({d.summary for d in docstrings}) == len(docstrings)  # summaries are unique, so queries are
     assert all("\n" not in d.summary and ">>>" not in d.body for d in docstrings)
     split = _loaded(PyDocSummaryRetrieval()).dataset["default"]["test"]
     assert (len(split["queries"]), len(split["corpus"])) == (340, 340)
-    assert all(len(body) >= data.PYDOC_MIN_BODY_CHARS for body in split["corpus"]["text"])
+    assert all(len(body) >= frozen_corpora.PYDOC_MIN_BODY_CHARS for body in split["corpus"]["text"])
     fast = _loaded(PyDocSummaryRetrieval(fast=True)).dataset["default"]["test"]
     assert len(fast["queries"]) == 40
     clusters = _loaded(PyDocModuleClustering()).dataset["test"]
     assert len(clusters) == 710
-    assert len({labels[0] for labels in clusters["labels"]}) == len(data.PYDOC_MODULES)
+    assert len({labels[0] for labels in clusters["labels"]}) == len(frozen_corpora.PYDOC_MODULES)
     fast_clusters = _loaded(PyDocModuleClustering(fast=True)).dataset["test"]
-    assert len(fast_clusters) == 5 * len(data.PYDOC_MODULES)
+    assert len(fast_clusters) == 5 * len(frozen_corpora.PYDOC_MODULES)
     assert set(fast_clusters["sentences"]) <= {d.summary for d in docstrings}
 
 
@@ -79,7 +79,8 @@ def test_inputs_are_deterministic(reader: Callable[..., tuple[Any, ...]], consta
     first = reader(verify=False)
     reader.cache_clear()
     assert reader(verify=False) == first
-    assert data.inputs_digest([tuple(vars(item).values()) for item in first]) == getattr(data, constant)
+    digest = frozen_corpora.inputs_digest([tuple(vars(item).values()) for item in first])
+    assert digest == getattr(frozen_corpora, constant)
 
 
 @pytest.mark.usefixtures("fresh_readers")
@@ -94,7 +95,7 @@ def test_inputs_are_deterministic(reader: Callable[..., tuple[Any, ...]], consta
 def test_changed_inputs_refuse_to_run(
     monkeypatch: pytest.MonkeyPatch, task_class: type[OfflineTask], constant: str
 ) -> None:
-    monkeypatch.setattr(data, constant, "0" * 64)
+    monkeypatch.setattr(frozen_corpora, constant, "0" * 64)
     with pytest.raises(data.DataUnavailableError, match="the selected inputs changed"):
         task_class(fast=True).load_data()
     assert "selected inputs changed" in (task_class().unavailable_reason() or "")  # the suite skips it, with why
@@ -102,10 +103,10 @@ def test_changed_inputs_refuse_to_run(
 
 def test_check_frozen_names_the_fix() -> None:
     records = [("a", "b"), ("c", "d")]
-    data.check_frozen("toy", records, data.inputs_digest(records), "unused")
+    frozen_corpora.check_frozen("toy", records, frozen_corpora.inputs_digest(records), "unused")
     with pytest.raises(data.DataUnavailableError, match=r"toy: the selected inputs changed .* reinstall it"):
-        data.check_frozen("toy", records[:1], data.inputs_digest(records), "reinstall it")
-    assert data.inputs_digest([("ab", "c")]) != data.inputs_digest([("a", "bc")])
+        frozen_corpora.check_frozen("toy", records[:1], frozen_corpora.inputs_digest(records), "reinstall it")
+    assert frozen_corpora.inputs_digest([("ab", "c")]) != frozen_corpora.inputs_digest([("a", "bc")])
 
 
 def test_every_task_names_its_source_corpus() -> None:
