@@ -64,6 +64,9 @@ class TrainConfig:
     teacher: str | None = None  # SCT distillation teacher; None with objective "sct" = frozen copy of the start
     truncate: int | str | None = None  # keep the first l layers; "probe" = TMFT's best layer on validation
     probe_max_layers: int | None = None  # with truncate = "probe": consider only layers 1..this (a speed cap)
+    # with truncate = "probe": the deepest layer within this many points of the best wins (near-equal layers
+    # differ by noise on a small validation set; the previous rule took the shallower of two near-equal layers)
+    probe_tolerance: float = 0.5
     train_last_layers: int | None = None  # None trains every layer (cropping paper §4.4 trains the last 2)
 
     # --- objective and views ------------------------------------------------------------------
@@ -121,6 +124,8 @@ class TrainConfig:
             problems.append(f"student must be one of {STUDENT_NAMES} or omitted, got {self.student!r}")
         if isinstance(self.truncate, str) and self.truncate != "probe":
             problems.append(f"truncate must be a layer count or 'probe', got {self.truncate!r}")
+        if self.probe_tolerance < 0:
+            problems.append(f"probe_tolerance must be >= 0 points, got {self.probe_tolerance}")
         if self.crop_rule not in ("paper", "auto"):
             problems.append(f"crop_rule must be 'paper' or 'auto', got {self.crop_rule!r}")
         if self.batch_size < 2:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -64,6 +63,17 @@ class Models:
     saved_max_seq_length: int
 
 
+def pick_layer(scores: Sequence[float], *, max_layers: int | None = None, tolerance: float = 0.0) -> int:
+    """TMFT's truncation layer (paper 003 §3) from the probe's per-layer scores (index 0 = embeddings): the
+    deepest of layers 1..``max_layers`` whose score is within ``tolerance`` points of the best. Near-equal layers
+    differ by noise on a small validation set, and a deeper one keeps more of the model to fine-tune."""
+    candidates = list(scores[1 : (max_layers or len(scores)) + 1])
+    if not candidates:
+        raise ValueError(f"the probe scored no transformer layer (scores {list(scores)}): check probe_max_layers")
+    best = max(candidates)
+    return max(i for i, score in enumerate(candidates, start=1) if score >= best - tolerance)
+
+
 def build_models(config: TrainConfig, device: torch.device, validation: Validation | None) -> Models:
     """The trained encoder and, for SCT and MSE distillation, the frozen reference encoder (teacher or initial
     copy). ``validation`` is needed only by ``truncate = 'probe'``, which scores every layer on it."""
@@ -88,8 +98,7 @@ def build_models(config: TrainConfig, device: torch.device, validation: Validati
         if validation is None:
             raise ValueError("truncate = 'probe' picks the best layer on validation data: set validation")
         probe = validation.layer_scores(student)
-        candidates = probe[1 : (config.probe_max_layers or len(probe)) + 1]
-        best = 1 + int(np.argmax(candidates))
+        best = pick_layer(probe, max_layers=config.probe_max_layers, tolerance=config.probe_tolerance)
         log.info("layer-wise probe %s → truncating at layer %d", [round(s, 4) for s in probe], best)
         student.truncate(best)
     elif isinstance(config.truncate, int):

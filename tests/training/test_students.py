@@ -58,3 +58,15 @@ def test_student_builder_errors(teacher: Encoder) -> None:
         tiny_bert_student(teacher, hidden_size=512, num_heads=8)
     with pytest.raises(ValueError, match="distinct indices"):
         layer_subset_student(teacher, [1, 1])
+
+
+def test_probe_picks_the_deepest_layer_within_the_tolerance() -> None:
+    from training.models import pick_layer
+
+    scores = [10.0, 70.0, 80.0, 79.6, 75.0, 60.0, 50.0]  # index 0 = the embedding layer
+    assert pick_layer(scores) == 2  # no tolerance: the best layer
+    assert pick_layer(scores, tolerance=0.5) == 3  # layer 3 is within 0.5 points: deeper wins
+    assert pick_layer(scores, tolerance=0.5, max_layers=2) == 2  # the speed cap still holds
+    assert pick_layer(scores, tolerance=20.0) == 5  # 60.0 is exactly 20 points below the best
+    with pytest.raises(ValueError, match="scored no transformer layer"):
+        pick_layer([10.0])
