@@ -197,9 +197,11 @@ def test_time_budget_stops_the_run(tmp_path: Path, tiny_bert_path: Path) -> None
     result = train(config)
     assert result.stopped_by == "time_budget"
     assert result.steps == len(result.history) >= 1
-    # every step started inside the budget: all but the last ended before it, the last ended after it
+    # every step started inside the budget (each later step was allowed by a check made after the previous step's
+    # record), and the run stopped because the clock passed it (the last record may fall just short: the budget is
+    # checked after the step is recorded)
     assert all(r["elapsed"] < 1.5 for r in result.history[:-1])
-    assert result.history[-1]["elapsed"] >= 1.5
+    assert result.elapsed >= 1.5
     assert all(r["total"] is None for r in result.history)
 
 
