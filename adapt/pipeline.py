@@ -34,7 +34,7 @@ from typing import Any
 
 from adapt.context import JobCancelled, JobContext, JobFailed
 from adapt.corpus import read_job_corpus
-from adapt.spec import ADAPT_METHOD, OBJECTIVES, JobSpec
+from adapt.spec import ADAPT_METHOD, OBJECTIVES, JobSpec, SpecError
 from adapt.store import EVALUATING, Job
 from core.catalog import resolve_model
 from core.model_folder import read_trained_on
@@ -112,7 +112,10 @@ def split_corpus(
 
 def run_job(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
     """Run every stage of one job, reporting through ``ctx``; raise `JobFailed`/`JobCancelled` to end it."""
-    spec = JobSpec.from_params(job.params)
+    try:
+        spec = JobSpec.from_params(job.params)
+    except SpecError as err:  # a job stored by a service that wrote another spec: fail it with the reason
+        raise JobFailed("spec", str(err)) from err
     work = Path(job.corpus_dir) / "work"
     texts, labels = read_job_corpus(Path(job.corpus_dir))
 

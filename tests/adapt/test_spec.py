@@ -1,0 +1,35 @@
+"""The job spec crosses from the API process to the worker as JSON: built once, validated, read back typed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adapt.spec import AdaptConfig, Hyperparameters, JobSpec, SpecError
+
+
+def _config(tmp_path: Path) -> AdaptConfig:
+    return AdaptConfig(registry_dir=tmp_path / "reg", data_dir=tmp_path / "jobs", gate_margin=1.5)
+
+
+def test_build_fills_the_service_defaults_and_round_trips(tmp_path: Path) -> None:
+    spec = JobSpec.build(_config(tmp_path), base_model="minilm-l6", name="acme", seed=3, has_labels=True, usable=70)
+    hp = spec.hyperparameters
+    assert (hp.max_steps, hp.time_budget_s, hp.train_last_layers, hp.gate_margin, hp.seed) == (60, 150.0, 2, 1.5, 3)
+    params = spec.to_params()
+    assert params["corpus"] == {"has_labels": True, "usable_documents_estimate": 70}
+    assert JobSpec.from_params(params) == spec
+    everything = JobSpec.build(_config(tmp_path), base_model="minilm-l6", name="acme", train_last_layers=0)
+    assert everything.hyperparameters.train_last_layers is None  # 0 = every layer
+
+
+def test_bad_specs_say_what_to_fix() -> None:
+    with pytest.raises(SpecError, match="objective must be one of"):
+        Hyperparameters(objective="triplet")
+    with pytest.raises(SpecError, match="a job needs an end"):
+        Hyperparameters(max_steps=None, time_budget_s=None)
+    with pytest.raises(SpecError, match="promote must be one of"):
+        JobSpec("minilm-l6", "acme", Hyperparameters(), promote="always")
+    with pytest.raises(SpecError, match="stored job spec is incomplete"):
+        JobSpec.from_params({"name": "acme"})
