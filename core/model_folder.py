@@ -1,17 +1,50 @@
 """The on-disk model folder: a Hugging Face folder plus sentence-transformers' module files.
 
-``modules.json``, ``1_Pooling/config.json``, ``2_Normalize/`` and ``sentence_bert_config.json`` next to
-the weights make ``SentenceTransformer(path)`` load a checkpoint with the right pooling, normalisation and
-length; `training.encoder.Encoder` reads the same files back. Plain JSON: no torch.
+``modules.json``, ``1_Pooling/config.json``, an optional ``2_Dense/`` output layer, ``N_Normalize/`` and
+``sentence_bert_config.json`` next to the weights make ``SentenceTransformer(path)`` load a checkpoint with the
+right pooling, output layer, normalisation and length; `training.encoder.Encoder` reads the same files back.
+Plain JSON: no torch (the Dense layer's weights are written and read by the encoder).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 POOLING_MODES = ("mean", "cls", "last")
+
+# sentence-transformers' Dense activations this project writes and reads (both trace to ONNX).
+DENSE_ACTIVATIONS = ("torch.nn.modules.linear.Identity", "torch.nn.modules.activation.Tanh")
+DENSE_FOLDER = "2_Dense"
+DENSE_WEIGHTS = "model.safetensors"  # keys linear.weight (out, in) and linear.bias (out,), as Dense saves them
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """A sentence-transformers ``Dense`` module after pooling: ``activation(W x + b)``, ``W`` is (out, in)."""
+
+    in_features: int
+    out_features: int
+    bias: bool = True
+    activation_function: str = DENSE_ACTIVATIONS[0]
+    path: str = DENSE_FOLDER  # relative to the model folder
+
+    def __post_init__(self) -> None:
+        if self.activation_function not in DENSE_ACTIVATIONS:
+            raise ValueError(
+                f"Dense activation {self.activation_function!r} is not supported; use one of {DENSE_ACTIVATIONS}"
+            )
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "bias": self.bias,
+            "activation_function": self.activation_function,
+        }
+
 
 # Our names <-> sentence-transformers' Pooling config keys.
 ST_POOLING_KEYS = {
@@ -22,17 +55,32 @@ ST_POOLING_KEYS = {
 
 
 def write_sentence_transformers_config(
-    folder: Path, *, dim: int, pooling: str, normalize: bool, max_seq_length: int
+    folder: Path,
+    *,
+    dim: int,
+    pooling: str,
+    normalize: bool,
+    max_seq_length: int,
+    dense: DenseLayer | None = None,
 ) -> None:
-    """Write the module files sentence-transformers reads next to a Hugging Face model."""
+    """Write the module files sentence-transformers reads next to a Hugging Face model.
+
+    ``dim`` is the transformer's hidden size (what pooling sees); ``dense`` adds the output layer's config (its
+    weights, ``dense.path/model.safetensors``, are the caller's to write)."""
     folder = Path(folder)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
+    if dense is not None:
+        modules.append({"idx": 2, "name": "2", "path": dense.path, "type": "sentence_transformers.models.Dense"})
+        (folder / dense.path).mkdir(parents=True, exist_ok=True)
+        (folder / dense.path / "config.json").write_text(json.dumps(dense.config(), indent=2))
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (folder / "2_Normalize").mkdir(parents=True, exist_ok=True)
+        idx = len(modules)
+        path = f"{idx}_Normalize"
+        modules.append({"idx": idx, "name": str(idx), "path": path, "type": "sentence_transformers.models.Normalize"})
+        (folder / path).mkdir(parents=True, exist_ok=True)
     (folder / "modules.json").write_text(json.dumps(modules, indent=2))
     pooling_config: dict[str, Any] = {"word_embedding_dimension": dim}
     pooling_config.update({key: mode == pooling for mode, key in ST_POOLING_KEYS.items()})
@@ -45,7 +93,8 @@ def write_sentence_transformers_config(
 
 
 def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
-    """Pooling, normalisation and max length from sentence-transformers' files, where present."""
+    """Pooling, normalisation, the Dense output layer (``dense``: a `DenseLayer`) and max length from
+    sentence-transformers' files, where present. Modules this project cannot reproduce raise ValueError."""
     folder = Path(folder)
     found: dict[str, Any] = {}
     modules_file = folder / "modules.json"
@@ -62,6 +111,17 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
                         "pass pooling= explicitly"
                     )
                 found["pooling"] = modes[0]
+            elif module["type"].endswith("Dense"):
+                if "dense" in found:
+                    raise ValueError(f"{folder}: more than one Dense module; only one output layer is supported")
+                cfg = json.loads((folder / module["path"] / "config.json").read_text())
+                found["dense"] = DenseLayer(
+                    in_features=int(cfg["in_features"]),
+                    out_features=int(cfg["out_features"]),
+                    bias=bool(cfg.get("bias", True)),
+                    activation_function=cfg.get("activation_function", "torch.nn.modules.activation.Tanh"),
+                    path=module["path"],
+                )
     st_config = folder / "sentence_bert_config.json"
     if st_config.exists():
         found["max_seq_length"] = int(json.loads(st_config.read_text())["max_seq_length"])

@@ -61,6 +61,9 @@ class TrainConfig:
     student_num_layers: int = 2  # tiny_bert depth
     student_hidden_size: int = 128  # tiny_bert width (embeddings PCA-initialised from the teacher)
     student_num_heads: int = 2
+    # tiny_bert: an output layer (sentence-transformers Dense) to this width, kept in the saved model; "teacher":
+    # the width of `model` (the teacher, unless `teacher` names another); None: none
+    student_output_dim: int | str | None = None
     teacher: str | None = None  # SCT distillation teacher; None with objective "sct" = frozen copy of the start
     truncate: int | str | None = None  # keep the first l layers; "probe" = TMFT's best layer on validation
     probe_max_layers: int | None = None  # with truncate = "probe": consider only layers 1..this (a speed cap)
@@ -122,6 +125,15 @@ class TrainConfig:
             problems.append(f"views must be one of {VIEW_NAMES}, got {self.views!r}")
         if self.student is not None and self.student not in STUDENT_NAMES:
             problems.append(f"student must be one of {STUDENT_NAMES} or omitted, got {self.student!r}")
+        output_dim = self.student_output_dim
+        if output_dim is not None and (
+            self.student != "tiny_bert"
+            or not (output_dim == "teacher" or (isinstance(output_dim, int) and output_dim >= 1))
+        ):
+            problems.append(
+                "student_output_dim is a positive width or 'teacher', for student = 'tiny_bert'; got "
+                f"{output_dim!r} with student = {self.student!r}"
+            )
         if isinstance(self.truncate, str) and self.truncate != "probe":
             problems.append(f"truncate must be a layer count or 'probe', got {self.truncate!r}")
         if self.probe_tolerance < 0:

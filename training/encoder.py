@@ -5,9 +5,13 @@ embeddings, so the module itself is what export traces to ONNX. Truncation keeps
 layer and the first *l* transformer layers (TMFT, paper 003 §3), giving a real smaller model;
 `freeze(k)` trains only the last *k* layers (cropping paper 000, §4.4).
 
+An optional output layer (`OutputLayer`, sentence-transformers' ``Dense``) maps the pooled vector to another
+width before normalisation — a 128-wide student's map into its teacher's 384-d space (issue 13) — and is part of
+the model: saved, reloaded, exported.
+
 Checkpoints are saved as a Hugging Face folder plus sentence-transformers' module files
-(`modules.json`, `1_Pooling/`, `2_Normalize/`, `sentence_bert_config.json`), so
-``SentenceTransformer(path)`` loads them too.
+(`modules.json`, `1_Pooling/`, `2_Dense/` when there is an output layer, `N_Normalize/`,
+`sentence_bert_config.json`), so ``SentenceTransformer(path)`` loads them too.
 """
 
 from __future__ import annotations
@@ -22,13 +26,20 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import logging as hf_logging
 
 from core.catalog import resolve_model
-from core.model_folder import read_sentence_transformers_config, write_sentence_transformers_config
+from core.model_folder import (
+    DENSE_ACTIVATIONS,
+    DENSE_WEIGHTS,
+    DenseLayer,
+    read_sentence_transformers_config,
+    write_sentence_transformers_config,
+)
 from training.pooling import check_pooling, pool
 
 log = logging.getLogger(__name__)
@@ -49,8 +60,32 @@ def find_layers(backbone: nn.Module) -> tuple[nn.Module, str]:
     raise ValueError(f"cannot find the transformer layers of {type(backbone).__name__}: looked for {_LAYER_PATHS}")
 
 
+class OutputLayer(nn.Module):
+    """sentence-transformers' ``Dense`` after pooling: ``activation(linear(x))`` (identity or tanh)."""
+
+    def __init__(self, spec: DenseLayer) -> None:
+        super().__init__()
+        self.spec = spec
+        self.linear = nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
+        self.activation = nn.Identity() if spec.activation_function == DENSE_ACTIVATIONS[0] else nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(x))
+
+    def save(self, folder: Path) -> None:
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, folder / DENSE_WEIGHTS)
+
+    @classmethod
+    def load(cls, folder: Path, spec: DenseLayer) -> OutputLayer:
+        layer = cls(spec)
+        weights = folder / spec.path / DENSE_WEIGHTS
+        state = load_file(weights) if weights.exists() else torch.load(folder / spec.path / "pytorch_model.bin")
+        layer.load_state_dict(state, strict=True)
+        return layer
+
+
 class Encoder(nn.Module):
-    """A Hugging Face backbone with pooling and optional L2 normalisation.
+    """A Hugging Face backbone with pooling, an optional output layer and optional L2 normalisation.
 
     Args:
         backbone: any ``AutoModel`` (BERT, MPNet, ELECTRA discriminator or generator, RoBERTa…).
@@ -58,6 +93,7 @@ class Encoder(nn.Module):
         pooling: ``mean`` (masked), ``cls`` or ``last`` (the final real token, [SEP] for BERT).
         normalize: L2-normalise the pooled vector.
         max_seq_length: longer inputs are truncated to this many tokens.
+        output: an `OutputLayer` applied to the pooled vector before normalisation (None: none).
 
     Example::
 
@@ -73,9 +109,16 @@ class Encoder(nn.Module):
         pooling: str = "mean",
         normalize: bool = True,
         max_seq_length: int = 256,
+        output: OutputLayer | None = None,
     ) -> None:
         super().__init__()
         self.backbone = backbone
+        if output is not None and output.spec.in_features != int(backbone.config.hidden_size):
+            raise ValueError(
+                f"the output layer takes {output.spec.in_features} features but the backbone's hidden size is "
+                f"{backbone.config.hidden_size}"
+            )
+        self.output = output
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "right"
         self.pooling = check_pooling(pooling)
@@ -125,6 +168,7 @@ class Encoder(nn.Module):
             pooling=pooling or found.get("pooling", "mean"),
             normalize=found.get("normalize", True) if normalize is None else normalize,
             max_seq_length=max_seq_length,
+            output=OutputLayer.load(folder, found["dense"]) if "dense" in found else None,
         )
         encoder.source = str(folder)
         return encoder.to(device or "cpu")
@@ -140,11 +184,14 @@ class Encoder(nn.Module):
         self.tokenizer.save_pretrained(folder)
         write_sentence_transformers_config(
             folder,
-            dim=self.dim,
+            dim=self.hidden_size,
             pooling=self.pooling,
             normalize=self.normalize,
             max_seq_length=max_seq_length or self.max_seq_length,
+            dense=self.output.spec if self.output is not None else None,
         )
+        if self.output is not None:
+            self.output.save(folder / self.output.spec.path)
         return folder
 
     # --- shape of the model -------------------------------------------------------------------
@@ -154,8 +201,14 @@ class Encoder(nn.Module):
         return self.backbone.config
 
     @property
-    def dim(self) -> int:
+    def hidden_size(self) -> int:
+        """The backbone's width: what pooling (and `layer_embeddings`) returns."""
         return int(self.backbone.config.hidden_size)
+
+    @property
+    def dim(self) -> int:
+        """The embedding's width: the output layer's, when there is one."""
+        return self.output.spec.out_features if self.output is not None else self.hidden_size
 
     @property
     def num_layers(self) -> int:
@@ -249,7 +302,8 @@ class Encoder(nn.Module):
     ) -> torch.Tensor:
         """``(B, T)`` token ids and mask → ``(B, dim)`` pooled (and normalised) embeddings."""
         out = self.backbone(**self._backbone_kwargs(input_ids, attention_mask, token_type_ids))
-        return self._finish(pool(out.last_hidden_state, attention_mask, self.pooling))
+        pooled = pool(out.last_hidden_state, attention_mask, self.pooling)
+        return self._finish(self.output(pooled) if self.output is not None else pooled)
 
     def layer_embeddings(
         self,
@@ -257,7 +311,8 @@ class Encoder(nn.Module):
         attention_mask: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Pooled embeddings of every layer in one pass: ``(L + 1, B, dim)``, index 0 = embeddings."""
+        """Pooled embeddings of every layer in one pass: ``(L + 1, B, hidden_size)``, index 0 = embeddings (the
+        output layer, fitted to the last layer only, is not applied)."""
         out = self.backbone(
             **self._backbone_kwargs(input_ids, attention_mask, token_type_ids), output_hidden_states=True
         )
@@ -292,7 +347,7 @@ class Encoder(nn.Module):
         finally:
             self.train(was_training)
         if not chunks:
-            shape = (self.num_layers + 1, 0, self.dim) if all_layers else (0, self.dim)
+            shape = (self.num_layers + 1, 0, self.hidden_size) if all_layers else (0, self.dim)
             return np.zeros(shape, dtype=np.float32)
         stacked = torch.cat(chunks, dim=-2).numpy()
         result = np.empty_like(stacked)

@@ -90,6 +90,7 @@ def build_models(config: TrainConfig, device: torch.device, validation: Validati
             hidden_size=config.student_hidden_size,
             num_heads=config.student_num_heads,
             seed=config.seed,
+            output_dim=base.dim if config.student_output_dim == "teacher" else config.student_output_dim,
         )
     else:
         student = base.clone() if needs_reference(config) else base

@@ -3,7 +3,10 @@
 - `layer_subset_student`: a copy of the teacher keeping only some layers (e.g. [0, 5] of
   MiniLM-L6), so the student starts with the teacher's own weights.
 - `tiny_bert_student`: a genuinely small BERT (e.g. 2 layers × 128 hidden) whose embedding
-  tables start from a PCA projection of the teacher's, and whose transformer layers are random.
+  tables start from a PCA projection of the teacher's, and whose transformer layers are random; optionally with
+  an output layer (sentence-transformers' Dense) back into the teacher's width, initialised with the same PCA
+  basis, which stays in the saved model (a 128-d student mapped to 384-d scored 86 % out-of-domain where the same
+  student without the map scored 80 %, issue 13).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from collections.abc import Sequence
 import torch
 from transformers import BertConfig, BertModel
 
-from training.encoder import Encoder
+from core.model_folder import DenseLayer
+from training.encoder import Encoder, OutputLayer
 
 
 def layer_subset_student(teacher: Encoder, layers: Sequence[int]) -> Encoder:
@@ -41,12 +45,17 @@ def tiny_bert_student(
     num_heads: int = 2,
     intermediate_size: int | None = None,
     seed: int = 0,
+    output_dim: int | None = None,
 ) -> Encoder:
     """A small random BERT with the teacher's tokenizer and PCA-initialised embeddings.
 
     Word, position and token-type tables are all projected with the same PCA basis of the
     teacher's word embeddings, so their sum (what the embedding LayerNorm sees) is the projection
     of the teacher's sum. Works for any teacher whose backbone has BERT-style embedding tables.
+
+    ``output_dim`` adds a linear output layer ``hidden_size → output_dim`` (no activation, bias 0). When it is the
+    teacher's width it starts as the PCA basis itself (``W = P``, so the output is the PCA reconstruction of the
+    pooled vector); otherwise it is randomly initialised.
     """
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
@@ -80,11 +89,21 @@ def tiny_bert_student(
             backbone.embeddings.position_embeddings.weight.copy_(positions.weight.detach() @ projection)
         if types is not None:
             backbone.embeddings.token_type_embeddings.weight.copy_(types.weight.detach() @ projection)
+    output = None
+    if output_dim is not None:
+        if output_dim < 1:
+            raise ValueError(f"output_dim must be a positive width, got {output_dim}")
+        output = OutputLayer(DenseLayer(in_features=hidden_size, out_features=output_dim, bias=True))
+        with torch.no_grad():
+            output.linear.bias.zero_()
+            if output_dim == word.shape[1]:
+                output.linear.weight.copy_(projection)  # (H_teacher, hidden_size): back along the PCA basis
     student = Encoder(
         backbone,
         teacher.tokenizer,
         pooling=teacher.pooling,
         normalize=teacher.normalize,
         max_seq_length=teacher.max_seq_length,
+        output=output,
     )
     return student.to(teacher.device)

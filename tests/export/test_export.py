@@ -24,6 +24,7 @@ from export import api, graph, quantize
 from export.parity import ParityError
 from export.probes import probe_texts
 from training.encoder import Encoder
+from training.students import tiny_bert_student
 
 MANIFEST_KEYS = {
     "name", "version", "created_at", "source", "base_model", "parent", "method", "layers", "source_layers",
@@ -195,6 +196,16 @@ def test_truncated_export_equals_truncated_torch(tiny_bert_path: Path, tmp_path:
     full = onnx_vs_torch(bundle_dir, torch_reference(tiny_bert_path), varied_texts)
     # It really is the 2-layer model: far closer to the truncated torch model than to the full one.
     assert 1 - full.min() > 1000 * (1 - truncated.min())
+
+
+def test_output_layer_is_in_the_graph(minilm_l3_path: Path, tmp_path: Path, varied_texts: list[str]) -> None:
+    """A student's Dense output layer (128 → 384 in sct-tiny-pca) is traced with the rest: the bundle's vectors
+    are the torch model's, at the output layer's width."""
+    student = tiny_bert_student(Encoder.from_pretrained(minilm_l3_path), hidden_size=32, num_heads=2, output_dim=384)
+    student.save(tmp_path / "student")
+    bundle_dir = api.export_bundle(tmp_path / "student", tmp_path / "registry", "tiny-dense")
+    assert registry.read_manifest(bundle_dir)["dim"] == 384
+    assert onnx_vs_torch(bundle_dir, torch_reference(tmp_path / "student"), varied_texts).min() >= 0.9999
 
 
 def test_int8_within_tolerance_on_random_model(tiny_bert_path: Path, tmp_path: Path, varied_texts: list[str]) -> None:

@@ -85,15 +85,16 @@ def test_crop_mpnet_follows_the_cropping_paper() -> None:
 
 def test_sct_tiny_recipes_distil_two_layer_students_from_minilm() -> None:
     subset, pca = load_config("sct-tiny"), load_config("sct-tiny-pca")
-    assert pca.objective == "sct"
     assert subset.model == pca.model == "minilm-l6"
-    # the default student distils the teacher's embedding of whole texts and is selected by fidelity to it
-    assert (subset.objective, subset.views, subset.validation_metric) == (
-        "mse_distillation",
-        "texts",
-        "teacher_fidelity",
-    )
-    assert subset.max_seq_length == 128 and subset.text_sentences >= 1
+    # both students distil the teacher's embedding of whole texts and are selected by fidelity to it
+    for recipe in (subset, pca):
+        assert (recipe.objective, recipe.views, recipe.validation_metric) == (
+            "mse_distillation",
+            "texts",
+            "teacher_fidelity",
+        )
+        assert recipe.max_seq_length == 128 and recipe.text_sentences >= 1
+    assert pca.student_output_dim == "teacher"  # the 128 → 384 output layer stays in the saved model
     assert subset.student == "layer_subset" and subset.student_layers == (0, 5)
     assert pca.student == "tiny_bert" and (pca.student_num_layers, pca.student_hidden_size) == (2, 128)
 
@@ -105,8 +106,9 @@ def test_sct_tiny_smoke(recipe: str, tmp_path: Path, tiny_bert_path: Path) -> No
     assert result.steps == 2 and result.layers == 2
     student = Encoder.from_pretrained(result.best_dir)
     assert student.num_layers == 2
-    assert student.dim == (16 if recipe == "sct-tiny-pca" else 32)
-    assert student.encode(["a tiny check"]).shape == (1, student.dim)
+    # the PCA student keeps its output layer into the teacher's width (this teacher's 32)
+    assert student.dim == 32 and student.hidden_size == (16 if recipe == "sct-tiny-pca" else 32)
+    assert student.encode(["a tiny check"]).shape == (1, 32)
 
 
 def test_tmft_probes_truncates_and_fine_tunes_electra(tmp_path: Path, tiny_electra_path: Path) -> None:

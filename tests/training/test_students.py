@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,28 @@ def test_tiny_bert_student_starts_from_teacher_pca(teacher: Encoder, tmp_path: P
     np.testing.assert_allclose(reloaded.encode(texts), student.encode(texts), atol=1e-5)
 
 
+def test_tiny_bert_output_layer_is_kept_and_loads_in_sentence_transformers(teacher: Encoder, tmp_path: Path) -> None:
+    """The 128 → 384 map is part of the model: it starts on the PCA basis, is saved as a Dense module, and both
+    this project's loader and sentence-transformers give the same vectors from the saved folder."""
+    student = tiny_bert_student(teacher, num_layers=2, hidden_size=128, num_heads=2, output_dim=384)
+    assert (student.hidden_size, student.dim) == (128, 384)
+    word = teacher.backbone.embeddings.word_embeddings.weight.detach()
+    assert torch.allclose(student.output.linear.weight, pca_projection(word, 128))
+    with torch.no_grad():  # a trained layer is not the PCA basis: make sure the saved weights are the live ones
+        student.output.linear.bias.add_(0.01)
+    texts = ["tiny students are cheap", "and map back into the teacher's space"]
+    vectors = student.encode(texts)
+    assert vectors.shape == (2, 384)
+    student.save(tmp_path / "tiny")
+    modules = [m["type"].rsplit(".", 1)[-1] for m in json.loads((tmp_path / "tiny" / "modules.json").read_text())]
+    assert modules == ["Transformer", "Pooling", "Dense", "Normalize"]
+    np.testing.assert_allclose(Encoder.from_pretrained(tmp_path / "tiny").encode(texts), vectors, atol=1e-5)
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(tmp_path / "tiny"), device="cpu")
+    np.testing.assert_allclose(st.encode(texts), vectors, atol=1e-5)
+
+
 def test_tiny_bert_student_is_deterministic(teacher: Encoder) -> None:
     a = tiny_bert_student(teacher, seed=3)
     b = tiny_bert_student(teacher, seed=3)
@@ -56,6 +79,8 @@ def test_student_builder_errors(teacher: Encoder) -> None:
         tiny_bert_student(teacher, hidden_size=130, num_heads=4)
     with pytest.raises(ValueError, match="exceeds the teacher's embedding width 384"):
         tiny_bert_student(teacher, hidden_size=512, num_heads=8)
+    with pytest.raises(ValueError, match="output_dim must be a positive width"):
+        tiny_bert_student(teacher, output_dim=0)
     with pytest.raises(ValueError, match="distinct indices"):
         layer_subset_student(teacher, [1, 1])
 
