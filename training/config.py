@@ -80,6 +80,9 @@ class TrainConfig:
     objective_params: Mapping[str, Any] = field(default_factory=dict)
     view_params: Mapping[str, Any] = field(default_factory=dict)
     rank_reduction: float = 0.0  # γ of the rank-reduction regulariser (paper 002); 0 disables it
+    # weight of an MSE anchor to the frozen starting model's embeddings of the same views (forgets less off the
+    # training domain; /adapt's default, issue 13); 0 disables it
+    anchor_weight: float = 0.0
     crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
     crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
     text_sentences: int = 1  # views = "texts": sentences drawn from each document besides the document itself
@@ -136,6 +139,8 @@ class TrainConfig:
             )
         if isinstance(self.truncate, str) and self.truncate != "probe":
             problems.append(f"truncate must be a layer count or 'probe', got {self.truncate!r}")
+        if self.anchor_weight < 0:
+            problems.append(f"anchor_weight must be >= 0 (0 = no anchor), got {self.anchor_weight}")
         if self.probe_tolerance < 0:
             problems.append(f"probe_tolerance must be >= 0 points, got {self.probe_tolerance}")
         if self.crop_rule not in ("paper", "auto"):

@@ -24,6 +24,7 @@ from training.config import TEACHER_OBJECTIVES, TrainConfig
 from training.encoder import Encoder
 from training.objectives import OBJECTIVES
 from training.objectives.cosent import CoSENT
+from training.objectives.mse_distillation import EmbeddingAnchor
 from training.objectives.rank_reduction import RankReduction
 from training.students import layer_subset_student, tiny_bert_student
 from training.validation import Validation
@@ -158,9 +159,16 @@ def build_objective(
     return cls(**params)
 
 
-def build_rank_reduction(gamma: float) -> RankReduction | None:
-    """Paper 002's rank-reduction term added to the objective, or None when ``rank_reduction = 0``."""
-    return None if gamma == 0 else RankReduction(gamma=gamma)
+def build_regularisers(config: TrainConfig, student: Encoder) -> dict[str, nn.Module]:
+    """Terms added to the objective, by the prefix of their metrics: paper 002's rank reduction (``rr``, when
+    ``rank_reduction`` ≠ 0) and the MSE anchor to a frozen copy of ``student`` as it is now (``anchor``, when
+    ``anchor_weight`` > 0). Each is called as ``term(z1, z2, first=texts1, second=texts2)``."""
+    terms: dict[str, nn.Module] = {}
+    if config.rank_reduction != 0:
+        terms["rr"] = RankReduction(gamma=config.rank_reduction)
+    if config.anchor_weight > 0:
+        terms["anchor"] = EmbeddingAnchor(student.clone(), config.anchor_weight)
+    return terms
 
 
 def parameter_groups(modules: Sequence[nn.Module], weight_decay: float) -> list[dict[str, Any]]:

@@ -46,7 +46,7 @@ from training.models import (
     Models,
     build_models,
     build_objective,
-    build_rank_reduction,
+    build_regularisers,
     parameter_groups,
     resolve_device,
     save_model,
@@ -167,7 +167,7 @@ class Run:
     config: TrainConfig
     models: Models
     objective: nn.Module
-    rank_reduction: nn.Module | None
+    regularisers: dict[str, nn.Module]  # added to the objective; metrics prefixed with the key
     optimizer: torch.optim.Optimizer
     validation: Validation | None
     state: TrainState
@@ -214,10 +214,10 @@ class Run:
                 extra["reference1"] = reference(**reference.tokenize(first))
                 extra["reference2"] = reference(**reference.tokenize(second))
         loss, metrics = self.objective(z1, z2, **extra)
-        if self.rank_reduction is not None:
-            rr_loss, rr_metrics = self.rank_reduction(z1, z2)
-            loss = loss + rr_loss
-            metrics = {**metrics, **{f"rr_{k}": v for k, v in rr_metrics.items()}}
+        for prefix, term in self.regularisers.items():
+            term_loss, term_metrics = term(z1, z2, first=first, second=first if whole_texts else second)
+            loss = loss + term_loss
+            metrics = {**metrics, **{f"{prefix}_{k}": v for k, v in term_metrics.items()}}
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"loss became {loss.item()} at step {state.step}: lower lr (now {config.lr}) or check the "
@@ -331,7 +331,7 @@ def train(
     validation, targets, setup = _teacher_side(config, data, reference)
     stream = PairStream(config, data.documents, data.rule, student.tokenizer.mask_token or "[MASK]", data.scored_pairs)
     objective = build_objective(config, student.dim, reference.dim if reference else None, models.distillation)
-    rank_reduction = build_rank_reduction(config.rank_reduction)
+    regularisers = build_regularisers(config, student)  # before a resume loads trained weights into the student
     for module in (student, objective):
         module.to(run_device)
     optimizer = torch.optim.AdamW(parameter_groups([student, objective], config.weight_decay), lr=config.lr)
@@ -349,7 +349,7 @@ def train(
     with (out / "metrics.jsonl").open("a" if resuming else "w") as metrics_log:
         state.start_clock()
         run = Run(
-            config, models, objective, rank_reduction, optimizer, validation, state, run_device, total_steps,
+            config, models, objective, regularisers, optimizer, validation, state, run_device, total_steps,
             metrics_log, progress, targets,
         )  # fmt: skip
         stopped_by = ""

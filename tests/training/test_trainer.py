@@ -349,3 +349,23 @@ def test_teacher_fidelity_needs_a_teacher_objective() -> None:
         TrainConfig(objective="infonce", validation_metric="teacher_fidelity")
     with pytest.raises(ConfigError, match="validation_metric must be one of"):
         TrainConfig(validation_metric="crops")
+
+
+def test_anchor_keeps_the_model_near_where_it_started(tmp_path: Path, tiny_bert_path: Path) -> None:
+    """anchor_weight adds the MSE to the frozen starting model's embeddings (logged as anchor_*), and a heavy
+    anchor ends closer to the start, on texts it never trained on, than no anchor."""
+    texts = ["an unrelated held-out sentence about tides", "another about baking bread at home", "and one on chess"]
+    start = Encoder.from_pretrained(tiny_bert_path).encode(texts)
+
+    def drift(**changes: object) -> tuple[float, list[dict]]:
+        config = tiny_config(tmp_path, tiny_bert_path, validation=None, max_steps=6, log_every=1, lr=3e-3, **changes)
+        result = train(config)
+        moved = Encoder.from_pretrained(result.final_dir).encode(texts)
+        return float((1 - (moved * start).sum(-1)).mean()), result.history
+
+    free, _ = drift(name="free")
+    anchored, history = drift(name="anchored", anchor_weight=100.0)
+    assert all(record["anchor_loss"] >= 0 and "anchor_cosine" in record for record in history)
+    assert anchored < free
+    with pytest.raises(ConfigError, match="anchor_weight must be >= 0"):
+        tiny_config(tmp_path, tiny_bert_path, anchor_weight=-1.0)
