@@ -202,6 +202,7 @@ def train_stage(
         model=str(base_path),
         max_seq_length=hp.max_seq_length,
         train_last_layers=hp.train_last_layers,
+        anchor_weight=hp.anchor_weight,
         objective=objective,
         views=views,
         corpus=tuple(documents),

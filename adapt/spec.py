@@ -45,6 +45,7 @@ class AdaptConfig:
     default_max_steps: int = 60
     default_time_budget_s: float = 150.0
     default_train_last_layers: int = 2
+    default_anchor_weight: float = 0.0
     default_batch_size: int = 32
     lr: float = 2e-5
     max_seq_length: int = 64
@@ -88,6 +89,7 @@ class AdaptConfig:
             default_max_steps=settings.adapt_max_steps,
             default_time_budget_s=settings.adapt_time_budget_s,
             default_train_last_layers=settings.adapt_train_last_layers,
+            default_anchor_weight=settings.adapt_anchor_weight,
             default_batch_size=settings.adapt_batch_size,
             max_seq_length=settings.adapt_max_seq_length,
             gate_margin=settings.adapt_gate_margin,
@@ -107,6 +109,7 @@ class Hyperparameters:
     max_steps: int | None = 60
     time_budget_s: float | None = 150.0
     train_last_layers: int | None = 2  # None = every layer
+    anchor_weight: float = 0.0  # MSE anchor to the base model's embeddings (training.config.TrainConfig)
     batch_size: int = 32
     lr: float = 2e-5
     max_seq_length: int = 64  # training crops only; the published bundle keeps the base model's limit
@@ -121,6 +124,8 @@ class Hyperparameters:
             raise SpecError("give max_steps, time_budget_s or both: a job needs an end")
         if self.batch_size < 2:
             raise SpecError(f"batch_size must be >= 2 (in-batch negatives), got {self.batch_size}")
+        if self.anchor_weight < 0:
+            raise SpecError(f"anchor_weight must be >= 0 (0 = no anchor), got {self.anchor_weight}")
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,7 @@ class JobSpec:
         max_steps: int | None = None,
         time_budget_s: float | None = None,
         train_last_layers: int | None = None,
+        anchor_weight: float | None = None,
         batch_size: int | None = None,
         seed: int = 0,
         promote: str = "auto",
@@ -164,6 +170,7 @@ class JobSpec:
             max_steps=max_steps,
             time_budget_s=time_budget_s,
             train_last_layers=train_last or None,
+            anchor_weight=config.default_anchor_weight if anchor_weight is None else anchor_weight,
             batch_size=batch_size or config.default_batch_size,
             lr=config.lr,
             max_seq_length=config.max_seq_length,

@@ -10,6 +10,15 @@ the first job runs and again with the server idle.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_adapt.py --out runs/bench_adapt.json
 
+``--variant`` runs every corpus once per variant, each a set of /adapt request fields, against the same server (the
+base model's general scores are computed once); ``--general-tasks`` replaces the gate's general tasks (e.g. every
+task out-of-domain for the base, to measure forgetting). The anchor trade-off of docs/BENCHMARKS.md (``## Adapt:
+forgetting``) was measured with
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_adapt.py --corpora acl --idle-samples 0 \
+        --general-tasks BBCNewsClustering,BBCNewsKNN,BibleParaphraseRetrieval,PyDocSummaryRetrieval,\
+PyDocModuleClustering,LeeDocSTS --variant anchor_weight=0 --variant anchor_weight=10 ...
+
 Corpora (offline, see docs/OFFLINE.md): ``acl`` — ACLSum body paragraphs (never the evaluated
 abstracts); ``bbc`` — BBC News train-split articles, with their topic labels (adds the kNN check).
 """
@@ -61,7 +70,7 @@ def free_port() -> int:
 class Server:
     """``embedder serve`` in a subprocess with its own registry and adapt job store."""
 
-    def __init__(self, workdir: Path, threads: int) -> None:
+    def __init__(self, workdir: Path, threads: int, general_tasks: list[str] | None = None) -> None:
         self.port = free_port()
         env = {
             **os.environ,
@@ -72,6 +81,7 @@ class Server:
             "EMBED_ADMIN_API_KEYS": ADMIN_KEY,
             "EMBED_ADAPT_WORKER_THREADS": str(threads),
             "EMBED_REGISTRY_POLL_SECONDS": "1",
+            **({"EMBED_ADAPT_GENERAL_TASKS": ",".join(general_tasks)} if general_tasks else {}),
         }
         self.log = (workdir / "server.log").open("w")
         self.process = subprocess.Popen(
@@ -120,8 +130,23 @@ def percentiles(samples: list[float]) -> dict[str, float | int]:
     return {"n": len(ordered), "p50_ms": round(1000 * statistics.median(ordered), 2), "p99_ms": round(1000 * p99, 2)}
 
 
-def run_job(server: Server, corpus: str, texts: list[str], labels: list[str] | None, args: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"base_model": args.base_model, "name": f"{args.base_model}-{corpus}", "texts": texts}
+def parse_variant(text: str) -> dict[str, Any]:
+    """``"anchor_weight=10,train_last_layers=0"`` → request fields (values parsed as JSON where they parse)."""
+    fields: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            fields[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key.strip()] = value
+    return fields
+
+
+def run_job(
+    server: Server, corpus: str, texts: list[str], labels: list[str] | None, args: Any, variant: dict[str, Any]
+) -> dict[str, Any]:
+    name = f"{args.base_model}-{corpus}" + "".join(f"-{k}{v}" for k, v in variant.items()).replace("_", "")
+    body: dict[str, Any] = {"base_model": args.base_model, "name": name, "texts": texts, **variant}
     if labels is not None:
         body["labels"] = labels
     t0 = time.perf_counter()
@@ -157,6 +182,7 @@ def run_job(server: Server, corpus: str, texts: list[str], labels: list[str] | N
     # The machine is shared: the 1-minute load average says how much of it this job actually had.
     return {
         "corpus": corpus,
+        "variant": variant,
         "documents": len(texts),
         "wall_s": round(wall, 1),
         "stages_s": stages,
@@ -175,13 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="worker torch threads (EMBED_ADAPT_WORKER_THREADS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--idle-samples", type=int, default=300)
+    p.add_argument("--variant", action="append", default=None, help="request fields k=v,k=v; repeat for several")
+    p.add_argument("--general-tasks", default=None, help="comma-separated tasks for the gate's general side")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     args = p.parse_args(argv)
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-adapt-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    server = Server(workdir, args.threads)
+    general = [t for t in (args.general_tasks or "").split(",") if t] or None
+    server = Server(workdir, args.threads, general)
+    variants = [parse_variant(v) for v in args.variant or [""]]
     results: dict[str, Any] = {"base_model": args.base_model, "documents": args.documents, "jobs": []}
     try:
         server.wait_ready()
@@ -192,15 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         idle: list[float] = []
         embed_latencies(server, threading.Event(), idle, args.idle_samples)
         busy: list[float] = []
-        for i, corpus in enumerate(c for c in args.corpora.split(",") if c):
+        runs = [(v, c) for v in variants for c in args.corpora.split(",") if c]
+        for i, (variant, corpus) in enumerate(runs):
             texts, labels = load_corpus(corpus, args.documents, args.seed, max_chars=20_000)
             stop = threading.Event()
             sampler = None
-            if i == 0:
+            if i == 0 and args.idle_samples:
                 sampler = threading.Thread(target=embed_latencies, args=(server, stop, busy, 100_000), daemon=True)
                 sampler.start()
-            print(f"adapting {args.base_model} on {len(texts)} {corpus} documents", flush=True)
-            results["jobs"].append(run_job(server, corpus, texts, labels, args))
+            print(f"adapting {args.base_model} on {len(texts)} {corpus} documents {variant}", flush=True)
+            results["jobs"].append(run_job(server, corpus, texts, labels, args, variant))
             stop.set()
             if sampler is not None:
                 sampler.join()
@@ -211,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     for job in results["jobs"]:
         evaluation = job["job"].get("evaluation") or {}
         print(
-            f"{job['corpus']}: {job['job']['state']} in {job['wall_s']} s; "
+            f"{job['corpus']} {job['variant']}: {job['job']['state']} in {job['wall_s']} s; "
             f"in-domain {evaluation.get('in_domain')}; general {evaluation.get('general')}; "
             f"knn {evaluation.get('knn')}; gate {job['job'].get('gate', {}) and job['job']['gate']['passed']}; "
             f"model {job['job']['model']}; served dim {job['served_dim']}; load avg {job['load_average_1m']}"

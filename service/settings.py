@@ -235,6 +235,12 @@ class ServiceSettings(BaseSettings):
         description="Default number of top layers trained (0 = all). Fewer is faster and forgets less general "
         "quality; all layers gain most in-domain.",
     )
+    adapt_anchor_weight: float = Field(
+        default=0.0,
+        ge=0,
+        description="Default weight of the MSE anchor to the base model's embeddings while adapting (0 = none). "
+        "Higher forgets less off the customer's domain and gains less on it.",
+    )
     adapt_batch_size: int = Field(
         default=32, ge=2, description="Default batch (in-batch negatives). Larger is a harder task but slower per step."
     )

@@ -163,6 +163,7 @@ class AdaptAPI:
             max_steps=req.max_steps,
             time_budget_s=req.time_budget_s,
             train_last_layers=req.train_last_layers,
+            anchor_weight=req.anchor_weight,
             batch_size=req.batch_size,
             seed=req.seed,
             promote=req.promote,

@@ -28,6 +28,9 @@ class AdaptRequest(BaseModel):
     train_last_layers: int | None = Field(
         default=None, ge=0, le=48, description="train only the last k transformer layers; 0 = all layers"
     )
+    anchor_weight: float | None = Field(
+        default=None, ge=0, le=1000, description="MSE anchor to the base model's embeddings; 0 = none"
+    )
     batch_size: int | None = Field(default=None, ge=2, le=512)
     objective: Objective = "crop-infonce"
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
