@@ -369,7 +369,8 @@ def train(
                     break
                 record = run.step(batches)
                 bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", texts_s=f"{record['texts_per_s']:.0f}")
+                left = "?" if record["eta"] is None else f"{record['eta']:.0f}s"  # the run's own: follows the clock
+                bar.set_postfix(loss=f"{record['loss']:.4f}", texts_s=f"{record['texts_per_s']:.0f}", left=left)
                 if run.validation_due() and run.validate():
                     stopped_by = "early_stopping"
                 if config.checkpoint_every and state.step % config.checkpoint_every == 0:
