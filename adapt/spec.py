@@ -43,9 +43,9 @@ class AdaptConfig:
     base_models: dict[str, str] = field(default_factory=dict)  # extra name → HF folder allowed as base_model
     # Job defaults (a request may override each): the speed-by-design recipe, see docs/ADAPT.md.
     default_max_steps: int = 60
-    default_time_budget_s: float = 150.0
+    default_time_budget_s: float = 180.0
     default_train_last_layers: int = 2
-    default_anchor_weight: float = 0.0
+    default_anchor_weight: float = 3.0
     default_batch_size: int = 32
     lr: float = 2e-5
     max_seq_length: int = 64
@@ -107,9 +107,9 @@ class Hyperparameters:
 
     objective: str = "crop-infonce"
     max_steps: int | None = 60
-    time_budget_s: float | None = 150.0
+    time_budget_s: float | None = 180.0
     train_last_layers: int | None = 2  # None = every layer
-    anchor_weight: float = 0.0  # MSE anchor to the base model's embeddings (training.config.TrainConfig)
+    anchor_weight: float = 3.0  # MSE anchor to the base model's embeddings (training.config.TrainConfig)
     batch_size: int = 32
     lr: float = 2e-5
     max_seq_length: int = 64  # training crops only; the published bundle keeps the base model's limit

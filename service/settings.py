@@ -227,7 +227,7 @@ class ServiceSettings(BaseSettings):
         default=60, ge=1, description="Default training steps of a job; most of the gain comes within ~100 batches."
     )
     adapt_time_budget_s: float = Field(
-        default=150.0, gt=0, description="Default training time budget of a job (whichever of steps/time ends first)."
+        default=180.0, gt=0, description="Default training time budget of a job (whichever of steps/time ends first)."
     )
     adapt_train_last_layers: int = Field(
         default=2,
@@ -236,7 +236,7 @@ class ServiceSettings(BaseSettings):
         "quality; all layers gain most in-domain.",
     )
     adapt_anchor_weight: float = Field(
-        default=0.0,
+        default=3.0,
         ge=0,
         description="Default weight of the MSE anchor to the base model's embeddings while adapting (0 = none). "
         "Higher forgets less off the customer's domain and gains less on it.",

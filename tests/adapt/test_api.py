@@ -61,7 +61,8 @@ def test_submit_returns_202_with_the_queued_job_and_stores_the_corpus(client: Te
 
 def test_defaults_fill_in_the_recipe(client: TestClient) -> None:
     hp = client.post("/adapt", json=_body()).json()["hyperparameters"]
-    assert hp["max_steps"] == 60 and hp["time_budget_s"] == 150.0 and hp["train_last_layers"] == 2
+    assert hp["max_steps"] == 60 and hp["time_budget_s"] == 180.0 and hp["train_last_layers"] == 2
+    assert hp["anchor_weight"] == 3.0
     assert hp["lr"] == 2e-5 and hp["batch_size"] == 32 and hp["gate_margin"] == 2.0
 
 

@@ -16,7 +16,7 @@ def _config(tmp_path: Path) -> AdaptConfig:
 def test_build_fills_the_service_defaults_and_round_trips(tmp_path: Path) -> None:
     spec = JobSpec.build(_config(tmp_path), base_model="minilm-l6", name="acme", seed=3, has_labels=True, usable=70)
     hp = spec.hyperparameters
-    assert (hp.max_steps, hp.time_budget_s, hp.train_last_layers, hp.gate_margin, hp.seed) == (60, 150.0, 2, 1.5, 3)
+    assert (hp.max_steps, hp.time_budget_s, hp.train_last_layers, hp.gate_margin, hp.seed) == (60, 180.0, 2, 1.5, 3)
     params = spec.to_params()
     assert params["corpus"] == {"has_labels": True, "usable_documents_estimate": 70}
     assert JobSpec.from_params(params) == spec
