@@ -13,11 +13,12 @@ the first job runs and again with the server idle.
 ``--variant`` runs every corpus once per variant, each a set of /adapt request fields, against the same server (the
 base model's general scores are computed once); ``--general-tasks`` replaces the gate's general tasks (e.g. every
 task out-of-domain for the base, to measure forgetting). The anchor trade-off of docs/BENCHMARKS.md (``## Adapt:
-forgetting``) was measured with
+forgetting``, where the full commands are) was measured with, e.g.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_adapt.py --corpora acl --idle-samples 0 \
-        --general-tasks BBCNewsClustering,BBCNewsKNN,BibleParaphraseRetrieval,PyDocSummaryRetrieval,\
-PyDocModuleClustering,LeeDocSTS --variant anchor_weight=0 --variant anchor_weight=10 ...
+        --general-tasks BBCNewsKNN,BibleParaphraseRetrieval,PyDocSummaryRetrieval,PyDocModuleClustering,LeeDocSTS \
+        --variant anchor_weight=0,max_steps=60,time_budget_s=400 \
+        --variant anchor_weight=3,max_steps=60,time_budget_s=400
 
 Corpora (offline, see docs/OFFLINE.md): ``acl`` — ACLSum body paragraphs (never the evaluated
 abstracts); ``bbc`` — BBC News train-split articles, with their topic labels (adds the kNN check).

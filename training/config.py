@@ -80,8 +80,8 @@ class TrainConfig:
     objective_params: Mapping[str, Any] = field(default_factory=dict)
     view_params: Mapping[str, Any] = field(default_factory=dict)
     rank_reduction: float = 0.0  # γ of the rank-reduction regulariser (paper 002); 0 disables it
-    # weight of an MSE anchor to the frozen starting model's embeddings of the same views (forgets less off the
-    # training domain; /adapt's default, issue 13); 0 disables it
+    # weight of an MSE anchor to the frozen starting model's embedding of each batch's first view (forgets less
+    # off the training domain; /adapt uses 3, issue 13); 0 disables it
     anchor_weight: float = 0.0
     crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
     crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
