@@ -78,8 +78,8 @@ class OutputLayer(nn.Module):
     @classmethod
     def load(cls, folder: Path, spec: DenseLayer) -> OutputLayer:
         layer = cls(spec)
-        weights = folder / spec.path / DENSE_WEIGHTS
-        state = load_file(weights) if weights.exists() else torch.load(folder / spec.path / "pytorch_model.bin")
+        weights, legacy = folder / spec.path / DENSE_WEIGHTS, folder / spec.path / "pytorch_model.bin"
+        state = load_file(weights) if weights.exists() else torch.load(legacy, weights_only=True)
         layer.load_state_dict(state, strict=True)
         return layer
 
