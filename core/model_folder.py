@@ -9,7 +9,7 @@ Plain JSON: no torch (the Dense layer's weights are written and read by the enco
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,8 @@ class DenseLayer:
             )
 
     def config(self) -> dict[str, Any]:
-        return {
-            "in_features": self.in_features,
-            "out_features": self.out_features,
-            "bias": self.bias,
-            "activation_function": self.activation_function,
-        }
+        """Dense's ``config.json``: every field but the folder."""
+        return {key: value for key, value in asdict(self).items() if key != "path"}
 
 
 # Our names <-> sentence-transformers' Pooling config keys.

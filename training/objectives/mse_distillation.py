@@ -19,6 +19,11 @@ from torch import Tensor, nn
 from training import metrics
 
 
+def squared_error(x: Tensor, target: Tensor) -> Tensor:
+    """Eq. 1's term: ``mean_b ||x_b − target_b||²`` (summed over dimensions); ``target`` gets no gradient."""
+    return (x - target.detach()).pow(2).sum(-1).mean()
+
+
 class MSEDistillation(nn.Module):
     """``loss = ½ (mean_b ||P(view1) − reference1||² + mean_b ||P(view2) − reference2||²)``.
 
@@ -50,9 +55,7 @@ class MSEDistillation(nn.Module):
                 f"student embeddings map to {tuple(p1.shape)} but the teacher's are {tuple(reference1.shape)}: "
                 "pass the teacher's dimension as reference_dim"
             )
-        error1 = (p1 - reference1.detach()).pow(2).sum(-1).mean()
-        error2 = (p2 - reference2.detach()).pow(2).sum(-1).mean()
-        loss = 0.5 * (error1 + error2)
+        loss = 0.5 * (squared_error(p1, reference1) + squared_error(p2, reference2))
         with torch.no_grad():
             cosine = nn.functional.cosine_similarity(p1, reference1, dim=-1).mean()
         return loss, {"loss": float(loss.detach()), "cosine": float(cosine), **metrics.embedding_metrics(view1, view2)}
@@ -82,7 +85,7 @@ class EmbeddingAnchor(nn.Module):
         """``view1`` ``(B, D)``: the trained model's embeddings of the texts ``first``; ``view2`` is not anchored."""
         with torch.no_grad():
             anchor = self.start(**self.start.tokenize(first))  # (B, D)
-        error = (view1 - anchor).pow(2).sum(-1).mean()
+        error = squared_error(view1, anchor)
         with torch.no_grad():
             cosine = nn.functional.cosine_similarity(view1, anchor, dim=-1).mean()
         return self.weight * error, {"loss": float(error.detach()), "cosine": float(cosine)}
