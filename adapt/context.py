@@ -1,23 +1,44 @@
-"""What a running job sees of its worker: progress reporting, stop checks, state changes, and the two ways a
-job ends early (`JobCancelled`, `JobFailed`). Shared by the worker loop and the pipeline's stages."""
+"""What a running job sees of its worker: progress reporting, stop checks, state changes under the worker's lease,
+and the ways a job ends early (`JobCancelled`, `JobFailed`, `WorkerStopping`, `LeaseLost`). Shared by the worker
+loop and the pipeline's stages.
+
+Every write goes through the job's lease (`adapt.store.Lease`), so a worker that lost its job — its lease lapsed
+and another process took the job back — changes nothing. A store outage (a database restarting) does not end the
+job: progress that cannot be written is skipped, and writes the job needs (results, state changes) are retried
+until the lease would have lapsed; past that the worker gives the job up (`LeaseLost`), and whoever rescues it
+retries it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from adapt.store import Job, JobStore
+from adapt.store import Job, JobStore, LeaseLost, StoreUnavailable
 
 log = logging.getLogger("adapt.worker")
 
 PROGRESS_EVERY_S = 0.5
 CANCEL_CHECK_EVERY_S = 0.5
+RETRY_EVERY_S = 1.0
+
+T = TypeVar("T")
 
 
-class JobCancelled(Exception):
-    """The job was cancelled, or the worker was told to stop, while it ran."""
+class JobStopped(Exception):
+    """The job must stop before its end, for a reason that is not its own failure."""
+
+
+class JobCancelled(JobStopped):
+    """The job was cancelled (``POST /adapt/{id}/cancel``) while it ran."""
+
+
+class WorkerStopping(JobStopped):
+    """The worker was told to stop (SIGTERM, its service shutting down): the job goes back to the queue."""
 
 
 class JobFailed(Exception):
@@ -31,9 +52,12 @@ class JobFailed(Exception):
 class JobContext:
     """What the pipeline sees of the worker: progress reporting, stop checks, state changes."""
 
-    def __init__(self, store: JobStore, job: Job, stop: threading.Event) -> None:
+    def __init__(self, store: JobStore, job: Job, stop: threading.Event, *, lease_s: float) -> None:
         self.store = store
         self.job = job
+        self.lease = job.lease
+        self.lease_s = lease_s
+        self.lost = threading.Event()  # set when the lease is gone: the job is no longer ours
         self._stop = stop
         self._started = time.monotonic()
         self._cpu_started = time.process_time()
@@ -43,24 +67,38 @@ class JobContext:
 
     # -------------------------------------------------------------- stopping
     @property
-    def interrupted(self) -> bool:
+    def stopping(self) -> bool:
         return self._stop.is_set()
 
     def should_stop(self) -> bool:
-        """True once the job was cancelled or the worker was told to exit (cheap to call every step)."""
-        if self._stop.is_set() or self._cancelled:
+        """True once the job was cancelled, the worker was told to exit, or the lease was lost (cheap every step)."""
+        if self._stop.is_set() or self._cancelled or self.lost.is_set():
             return True
         now = time.monotonic()
         if now - self._last_cancel_check >= CANCEL_CHECK_EVERY_S:
             self._last_cancel_check = now
-            self._cancelled = self.store.cancel_requested(self.job.id)
+            with contextlib.suppress(StoreUnavailable):  # checked again at the next step
+                self._cancelled = self.store.cancel_requested(self.job.id)
         return self._cancelled
 
     def check(self) -> None:
-        """Raise `JobCancelled` between stages when the job must stop."""
+        """Raise the reason the job must stop, if it must (between stages, and after training stopped early)."""
         self._last_cancel_check = 0.0
-        if self.should_stop():
-            raise JobCancelled("stopped at a stage boundary")
+        self.should_stop()
+        if self.lost.is_set():
+            raise LeaseLost(f"adapt job {self.job.id}: the lease of attempt {self.lease.attempt} was lost")
+        if self._stop.is_set():
+            raise WorkerStopping("the worker is stopping")
+        if self._cancelled:
+            raise JobCancelled("cancelled")
+
+    def renew(self) -> None:
+        """Renew the lease now (the heartbeat, and the fence before publishing); `LeaseLost` if it is gone."""
+        try:
+            self.retrying(lambda: self.store.renew(self.lease, self.lease_s))
+        except LeaseLost:
+            self.lost.set()
+            raise
 
     # -------------------------------------------------------------- reporting
     def elapsed(self) -> float:
@@ -80,7 +118,7 @@ class JobContext:
             "cpu_s": round(self.cpu_seconds(), 2),
             **data,
         }
-        self.store.update_progress(self.job.id, record)
+        self._write_progress(record)
 
     def progress(self, data: dict[str, Any], *, force: bool = False) -> None:
         """Record training progress, at most every `PROGRESS_EVERY_S` unless ``force``."""
@@ -88,14 +126,40 @@ class JobContext:
         if not force and now - self._last_progress < PROGRESS_EVERY_S:
             return
         self._last_progress = now
-        self.store.update_progress(self.job.id, {"elapsed_s": round(self.elapsed(), 2), **data})
+        self._write_progress({"elapsed_s": round(self.elapsed(), 2), **data})
+
+    def _write_progress(self, record: dict[str, Any]) -> None:
+        try:
+            self.store.update_progress(self.lease, record, lease_s=self.lease_s)
+        except StoreUnavailable as err:  # progress is for watching: a gap is better than a stalled job
+            log.warning("%s: progress not recorded (%s)", self.job.id, err)
+        except LeaseLost:
+            self.lost.set()
+            raise
 
     def result(self, data: dict[str, Any], *, event: str | None = None) -> None:
-        self.store.update_result(self.job.id, data, event_type=event)
+        self.retrying(lambda: self.store.update_result(self.lease, data, event_type=event))
 
     def set_state(self, state: str) -> None:
-        self.store.set_state(self.job.id, state)
+        self.retrying(lambda: self.store.set_state(self.lease, state, lease_s=self.lease_s))
 
     def log(self, message: str) -> None:
         log.info("%s: %s", self.job.id, message)
-        self.store.add_event(self.job.id, "log", {"message": message})
+        self.retrying(lambda: self.store.add_event(self.lease, "log", {"message": message}))
+
+    def retrying(self, write: Callable[[], T]) -> T:
+        """A write the job's record needs: retried through a store outage for as long as the lease would last."""
+        deadline = time.monotonic() + self.lease_s
+        while True:
+            try:
+                return write()
+            except LeaseLost:
+                self.lost.set()
+                raise
+            except StoreUnavailable as err:
+                if time.monotonic() >= deadline:
+                    self.lost.set()
+                    message = f"adapt job {self.job.id}: the store was unavailable past the lease ({err})"
+                    raise LeaseLost(message) from err
+                log.warning("%s: store unavailable, retrying (%s)", self.job.id, err)
+                time.sleep(RETRY_EVERY_S)

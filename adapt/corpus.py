@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adapt.settings import AdaptSettings
+from adapt.store import TERMINAL_STATES, Ended
 from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop
 
 CORPUS_FILE = "corpus.jsonl"
@@ -27,14 +31,6 @@ CORPUS_FILE = "corpus.jsonl"
 
 class CorpusTooLargeError(CorpusError):
     """Upload size over the limit (HTTP 413)."""
-
-
-@dataclass(frozen=True)
-class CorpusLimits:
-    max_documents: int = 20_000
-    max_document_chars: int = 20_000
-    max_upload_bytes: int = 50 * 1024 * 1024
-    min_documents: int = 64
 
 
 @dataclass(frozen=True)
@@ -93,8 +89,8 @@ def parse_upload(data: bytes, filename: str | None = None) -> tuple[list[str], l
     return texts, (labels or None)
 
 
-def check_corpus(texts: list[str], labels: list[str] | None, limits: CorpusLimits) -> Corpus:
-    """Apply the limits and the crop-yield check; raise :class:`CorpusError` saying what to fix."""
+def check_corpus(texts: list[str], labels: list[str] | None, limits: AdaptSettings) -> Corpus:
+    """Apply the corpus limits of ``limits`` and the crop-yield check; raise :class:`CorpusError` saying what to fix."""
     texts = [t.strip() for t in texts]
     if labels is not None and len(labels) != len(texts):
         raise CorpusError(f"got {len(labels)} labels for {len(texts)} texts: give one label per text")
@@ -125,6 +121,14 @@ def check_corpus(texts: list[str], labels: list[str] | None, limits: CorpusLimit
             details={"documents": len(texts), "usable_documents": usable, "min_documents": limits.min_documents},
         )
     return Corpus(texts=texts, labels=labels, usable=usable)
+
+
+def remove_ended_jobs(ended: Iterable[Ended], keep_uploads: bool) -> None:
+    """Delete the folders (corpus and scratch) of jobs that ended; a job back in the queue keeps its corpus for the
+    next attempt. Whoever ends a job calls this: its worker, a rescuer, the API cancelling a queued job."""
+    for job in ended:
+        if job.state in TERMINAL_STATES and not keep_uploads:
+            shutil.rmtree(job.corpus_dir, ignore_errors=True)
 
 
 def read_job_corpus(folder: Path) -> tuple[list[str], list[str] | None]:

@@ -25,17 +25,20 @@ given — may drop at most ``gate_margin`` points. The adapted model is always p
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
+import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapt.context import JobCancelled, JobContext, JobFailed
+from adapt.context import JobContext, JobFailed, JobStopped
 from adapt.corpus import read_job_corpus
+from adapt.settings import AdaptConfig
 from adapt.spec import ADAPT_METHOD, OBJECTIVES, JobSpec, SpecError
-from adapt.store import EVALUATING, Job
+from adapt.store import EVALUATING, Job, JobStoreError
 from core.catalog import resolve_model
 from core.model_folder import read_trained_on
 from core.text import CropRule, can_crop, choose_crop_rule, crop_yield, hold_out
@@ -57,20 +60,41 @@ log = logging.getLogger(__name__)
 MIN_CROP_YIELD = 0.25
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    """How this worker runs jobs (operational, per process); what a job does is its `JobSpec`."""
+# How a job splits its corpus and samples it for kNN (per job, not per deployment: fixed here).
+HELD_OUT_FRACTION, MIN_HELD_OUT, MAX_HELD_OUT = 0.2, 8, 200
+MAX_KNN_DOCUMENTS = 400  # seeded sample of the labelled documents (encoded twice, full length)
 
-    registry_dir: Path
-    threads: int = 2
-    keep_uploads: bool = False
-    base_models: dict[str, str] = field(default_factory=dict)
-    cache_dir: Path | None = None  # the base model's evaluation results are cached here
-    held_out_fraction: float = 0.2
-    min_held_out: int = 8
-    max_held_out: int = 200
-    max_knn_documents: int = 400  # seeded sample of the labelled documents (encoded twice, full length)
-    general_fast: bool = False  # a few documents per general task: for tests only (scores not comparable)
+
+def scratch_dir(job: Job) -> Path:
+    """This attempt's scratch (training output, the staged bundle): one per attempt, so a retry never meets a dead
+    attempt's half-written files."""
+    return Path(job.corpus_dir) / f"attempt-{job.attempt}"
+
+
+def _os_problem(err: BaseException, where: str) -> str | None:
+    """What an operating-system error means for the caller (a full or read-only volume), or None if it is not one."""
+    if not isinstance(err, OSError):
+        return None
+    problems = {
+        errno.ENOSPC: f"no space left on {where}",
+        errno.EDQUOT: f"the disk quota of {where} is exhausted",
+        errno.EFBIG: f"a file grew past the size limit of {where}",
+        errno.EROFS: f"{where} is read-only",
+        errno.EACCES: f"{where} is not writable by the adapt worker (permissions)",
+        errno.EPERM: f"{where} is not writable by the adapt worker (permissions)",
+    }
+    return problems.get(err.errno or 0)
+
+
+def stage_failure(reason: str, err: BaseException, where: str) -> JobFailed:
+    """A stage's unexpected error as the job records it: what happened, for the caller; the traceback goes to the log
+    (never a type name or internals into the job record)."""
+    problem = _os_problem(err, where)
+    if problem is None:
+        log.error("%s stage failed", reason, exc_info=err)
+        return JobFailed(reason, f"{reason} failed (internal error; the adapt worker's log has the details)")
+    log.warning("%s stage failed: %s (%s)", reason, problem, err)
+    return JobFailed(reason, f"{reason} failed: {problem}")
 
 
 @dataclass(frozen=True)
@@ -84,9 +108,9 @@ def split_corpus(
     texts: Sequence[str],
     *,
     seed: int,
-    fraction: float = 0.2,
-    min_held_out: int = 8,
-    max_held_out: int = 200,
+    fraction: float = HELD_OUT_FRACTION,
+    min_held_out: int = MIN_HELD_OUT,
+    max_held_out: int = MAX_HELD_OUT,
     usable: Callable[[str], bool] = can_crop,
 ) -> Split:
     """Hold out a seeded sample of crop-able documents for evaluation; train on the rest.
@@ -110,21 +134,24 @@ def split_corpus(
     )
 
 
-def run_job(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
-    """Run every stage of one job, reporting through ``ctx``; raise `JobFailed`/`JobCancelled` to end it."""
+def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
+    """Run every stage of one job, reporting through ``ctx``; raise `JobFailed` (or let ``ctx.check`` raise) to end
+    it early. Publishing is fenced by the lease: a worker that lost the job publishes nothing."""
     try:
         spec = JobSpec.from_params(job.params)
     except SpecError as err:  # a job stored by a service that wrote another spec: fail it with the reason
         raise JobFailed("spec", str(err)) from err
-    work = Path(job.corpus_dir) / "work"
+    work = scratch_dir(job)
+    shutil.rmtree(work, ignore_errors=True)
     texts, labels = read_job_corpus(Path(job.corpus_dir))
+    settings = config.settings
 
-    ctx.stage("preparing")
-    base_path = resolve_model(options.base_models.get(spec.base_model, spec.base_model), options.cache_dir)
-    split, rule = prepare(spec, ctx, options, texts)
+    ctx.stage("preparing", attempt=job.attempt)
+    base_path = resolve_model(settings.base_models.get(spec.base_model, spec.base_model), config.cache_dir)
+    split, rule = prepare(spec, ctx, texts)
     ctx.check()
 
-    trained = train_stage(spec, ctx, options, base_path, split.train, rule, work)
+    trained = train_stage(spec, ctx, settings.worker_threads, base_path, split.train, rule, work)
     ctx.check()
 
     ctx.stage("exporting")
@@ -133,7 +160,7 @@ def run_job(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
     ctx.check()
 
     ctx.set_state(EVALUATING)
-    evaluation = evaluate_stage(spec, ctx, options, base_path, staging, split, texts, labels, rule, base_trained_on)
+    evaluation = evaluate_stage(spec, ctx, config, base_path, staging, split, texts, labels, rule, base_trained_on)
     gate = adapt_gate(
         evaluation["in_domain"],
         evaluation.get("general_tasks"),
@@ -144,23 +171,21 @@ def run_job(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
     ctx.check()
 
     ctx.stage("publishing")
-    manifest["validation"] = {"job": job.id, "evaluation": evaluation, "gate": gate}
+    manifest["validation"] = {"job": job.id, "attempt": job.attempt, "evaluation": evaluation, "gate": gate}
     promote = bool(gate["passed"]) and spec.promote == "auto"
-    bundle = publish_bundle(staging, options.registry_dir, manifest, promote=promote)
+    ctx.renew()  # the fence: publish only while this worker still holds the job
+    try:
+        bundle = publish_bundle(staging, config.registry_dir, manifest, promote=promote)
+    except OSError as err:
+        raise stage_failure("publish", err, "the model registry volume") from err
     ctx.result({"model": {"name": spec.name, "version": bundle.name, "promoted": promote}}, event="published")
     ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))
 
 
 # ----------------------------------------------------------------------------- stages
-def prepare(spec: JobSpec, ctx: JobContext, options: WorkerOptions, texts: list[str]) -> tuple[Split, CropRule]:
+def prepare(spec: JobSpec, ctx: JobContext, texts: list[str]) -> tuple[Split, CropRule]:
     """Split the corpus and choose the job's one crop rule; refuse a corpus too few documents of which crop."""
-    split = split_corpus(
-        texts,
-        seed=spec.hyperparameters.seed,
-        fraction=options.held_out_fraction,
-        min_held_out=options.min_held_out,
-        max_held_out=options.max_held_out,
-    )
+    split = split_corpus(texts, seed=spec.hyperparameters.seed)
     rule = choose_crop_rule(split.train)
     value = crop_yield(split.train, rule)
     usable = round(value * len(split.train))
@@ -188,7 +213,7 @@ def prepare(spec: JobSpec, ctx: JobContext, options: WorkerOptions, texts: list[
 def train_stage(
     spec: JobSpec,
     ctx: JobContext,
-    options: WorkerOptions,
+    threads: int,
     base_path: Path,
     documents: list[str],
     rule: CropRule,
@@ -214,7 +239,7 @@ def train_stage(
         lr=hp.lr,
         warmup=0.1,
         seed=hp.seed,
-        num_threads=options.threads,
+        num_threads=threads,
         output_dir=str(work / "train"),
         progress_bar=False,
         log_every=10,
@@ -224,10 +249,12 @@ def train_stage(
     progress = _TrainingProgress(ctx, total)
     try:
         result = train(config, progress=progress.report, should_stop=ctx.should_stop, crop_rule=rule)
-    except (ValueError, FloatingPointError, RuntimeError) as err:
+    except (ValueError, FloatingPointError) as err:  # ours: a setting that cannot train, a loss that diverged
         raise JobFailed("training", f"training failed: {err}") from err
+    except Exception as err:
+        raise stage_failure("training", err, "the adapt scratch volume (EMBED_ADAPT_DIR)") from err
     if result.stopped_by == "cancelled":
-        raise JobCancelled("cancelled during training")
+        ctx.check()  # says why: cancelled, the worker stopping, or the lease lost
     ctx.progress(
         {"stage": "trained", "step": result.steps, "total": total or result.steps, "loss": progress.loss, "eta_s": 0},
         force=True,
@@ -276,15 +303,14 @@ def export_stage(
         trained_on = [*base_trained_on, f"{ADAPT_METHOD}:{spec.name}"]
         manifest = build_bundle(encoder, staging, spec.name, method=method, trained_on=trained_on)
     except Exception as err:
-        log.exception("%s: export failed", job_id)
-        raise JobFailed("export", f"export failed: {type(err).__name__}: {err}") from err
+        raise stage_failure("export", err, "the adapt scratch volume (EMBED_ADAPT_DIR)") from err
     return staging, manifest
 
 
 def evaluate_stage(
     spec: JobSpec,
     ctx: JobContext,
-    options: WorkerOptions,
+    config: AdaptConfig,
     base_path: Path,
     bundle: Path,
     split: Split,
@@ -308,18 +334,17 @@ def evaluate_stage(
             "adapted": load_model(bundle),
         }
         general = general_tasks(spec.hyperparameters.general_tasks, base_trained_on)
-        return _evaluate(spec, ctx, options, models, split, texts, labels, rule, general)
-    except (JobCancelled, JobFailed):
+        return _evaluate(spec, ctx, config, models, split, texts, labels, rule, general)
+    except (JobFailed, JobStopped, JobStoreError):  # how a job ends early, and the store's (lease) errors
         raise
     except Exception as err:
-        log.exception("evaluation failed")
-        raise JobFailed("evaluation", f"evaluation failed: {type(err).__name__}: {err}") from err
+        raise stage_failure("evaluation", err, "the cache volume (EMBED_CACHE_DIR)") from err
 
 
 def _evaluate(
     spec: JobSpec,
     ctx: JobContext,
-    options: WorkerOptions,
+    config: AdaptConfig,
     models: dict[str, EmbeddingModel],
     split: Split,
     texts: list[str],
@@ -343,9 +368,8 @@ def _evaluate(
         if general["out_of_domain"]:
             ctx.check()
             ctx.stage("evaluating", detail=f"{which} general suite")
-            report = run_suite(
-                model, general["out_of_domain"], fast=options.general_fast, progress=False, cache=options.cache_dir
-            )
+            fast = config.settings.general_fast
+            report = run_suite(model, general["out_of_domain"], fast=fast, progress=False, cache=config.cache_dir)
             if report["skipped"]:
                 raise JobFailed("evaluation", f"general tasks could not run here: {report['skipped']}")
             general_scores[which] = {k: round(v, 3) for k, v in report["scores"].items()}
@@ -356,7 +380,7 @@ def _evaluate(
     if labels is not None:
         ctx.check()
         ctx.stage("evaluating", detail="kNN accuracy")
-        order = sorted(random.Random(hp.seed).sample(range(len(texts)), min(len(texts), options.max_knn_documents)))
+        order = sorted(random.Random(hp.seed).sample(range(len(texts)), min(len(texts), MAX_KNN_DOCUMENTS)))
         sample, sample_labels = [texts[i] for i in order], [labels[i] for i in order]
         out["knn"] = {which: round(_knn_points(m, sample, sample_labels), 3) for which, m in models.items()}
         out["knn_documents"] = len(sample)

@@ -1,33 +1,47 @@
-"""SQLite job store for /adapt: the only channel between the API process and the worker processes.
+"""The /adapt job store: one table is the whole state machine, shared by every replica and worker.
 
-The API inserts jobs and reads them; workers claim queued jobs, write progress events and the
-final result. Both sides open short-lived connections (WAL mode, a busy timeout), so several
-processes share one file safely. Pure standard library: the API process imports it without torch.
+One interface, two backends (SQLAlchemy Core, one set of queries): PostgreSQL when scaled out
+(``EMBED_ADAPT_STORE_URL=postgresql://…``), an embedded SQLite file on one machine (the default). They differ only
+in how a write serialises — SQLite takes the database's write lock (``BEGIN IMMEDIATE``), PostgreSQL locks rows
+(``SELECT … FOR UPDATE SKIP LOCKED``) and, for the two counted limits (pending jobs, jobs running), a transaction
+advisory lock — not in the states. The schema is created and upgraded by Alembic (`adapt/migrations`), under a lock,
+by whichever process opens the store first. Torch-free: the service imports it.
 
-Job states and the transitions the store allows::
+States and the transitions the store allows::
 
     queued ──▶ running ──▶ evaluating ──▶ succeeded
-       │          │             │
-       │          ├─────────────┴──▶ failed      (reason: corpus | training | export | evaluation |
-       │          │                               interrupted | internal)
-       └──────────┴─────────────┴──▶ cancelled
+      ▲  │        │             │
+      │  │        ├─────────────┴──▶ failed      (reason: corpus | training | export | evaluation | spec |
+      │  │        │                               interrupted | internal)
+      │  └────────┴─────────────┴──▶ cancelled
+      └───────────┴─────────────┘   back to the queue: the worker stopped (drain), or its lease lapsed
 
-A job that was ``running`` or ``evaluating`` when its worker died is marked ``failed`` with reason
-``interrupted`` (by the supervisor when it sees the worker exit, and on startup for jobs left over
-from a previous run): it is never resumed, because half a fine-tune cannot be continued honestly.
+A worker's claim is a **lease**: its id, the attempt number and an expiry, renewed by its heartbeat. Every write a
+worker makes is fenced by its lease (the row must still name it and its attempt), so a worker that lost its lease —
+it paused past the expiry and someone took the job back — can no longer change the job. Whoever sees a lapsed lease
+(any replica's rescuer, any idle worker) takes the job back: it is queued again for a fresh attempt from scratch, or,
+once ``max_attempts`` attempts were interrupted, ends ``failed`` with reason ``interrupted``. A worker that stops on
+purpose (SIGTERM, a rolling update, a node drain) hands its job back to the queue at once; that attempt is not
+counted. No process ever fails a job another live process holds. Timestamps come from the database's clock, so
+leases mean the same to processes on machines whose clocks disagree.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
-import sqlite3
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
 
 QUEUED, RUNNING, EVALUATING = "queued", "running", "evaluating"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
@@ -38,47 +52,88 @@ ALL_STATES = (QUEUED, RUNNING, EVALUATING, SUCCEEDED, FAILED, CANCELLED)
 # Allowed transitions; anything else is a programming error (raised, never silently applied).
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     QUEUED: (RUNNING, CANCELLED, FAILED),
-    RUNNING: (EVALUATING, SUCCEEDED, FAILED, CANCELLED),
-    EVALUATING: (SUCCEEDED, FAILED, CANCELLED),
+    RUNNING: (EVALUATING, QUEUED, SUCCEEDED, FAILED, CANCELLED),
+    EVALUATING: (QUEUED, SUCCEEDED, FAILED, CANCELLED),
     SUCCEEDED: (),
     FAILED: (),
     CANCELLED: (),
 }
 
-INTERRUPTED = "interrupted"
+INTERRUPTED = "interrupted"  # a failure reason, and the outcome of an attempt whose worker died
+HANDED_BACK = "handed_back"  # the outcome of an attempt whose worker stopped on purpose (not counted)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT UNIQUE NOT NULL,
-    state TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    params TEXT NOT NULL,
-    corpus_dir TEXT NOT NULL,
-    n_documents INTEGER NOT NULL,
-    progress TEXT NOT NULL DEFAULT '{}',
-    result TEXT NOT NULL DEFAULT '{}',
-    error TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    worker_id TEXT,
-    heartbeat_at REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_id TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    type TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_job ON events(job_id, id);
-"""
+# PostgreSQL transaction advisory-lock keys: serialise the two checks that count rows (jobs pending, jobs running).
+_CREATE_LOCK, _CLAIM_LOCK, _MIGRATE_LOCK = 0x616470_01, 0x616470_02, 0x616470_03
+
+metadata = sa.MetaData()
+JSON = sa.JSON().with_variant(JSONB(), "postgresql")
+
+jobs_table = sa.Table(
+    "adapt_jobs",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(64), nullable=False, unique=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("started_at", sa.Float),
+    sa.Column("finished_at", sa.Float),
+    sa.Column("params", JSON, nullable=False),
+    sa.Column("corpus_dir", sa.Text, nullable=False),
+    sa.Column("n_documents", sa.Integer, nullable=False),
+    sa.Column("progress", JSON, nullable=False),
+    sa.Column("result", JSON, nullable=False),
+    sa.Column("error", JSON),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False),
+    sa.Column("worker_id", sa.String(128)),
+    sa.Column("heartbeat_at", sa.Float),
+    sa.Column("lease_expires_at", sa.Float),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("attempts", JSON, nullable=False),
+    sa.Column("event_seq", sa.Integer, nullable=False),
+    sa.Index("adapt_jobs_state_seq", "state", "seq"),
+)
+
+events_table = sa.Table(
+    "adapt_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(64), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),  # per job, in commit order: the SSE event id
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("data", JSON, nullable=False),
+    sa.UniqueConstraint("job_id", "seq", name="adapt_events_job_seq"),
+)
+
+
+class db_now(FunctionElement):
+    """The database's clock in seconds since the epoch (one clock for every process sharing the store)."""
+
+    type = sa.Float()
+    inherit_cache = True
+
+
+@compiles(db_now, "postgresql")
+def _now_postgresql(element: db_now, compiler: Any, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+@compiles(db_now, "sqlite")
+def _now_sqlite(element: db_now, compiler: Any, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 class JobStoreError(RuntimeError):
     """A job that does not exist, or a state change the state machine does not allow."""
+
+
+class StoreUnavailable(JobStoreError):
+    """The store cannot be reached or is locked past its timeout (a database restarting, a network outage)."""
+
+
+class LeaseLost(JobStoreError):
+    """This worker no longer holds the job: its lease lapsed and the job was taken back, or it ended."""
 
 
 class QueueFullError(JobStoreError):
@@ -92,9 +147,18 @@ class QueueFullError(JobStoreError):
         self.limit = limit
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A worker's hold on one attempt of one job; every write the worker makes must match it."""
+
+    job_id: str
+    worker_id: str
+    attempt: int
+
+
 @dataclass
 class Job:
-    """One row of the ``jobs`` table, with its JSON columns decoded."""
+    """One row of the jobs table."""
 
     id: str
     state: str
@@ -110,19 +174,38 @@ class Job:
     cancel_requested: bool = False
     worker_id: str | None = None
     heartbeat_at: float | None = None
+    lease_expires_at: float | None = None
+    attempt: int = 0
+    max_attempts: int = 1
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    @property
+    def lease(self) -> Lease:
+        if self.worker_id is None:
+            raise JobStoreError(f"adapt job {self.id} is not held by a worker")
+        return Lease(self.id, self.worker_id, self.attempt)
+
 
 @dataclass
 class Event:
-    id: int
+    id: int  # the job's own sequence number (1, 2, ...): what SSE clients resume from
     job_id: str
     created_at: float
     type: str
     data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A job a rescuer or supervisor took back from a dead worker, and what became of it."""
+
+    job_id: str
+    state: str  # queued (retried), failed (attempts spent) or cancelled (a cancel was pending)
+    corpus_dir: str
 
 
 def new_job_id() -> str:
@@ -130,55 +213,183 @@ def new_job_id() -> str:
     return "adaptjob-" + secrets.token_hex(12)
 
 
-def _row_to_job(row: sqlite3.Row) -> Job:
+def engine_url(url: str) -> sa.URL:
+    """``postgresql://`` (and ``postgres://``) use psycopg 3; ``sqlite:///path`` the standard library."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite" and parsed.database:
+        return parsed
+    raise JobStoreError(
+        f"unsupported adapt store URL scheme {parsed.drivername!r}: use postgresql://user:password@host/db "
+        "or sqlite:////absolute/path/jobs.sqlite3"
+    )
+
+
+def _row_to_job(row: sa.Row[Any]) -> Job:
+    m = row._mapping
     return Job(
-        id=row["id"],
-        state=row["state"],
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        params=json.loads(row["params"]),
-        corpus_dir=row["corpus_dir"],
-        n_documents=row["n_documents"],
-        progress=json.loads(row["progress"]),
-        result=json.loads(row["result"]),
-        error=json.loads(row["error"]) if row["error"] else None,
-        cancel_requested=bool(row["cancel_requested"]),
-        worker_id=row["worker_id"],
-        heartbeat_at=row["heartbeat_at"],
+        id=m["id"],
+        state=m["state"],
+        created_at=m["created_at"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        params=m["params"],
+        corpus_dir=m["corpus_dir"],
+        n_documents=m["n_documents"],
+        progress=m["progress"],
+        result=m["result"],
+        error=m["error"],
+        cancel_requested=bool(m["cancel_requested"]),
+        worker_id=m["worker_id"],
+        heartbeat_at=m["heartbeat_at"],
+        lease_expires_at=m["lease_expires_at"],
+        attempt=m["attempt"],
+        max_attempts=m["max_attempts"],
+        attempts=list(m["attempts"]),
+    )
+
+
+def _make_engine(url: sa.URL, timeout_s: float) -> Engine:
+    if url.get_backend_name() == "sqlite":
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args={"timeout": timeout_s})
+
+        @sa_event.listens_for(engine, "connect")
+        def _connect(dbapi_connection: Any, _record: Any) -> None:
+            # Transactions are ours to begin (below), so BEGIN IMMEDIATE really takes the write lock before a claim
+            # reads the queue; WAL lets readers (the API) read while a worker writes.
+            dbapi_connection.isolation_level = None
+            dbapi_connection.execute("PRAGMA journal_mode=WAL")
+
+        @sa_event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
+
+        return engine
+    return sa.create_engine(
+        url,
+        pool_pre_ping=True,  # a restarted server's dead connections are replaced, not handed out
+        pool_size=4,
+        max_overflow=8,
+        pool_timeout=timeout_s,
+        connect_args={"connect_timeout": max(1, int(timeout_s))},
     )
 
 
 class JobStore:
-    """Jobs and their event log in one SQLite file, safe to share between processes."""
+    """Jobs and their event log, shared by every process that opens the same URL."""
 
-    def __init__(self, path: Path | str, *, timeout_s: float = 30.0) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._timeout_s = timeout_s
-        conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")  # readers (the API) never block the writer (a worker)
-            conn.executescript(_SCHEMA)
-        finally:
-            conn.close()
+    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+        self.url = engine_url(url)
+        self.engine = _make_engine(self.url, timeout_s)
+        self.postgresql = self.url.get_backend_name() == "postgresql"
+        self._migrate()
 
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def describe(self) -> str:
+        """The store for logs: backend and place, never the password."""
+        return self.url.render_as_string(hide_password=True)
+
+    # ---------------------------------------------------------------- plumbing
     @contextmanager
-    def _connect(self, *, immediate: bool = False) -> Iterator[sqlite3.Connection]:
-        # isolation_level=None: transactions are explicit, so BEGIN IMMEDIATE really takes the
-        # write lock before a claim reads the queue (two workers never claim the same job).
-        conn = sqlite3.connect(self.path, timeout=self._timeout_s, isolation_level=None)
-        conn.row_factory = sqlite3.Row
+    def _transaction(self, *, write: bool = False) -> Iterator[Connection]:
         try:
-            conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+            with self.engine.connect() as conn:
+                conn.execution_options(write=write)
+                with conn.begin():
+                    yield conn
+        except (OperationalError, sa.exc.InterfaceError) as err:
+            raise StoreUnavailable(f"the adapt job store is unavailable: {err.orig or err}") from err
+        except DBAPIError as err:
+            if err.connection_invalidated:
+                raise StoreUnavailable(f"the adapt job store connection was lost: {err.orig or err}") from err
+            raise
+
+    def _serialize(self, conn: Connection, key: int) -> None:
+        """PostgreSQL: one transaction at a time past this point (SQLite's BEGIN IMMEDIATE already is)."""
+        if self.postgresql:
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+
+    def _migrate(self) -> None:
+        from alembic import command
+        from alembic.config import Config
+
+        config = Config()
+        config.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
+        with self._transaction(write=True) as conn:
+            self._serialize(conn, _MIGRATE_LOCK)
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+    @staticmethod
+    def _now(conn: Connection) -> float:
+        return float(conn.execute(sa.select(db_now())).scalar_one())
+
+    @staticmethod
+    def _row(conn: Connection, job_id: str, *, lock: bool = False) -> sa.Row[Any]:
+        query = sa.select(jobs_table).where(jobs_table.c.id == job_id)
+        row = conn.execute(query.with_for_update() if lock else query).first()
+        if row is None:
+            raise JobStoreError(f"no adapt job with id {job_id!r}")
+        return row
+
+    @staticmethod
+    def _add_event(conn: Connection, job_id: str, type_: str, data: dict[str, Any], now: float) -> int:
+        # The job's own counter, bumped under its row lock: event ids of one job are in commit order, so an SSE
+        # client resuming after id n never misses an event committed later with a smaller id.
+        seq = conn.execute(
+            sa.update(jobs_table)
+            .where(jobs_table.c.id == job_id)
+            .values(event_seq=jobs_table.c.event_seq + 1)
+            .returning(jobs_table.c.event_seq)
+        ).scalar_one()
+        conn.execute(
+            sa.insert(events_table).values(job_id=job_id, seq=seq, created_at=now, type=type_, data=data)
+        )
+        return int(seq)
+
+    def _transition(
+        self, conn: Connection, job: sa.Row[Any], state: str, now: float, data: dict[str, Any] | None = None,
+        **values: Any,
+    ) -> None:  # fmt: skip
+        """One guarded UPDATE: the row must still be in the state it was read in."""
+        current = job.state
+        if state not in TRANSITIONS.get(current, ()):
+            raise JobStoreError(f"adapt job {job.id} cannot go from {current!r} to {state!r}")
+        if state in TERMINAL_STATES:
+            values["finished_at"] = now
+        if state not in ACTIVE_STATES:  # nobody holds a queued or ended job
+            values.update(worker_id=None, lease_expires_at=None)
+        done = conn.execute(
+            sa.update(jobs_table)
+            .where(jobs_table.c.id == job.id, jobs_table.c.state == current)
+            .values(state=state, **values)
+        )
+        if done.rowcount != 1:
+            raise JobStoreError(f"adapt job {job.id} changed state while it was being moved to {state!r}")
+        self._add_event(conn, job.id, "state", {"state": state, **(data or {})}, now)
+
+    def _held(self, conn: Connection, lease: Lease) -> sa.Row[Any]:
+        """The job row, locked, if ``lease`` still holds it; else `LeaseLost`."""
+        row = conn.execute(
+            sa.select(jobs_table)
+            .where(
+                jobs_table.c.id == lease.job_id,
+                jobs_table.c.worker_id == lease.worker_id,
+                jobs_table.c.attempt == lease.attempt,
+                jobs_table.c.state.in_(ACTIVE_STATES),
+            )
+            .with_for_update()
+        ).first()
+        if row is None:
+            raise LeaseLost(
+                f"adapt job {lease.job_id}: worker {lease.worker_id} no longer holds attempt {lease.attempt}"
+            )
+        return row
 
     # ---------------------------------------------------------------- API side
     def create(
@@ -188,47 +399,49 @@ class JobStore:
         corpus_dir: Path | str,
         n_documents: int,
         max_pending: int,
+        max_attempts: int,
         job_id: str | None = None,
     ) -> Job:
         """Queue a job, or raise :class:`QueueFullError` when ``max_pending`` jobs already wait."""
         job_id = job_id or new_job_id()
-        now = time.time()
-        with self._connect(immediate=True) as conn:
-            pending = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (QUEUED,)).fetchone()[0]
+        with self._transaction(write=True) as conn:
+            self._serialize(conn, _CREATE_LOCK)
+            pending = conn.execute(
+                sa.select(sa.func.count()).select_from(jobs_table).where(jobs_table.c.state == QUEUED)
+            ).scalar_one()
             if pending >= max_pending:
                 raise QueueFullError(pending, max_pending)
+            now = self._now(conn)
             conn.execute(
-                "INSERT INTO jobs (id, state, created_at, params, corpus_dir, n_documents) VALUES (?, ?, ?, ?, ?, ?)",
-                (job_id, QUEUED, now, json.dumps(params), str(corpus_dir), n_documents),
-            )
+                sa.insert(jobs_table).values(
+                    id=job_id, state=QUEUED, created_at=now, params=params, corpus_dir=str(corpus_dir),
+                    n_documents=n_documents, progress={}, result={}, cancel_requested=False, attempt=0,
+                    max_attempts=max_attempts, attempts=[], event_seq=0,
+                )
+            )  # fmt: skip
             self._add_event(conn, job_id, "state", {"state": QUEUED}, now)
         return self.get(job_id)
 
     def get(self, job_id: str) -> Job:
-        with self._connect() as conn:
-            row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise JobStoreError(f"no adapt job with id {job_id!r}")
-        return _row_to_job(row)
+        with self._transaction() as conn:
+            return _row_to_job(self._row(conn, job_id))
 
     def list_jobs(self, *, limit: int = 20, after: str | None = None, state: str | None = None) -> list[Job]:
         """Newest first; ``after`` is the id of the last job of the previous page."""
-        query, args = "SELECT * FROM jobs WHERE 1=1", []
+        query = sa.select(jobs_table)
         if after is not None:
-            query += " AND seq < (SELECT seq FROM jobs WHERE id = ?)"
-            args.append(after)
+            before = sa.select(jobs_table.c.seq).where(jobs_table.c.id == after).scalar_subquery()
+            query = query.where(jobs_table.c.seq < before)
         if state is not None:
-            query += " AND state = ?"
-            args.append(state)
-        query += " ORDER BY seq DESC LIMIT ?"
-        args.append(limit)
-        with self._connect() as conn:
-            rows = conn.execute(query, args).fetchall()
+            query = query.where(jobs_table.c.state == state)
+        with self._transaction() as conn:
+            rows = conn.execute(query.order_by(jobs_table.c.seq.desc()).limit(limit)).all()
         return [_row_to_job(row) for row in rows]
 
     def count_by_state(self) -> dict[str, int]:
-        with self._connect() as conn:
-            rows = conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        query = sa.select(jobs_table.c.state, sa.func.count()).group_by(jobs_table.c.state)
+        with self._transaction() as conn:
+            rows = conn.execute(query).all()
         counts = dict.fromkeys(ALL_STATES, 0)
         counts.update({state: n for state, n in rows})
         return counts
@@ -238,146 +451,183 @@ class JobStore:
 
         Cancelling a finished job is a no-op that returns it unchanged.
         """
-        now = time.time()
-        with self._connect(immediate=True) as conn:
-            row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobStoreError(f"no adapt job with id {job_id!r}")
-            if row["state"] == QUEUED:
-                self._transition(conn, job_id, QUEUED, CANCELLED, now)
-                conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
-            elif row["state"] in ACTIVE_STATES:
-                conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+        with self._transaction(write=True) as conn:
+            row = self._row(conn, job_id, lock=True)
+            now = self._now(conn)
+            if row.state == QUEUED:
+                self._transition(conn, row, CANCELLED, now, cancel_requested=True)
+            elif row.state in ACTIVE_STATES and not row.cancel_requested:
+                conn.execute(sa.update(jobs_table).where(jobs_table.c.id == job_id).values(cancel_requested=True))
                 self._add_event(conn, job_id, "cancel_requested", {}, now)
-        return self.get(job_id)
+            return _row_to_job(self._row(conn, job_id))
 
     def events(self, job_id: str, *, after_id: int = 0, limit: int = 500) -> list[Event]:
-        with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT * FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?", (job_id, after_id, limit)
-            ).fetchall()
-        return [Event(r["id"], r["job_id"], r["created_at"], r["type"], json.loads(r["data"])) for r in rows]
+        query = (
+            sa.select(events_table)
+            .where(events_table.c.job_id == job_id, events_table.c.seq > after_id)
+            .order_by(events_table.c.seq)
+            .limit(limit)
+        )
+        with self._transaction() as conn:
+            rows = conn.execute(query).all()
+        return [Event(r.seq, r.job_id, r.created_at, r.type, r.data) for r in rows]
 
     # ------------------------------------------------------------- worker side
-    def claim_next(self, worker_id: str, *, max_running: int) -> Job | None:
-        """Atomically move the oldest queued job to ``running`` for ``worker_id``.
+    def claim_next(self, worker_id: str, *, max_running: int, lease_s: float) -> Job | None:
+        """Take the oldest queued job for ``worker_id`` under a lease of ``lease_s`` seconds (a new attempt).
 
-        Returns None when nothing is queued or ``max_running`` jobs already run (the concurrency
-        limit holds across every worker sharing this store).
+        Returns None when nothing is queued or ``max_running`` jobs already run (the concurrency limit holds across
+        every worker sharing this store).
         """
-        now = time.time()
-        with self._connect(immediate=True) as conn:
-            running = conn.execute("SELECT COUNT(*) FROM jobs WHERE state IN (?, ?)", ACTIVE_STATES).fetchone()[0]
+        with self._transaction(write=True) as conn:
+            self._serialize(conn, _CLAIM_LOCK)
+            running = conn.execute(
+                sa.select(sa.func.count()).select_from(jobs_table).where(jobs_table.c.state.in_(ACTIVE_STATES))
+            ).scalar_one()
             if running >= max_running:
                 return None
-            row = conn.execute("SELECT id FROM jobs WHERE state = ? ORDER BY seq LIMIT 1", (QUEUED,)).fetchone()
+            row = conn.execute(
+                sa.select(jobs_table)
+                .where(jobs_table.c.state == QUEUED)
+                .order_by(jobs_table.c.seq)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            ).first()
             if row is None:
                 return None
-            self._transition(conn, row["id"], QUEUED, RUNNING, now)
-            conn.execute(
-                "UPDATE jobs SET started_at = ?, worker_id = ?, heartbeat_at = ? WHERE id = ?",
-                (now, worker_id, now, row["id"]),
-            )
-        return self.get(row["id"])
+            now = self._now(conn)
+            attempt = row.attempt + 1
+            attempts = [*row.attempts, {"attempt": attempt, "worker_id": worker_id, "started_at": now}]
+            self._transition(
+                conn, row, RUNNING, now, {"attempt": attempt, "worker_id": worker_id},
+                started_at=row.started_at or now, worker_id=worker_id, heartbeat_at=now,
+                lease_expires_at=now + lease_s, attempt=attempt, attempts=attempts, progress={}, result={},
+            )  # fmt: skip
+            return _row_to_job(self._row(conn, row.id))
 
-    def set_state(self, job_id: str, state: str, **data: Any) -> None:
-        """Move a job along the state machine (raises :class:`JobStoreError` on an illegal move)."""
-        now = time.time()
-        with self._connect(immediate=True) as conn:
-            current = self._state(conn, job_id)
-            self._transition(conn, job_id, current, state, now, data)
+    def renew(self, lease: Lease, lease_s: float) -> None:
+        """The heartbeat: extend the lease by ``lease_s`` from now; `LeaseLost` if it is no longer ours."""
+        with self._transaction(write=True) as conn:
+            self._held(conn, lease)
+            now = self._now(conn)
+            self._touch(conn, lease, now, lease_s)
 
-    def update_progress(self, job_id: str, progress: dict[str, Any], *, event: bool = True) -> None:
-        """Merge ``progress`` into the job's progress and log it as a ``progress`` event."""
-        now = time.time()
-        with self._connect(immediate=True) as conn:
-            row = conn.execute("SELECT progress FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobStoreError(f"no adapt job with id {job_id!r}")
-            merged = {**json.loads(row["progress"]), **progress}
-            conn.execute(
-                "UPDATE jobs SET progress = ?, heartbeat_at = ? WHERE id = ?", (json.dumps(merged), now, job_id)
-            )
+    @staticmethod
+    def _touch(conn: Connection, lease: Lease, now: float, lease_s: float | None, **values: Any) -> None:
+        if lease_s is not None:
+            values.update(heartbeat_at=now, lease_expires_at=now + lease_s)
+        if values:
+            conn.execute(sa.update(jobs_table).where(jobs_table.c.id == lease.job_id).values(**values))
+
+    def set_state(self, lease: Lease, state: str, *, lease_s: float | None = None) -> None:
+        """Move a held job along the state machine (raises :class:`JobStoreError` on an illegal move)."""
+        with self._transaction(write=True) as conn:
+            row = self._held(conn, lease)
+            now = self._now(conn)
+            self._transition(conn, row, state, now)
+            self._touch(conn, lease, now, lease_s)
+
+    def update_progress(
+        self, lease: Lease, progress: dict[str, Any], *, event: bool = True, lease_s: float | None = None
+    ) -> None:
+        """Merge ``progress`` into the job's progress and log it as a ``progress`` event (renews the lease)."""
+        with self._transaction(write=True) as conn:
+            row = self._held(conn, lease)
+            now = self._now(conn)
+            self._touch(conn, lease, now, lease_s, progress={**row.progress, **progress})
             if event:
-                self._add_event(conn, job_id, "progress", progress, now)
+                self._add_event(conn, lease.job_id, "progress", progress, now)
 
-    def update_result(self, job_id: str, result: dict[str, Any], *, event_type: str | None = None) -> None:
+    def update_result(self, lease: Lease, result: dict[str, Any], *, event_type: str | None = None) -> None:
         """Merge ``result`` into the job's result (crop yield, evaluation, published model...)."""
-        now = time.time()
-        with self._connect(immediate=True) as conn:
-            row = conn.execute("SELECT result FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobStoreError(f"no adapt job with id {job_id!r}")
-            merged = {**json.loads(row["result"]), **result}
-            conn.execute("UPDATE jobs SET result = ? WHERE id = ?", (json.dumps(merged), job_id))
+        with self._transaction(write=True) as conn:
+            row = self._held(conn, lease)
+            now = self._now(conn)
+            self._touch(conn, lease, now, None, result={**row.result, **result})
             if event_type is not None:
-                self._add_event(conn, job_id, event_type, result, now)
+                self._add_event(conn, lease.job_id, event_type, result, now)
 
-    def add_event(self, job_id: str, type_: str, data: dict[str, Any]) -> None:
-        with self._connect(immediate=True) as conn:
-            self._add_event(conn, job_id, type_, data, time.time())
+    def add_event(self, lease: Lease, type_: str, data: dict[str, Any]) -> None:
+        with self._transaction(write=True) as conn:
+            self._held(conn, lease)
+            self._add_event(conn, lease.job_id, type_, data, self._now(conn))
 
     def cancel_requested(self, job_id: str) -> bool:
-        with self._connect() as conn:
-            row = conn.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return bool(row and row["cancel_requested"])
+        with self._transaction() as conn:
+            return bool(self._row(conn, job_id).cancel_requested)
 
-    def finish(self, job_id: str, state: str, *, reason: str | None = None, message: str | None = None) -> None:
-        """End a job: ``succeeded``, ``cancelled``, or ``failed`` with a reason and a message."""
+    def finish(self, lease: Lease, state: str, *, reason: str | None = None, message: str | None = None) -> None:
+        """End a held job: ``succeeded``, ``cancelled``, or ``failed`` with a reason and a message."""
         if state not in TERMINAL_STATES:
             raise JobStoreError(f"finish() needs a terminal state {TERMINAL_STATES}, got {state!r}")
         if state == FAILED and not reason:
             raise JobStoreError("a failed job needs a reason")
-        now = time.time()
         error = {"reason": reason, "message": message or reason} if state == FAILED else None
-        with self._connect(immediate=True) as conn:
-            current = self._state(conn, job_id)
-            self._transition(conn, job_id, current, state, now, {"error": error} if error else {})
-            conn.execute("UPDATE jobs SET error = ? WHERE id = ?", (json.dumps(error) if error else None, job_id))
+        with self._transaction(write=True) as conn:
+            row = self._held(conn, lease)
+            now = self._now(conn)
+            attempts = _close_attempt(row.attempts, now, state)
+            self._transition(conn, row, state, now, {"error": error} if error else {}, error=error, attempts=attempts)
 
-    def fail_active(self, *, worker_id: str | None = None, message: str = "the job was interrupted") -> list[str]:
-        """Mark running/evaluating jobs (of one worker, or all) ``failed`` with reason ``interrupted``."""
-        now = time.time()
-        with self._connect(immediate=True) as conn:
-            query, args = "SELECT id, state FROM jobs WHERE state IN (?, ?)", list(ACTIVE_STATES)
-            if worker_id is not None:
-                query += " AND worker_id = ?"
-                args.append(worker_id)
-            rows = conn.execute(query, args).fetchall()
-            error = {"reason": INTERRUPTED, "message": message}
-            for row in rows:
-                self._transition(conn, row["id"], row["state"], FAILED, now, {"error": error})
-                conn.execute("UPDATE jobs SET error = ? WHERE id = ?", (json.dumps(error), row["id"]))
-        return [row["id"] for row in rows]
+    def hand_back(self, lease: Lease, message: str) -> None:
+        """A worker that stops on purpose returns its job to the queue; the attempt does not count."""
+        with self._transaction(write=True) as conn:
+            row = self._held(conn, lease)
+            now = self._now(conn)
+            data = {"reason": HANDED_BACK, "message": message, "attempt": row.attempt}
+            attempts = _close_attempt(row.attempts, now, HANDED_BACK)
+            self._transition(conn, row, QUEUED, now, data, attempts=attempts)
 
-    # ---------------------------------------------------------------- helpers
-    def _state(self, conn: sqlite3.Connection, job_id: str) -> str:
-        row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise JobStoreError(f"no adapt job with id {job_id!r}")
-        return row["state"]
+    # ------------------------------------------------------------ rescuing
+    def rescue_expired(self) -> list[Ended]:
+        """Take back every job whose lease lapsed (its worker died or lost the store): retried or ended."""
+        with self._transaction(write=True) as conn:
+            now = self._now(conn)
+            rows = conn.execute(
+                sa.select(jobs_table)
+                .where(jobs_table.c.state.in_(ACTIVE_STATES), jobs_table.c.lease_expires_at < now)
+                .order_by(jobs_table.c.seq)
+                .with_for_update(skip_locked=True)
+            ).all()
+            message = "its worker stopped renewing its lease (the process or its machine died)"
+            return [self._interrupt(conn, row, now, message) for row in rows]
 
-    def _transition(
-        self,
-        conn: sqlite3.Connection,
-        job_id: str,
-        current: str,
-        state: str,
-        now: float,
-        data: dict[str, Any] | None = None,
-    ) -> None:
-        if state not in TRANSITIONS.get(current, ()):
-            raise JobStoreError(f"adapt job {job_id} cannot go from {current!r} to {state!r}")
-        finished = now if state in TERMINAL_STATES else None
-        conn.execute(
-            "UPDATE jobs SET state = ?, finished_at = COALESCE(?, finished_at) WHERE id = ?",
-            (state, finished, job_id),
-        )
-        self._add_event(conn, job_id, "state", {"state": state, **(data or {})}, now)
+    def release_worker(self, worker_id: str, message: str) -> list[Ended]:
+        """Take back the jobs of a worker the caller knows is dead (it saw the process exit) without waiting for
+        the lease to lapse. Only for the caller's own workers: a process never judges another's."""
+        with self._transaction(write=True) as conn:
+            now = self._now(conn)
+            rows = conn.execute(
+                sa.select(jobs_table)
+                .where(jobs_table.c.state.in_(ACTIVE_STATES), jobs_table.c.worker_id == worker_id)
+                .with_for_update()
+            ).all()
+            return [self._interrupt(conn, row, now, message) for row in rows]
 
-    @staticmethod
-    def _add_event(conn: sqlite3.Connection, job_id: str, type_: str, data: dict[str, Any], now: float) -> None:
-        conn.execute(
-            "INSERT INTO events (job_id, created_at, type, data) VALUES (?, ?, ?, ?)",
-            (job_id, now, type_, json.dumps(data)),
-        )
+    def _interrupt(self, conn: Connection, row: sa.Row[Any], now: float, message: str) -> Ended:
+        attempts = _close_attempt(row.attempts, now, INTERRUPTED)
+        interrupted = sum(1 for a in attempts if a.get("outcome") == INTERRUPTED)
+        data = {"reason": INTERRUPTED, "message": message, "attempt": row.attempt}
+        if row.cancel_requested:
+            state, values = CANCELLED, {}
+        elif interrupted < row.max_attempts:
+            state, values = QUEUED, {}
+            data["retry"] = f"attempt {row.attempt} of at most {row.max_attempts} was interrupted: queued again"
+        else:
+            state = FAILED
+            error = {
+                "reason": INTERRUPTED,
+                "message": f"the job was interrupted {interrupted} time(s), the limit (max_attempts "
+                f"{row.max_attempts}); the last time {message}",
+            }
+            values = {"error": error}
+            data["error"] = error
+        self._transition(conn, row, state, now, data, attempts=attempts, **values)
+        return Ended(row.id, state, row.corpus_dir)
+
+
+def _close_attempt(attempts: list[dict[str, Any]], now: float, outcome: str) -> list[dict[str, Any]]:
+    """The attempts list with its last (open) entry ended at ``now`` with ``outcome``."""
+    if not attempts or "outcome" in attempts[-1]:
+        return list(attempts)
+    return [*attempts[:-1], {**attempts[-1], "ended_at": now, "outcome": outcome}]

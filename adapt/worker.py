@@ -1,18 +1,24 @@
-"""`embedder adapt-worker`: claim queued /adapt jobs from the SQLite store and run them one at a time.
+"""`embedder adapt-worker`: claim queued /adapt jobs from the shared store under a lease and run them one at a time.
 
-Started and supervised by the service in single-machine mode (`service.adapt.supervisor`); at
-scale the same entry point runs as a Kubernetes Job against a shared registry volume and store.
+Where it runs: started and supervised by the service on one machine (`service.adapt.supervisor`, which hands it the
+service's `AdaptConfig` as one file, ``--config``), or as its own workload when scaled out — one Kubernetes Job per
+queued adapt job (the chart's KEDA ScaledJob runs ``embedder adapt-worker --once``), reading the same settings from
+its environment (the chart's ConfigMap and Secret).
 
-Stopping: SIGTERM/SIGINT (or the parent process going away when ``--parent-pid`` is given) stops
-the current training at its next step; that job ends ``failed`` with reason ``interrupted`` and the
-worker exits. A cancel request (``POST /adapt/{id}/cancel``) stops the job the same way and ends it
-``cancelled``. Either way nothing half-written reaches the registry: export renames a bundle into
-place only when it is complete, and promotion happens only after the gate.
+While it holds a job, a heartbeat thread renews the job's lease every `AdaptSettings.heartbeat_seconds`. When idle it
+takes back jobs whose lease lapsed (their worker died) before it looks for a queued one.
+
+Stopping: SIGTERM/SIGINT (or, with ``--parent-pid``, the service going away) stops the current job at its next
+training step or stage boundary and hands it back to the queue (a rolling update or node drain loses no job, and the
+attempt does not count); the worker then exits. A cancel request (``POST /adapt/{id}/cancel``) stops the job the same
+way and ends it ``cancelled``. Nothing half-written reaches the registry: export renames a bundle into place only
+when it is complete, and only while the worker still holds the job.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -20,58 +26,103 @@ import shutil
 import signal
 import socket
 import threading
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from adapt.context import JobCancelled, JobContext, JobFailed
-from adapt.pipeline import WorkerOptions, run_job
-from adapt.store import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Job, JobStore, JobStoreError
-from core.settings import get_settings
+from adapt.context import JobCancelled, JobContext, JobFailed, WorkerStopping
+from adapt.corpus import remove_ended_jobs
+from adapt.pipeline import run_job, scratch_dir
+from adapt.settings import AdaptConfig
+from adapt.store import (
+    CANCELLED,
+    FAILED,
+    QUEUED,
+    SUCCEEDED,
+    Ended,
+    Job,
+    JobStore,
+    LeaseLost,
+    StoreUnavailable,
+)
 
 log = logging.getLogger("adapt.worker")
 
+ABANDONED = "abandoned"  # the worker lost the job (lease lapsed, store gone): whoever rescues it decides
+INTERNAL_MESSAGE = "internal error in the adapt worker; its log has the details (search for the job id)"
 
-def _finish(store: JobStore, job_id: str, state: str, reason: str | None = None, message: str | None = None) -> None:
+Pipeline = Callable[[Job, JobContext, AdaptConfig], None]
+
+
+class Heartbeat:
+    """Renews a job's lease in the background while the pipeline works (export and evaluation report no steps)."""
+
+    def __init__(self, ctx: JobContext, every_s: float) -> None:
+        self.ctx = ctx
+        self.every_s = every_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{ctx.job.id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        store, lease = self.ctx.store, self.ctx.lease
+        while not self._done.wait(self.every_s):
+            try:
+                store.renew(lease, self.ctx.lease_s)
+            except LeaseLost:
+                log.warning("%s: lease lost (another process took the job back): stopping it", lease.job_id)
+                self.ctx.lost.set()
+                return
+            except StoreUnavailable as err:
+                log.warning("%s: could not renew the lease, retrying (%s)", lease.job_id, err)
+
+
+def _end(ctx: JobContext, state: str, reason: str | None = None, message: str | None = None) -> str:
+    """Record how the job ended; returns the state, or `ABANDONED` when the job is no longer ours to end."""
     try:
-        store.finish(job_id, state, reason=reason, message=message)
-    except JobStoreError as err:
-        # The supervisor may have failed the job already (it saw us stop): its verdict stands.
-        log.warning("%s: could not record %s: %s", job_id, state, err)
+        if state == QUEUED:
+            ctx.retrying(lambda: ctx.store.hand_back(ctx.lease, message or "the worker stopped"))
+        else:
+            ctx.retrying(lambda: ctx.store.finish(ctx.lease, state, reason=reason, message=message))
+        return state
+    except LeaseLost as err:
+        log.warning("%s: not recording %s: %s", ctx.job.id, state, err)
+        return ABANDONED
 
 
 def process_job(
-    store: JobStore,
-    job: Job,
-    options: WorkerOptions,
-    stop: threading.Event,
-    pipeline: Callable[[Job, JobContext, WorkerOptions], None] = run_job,
+    store: JobStore, job: Job, config: AdaptConfig, stop: threading.Event, pipeline: Pipeline = run_job
 ) -> str:
-    """Run one claimed job to a terminal state and clean up its scratch files; returns the state."""
-    ctx = JobContext(store, job, stop)
-    state = FAILED
+    """Run one claimed job to its end (or back to the queue) and clean up; returns how it ended: a terminal state,
+    ``queued`` (handed back), or ``abandoned`` (the lease was lost)."""
+    settings = config.settings
+    ctx = JobContext(store, job, stop, lease_s=settings.lease_seconds)
     try:
-        pipeline(job, ctx, options)
-        state = SUCCEEDED
-        _finish(store, job.id, SUCCEEDED)
+        with Heartbeat(ctx, settings.heartbeat_seconds):
+            pipeline(job, ctx, config)
+        outcome = _end(ctx, SUCCEEDED)
+    except WorkerStopping:
+        outcome = _end(ctx, QUEUED, message="the adapt worker was stopped (drain or shutdown): queued for another")
     except JobCancelled:
-        if ctx.interrupted:
-            _finish(store, job.id, FAILED, INTERRUPTED, "the adapt worker was stopped while the job was running")
-        else:
-            state = CANCELLED
-            _finish(store, job.id, CANCELLED)
+        outcome = _end(ctx, CANCELLED)
     except JobFailed as err:
-        _finish(store, job.id, FAILED, err.reason, str(err))
-    except Exception as err:
-        log.error("%s: unexpected failure\n%s", job.id, traceback.format_exc())
-        _finish(store, job.id, FAILED, "internal", f"internal error in the adapt worker ({type(err).__name__}: {err})")
-    finally:
-        folder = Path(job.corpus_dir)
-        shutil.rmtree(folder / "work", ignore_errors=True)
-        if not options.keep_uploads:
-            shutil.rmtree(folder, ignore_errors=True)
-    log.info("%s: %s", job.id, state)
-    return state
+        outcome = _end(ctx, FAILED, err.reason, str(err))
+    except LeaseLost as err:
+        log.warning("%s: %s; leaving the job to whoever takes it back", job.id, err)
+        outcome = ABANDONED
+    except Exception:
+        log.exception("%s: unexpected failure in attempt %d", job.id, job.attempt)
+        outcome = _end(ctx, FAILED, "internal", f"{INTERNAL_MESSAGE} ({job.id})")
+    shutil.rmtree(scratch_dir(job), ignore_errors=True)
+    remove_ended_jobs([Ended(job.id, outcome, job.corpus_dir)], settings.keep_uploads)
+    log.info("%s: attempt %d %s", job.id, job.attempt, outcome)
+    return outcome
 
 
 def _preload() -> None:
@@ -90,53 +141,77 @@ def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
             stop.set()
 
 
+class Worker:
+    """The loop: take back lapsed leases (now and then), claim the oldest queued job, run it; until told to stop."""
+
+    def __init__(
+        self, config: AdaptConfig, worker_id: str, stop: threading.Event, pipeline: Pipeline = run_job
+    ) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.stop = stop
+        self.pipeline = pipeline
+        self.store: JobStore | None = None
+
+    def _open(self) -> JobStore:
+        while self.store is None:
+            try:
+                self.store = JobStore(self.config.store_url)
+            except StoreUnavailable as err:
+                log.warning("adapt worker %s: the job store is unavailable, retrying (%s)", self.worker_id, err)
+                if self.stop.wait(self.config.settings.heartbeat_seconds):
+                    raise WorkerStopping("stopped before the job store could be opened") from err
+        return self.store
+
+    def claim(self) -> Job | None:
+        """Rescue lapsed jobs, then claim the next one (None when nothing can run now or the store is down)."""
+        settings = self.config.settings
+        store = self._open()
+        try:
+            remove_ended_jobs(store.rescue_expired(), settings.keep_uploads)
+            return store.claim_next(
+                self.worker_id, max_running=settings.max_concurrent_jobs, lease_s=settings.lease_seconds
+            )
+        except StoreUnavailable as err:
+            log.warning("adapt worker %s: the job store is unavailable (%s)", self.worker_id, err)
+            return None
+
+    def run(self, *, once: bool = False) -> None:
+        log.info("adapt worker %s polling %s", self.worker_id, self._open().describe())
+        while not self.stop.is_set():
+            job = self.claim()
+            if job is None:
+                if once:
+                    return
+                self.stop.wait(self.config.settings.poll_seconds)
+                continue
+            log.info("%s: attempt %d claimed (%s → %s)", job.id, job.attempt, job.params["base_model"],
+                     job.params["name"])  # fmt: skip
+            process_job(self._open(), job, self.config, self.stop, self.pipeline)
+            if once:
+                return
+
+
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="embedder adapt-worker",
-        description="Run queued /adapt jobs from the SQLite job store (the service starts this for you).",
+        description="Run queued /adapt jobs from the shared job store. Settings: --config FILE (what the service "
+        "writes for the workers it supervises), else the environment (EMBED_REGISTRY_DIR, EMBED_CACHE_DIR, "
+        "EMBED_ADAPT_*: see `embedder serve --help`).",
     )
-    p.add_argument("--db", required=True, type=Path, help="the service's adapt job store (jobs.sqlite3)")
-    p.add_argument("--registry-dir", type=Path, default=None, help="bundle registry (default: EMBED_REGISTRY_DIR)")
+    p.add_argument("--config", type=Path, default=None, help="the service's adapt configuration file (JSON)")
     p.add_argument("--worker-id", default=None, help="name recorded on claimed jobs (default: host-pid)")
-    p.add_argument("--max-running", type=int, default=1, help="jobs running at once across all workers")
-    p.add_argument(
-        "--threads", type=int, default=2, help="torch threads: more is faster, but competes with /embed for cores"
-    )
-    p.add_argument(
-        "--nice", type=int, default=0, help="raise this process's niceness by N (0-19): /embed gets the cores first"
-    )
-    p.add_argument("--poll-s", type=float, default=0.5, help="seconds between polls of the queue")
-    p.add_argument("--keep-uploads", action="store_true", help="keep each job's corpus after it ends")
-    p.add_argument(
-        "--base-model", action="append", default=[], metavar="NAME=PATH", help="extra base model (repeatable)"
-    )
-    p.add_argument("--fast-general", action="store_true", help="a few documents per general task (tests only)")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
-    p.add_argument("--once", action="store_true", help="run at most one job, then exit (Kubernetes Job mode)")
+    p.add_argument("--once", action="store_true", help="run at most one job, then exit (one Kubernetes Job per job)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.nice > 0:
-        os.nice(args.nice)  # before torch starts its threads: they inherit it
-    settings = get_settings()
-    base_models = {}
-    for item in args.base_model:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--base-model expects NAME=PATH, got {item!r}")
-        base_models[name] = path
-    options = WorkerOptions(
-        registry_dir=args.registry_dir or settings.registry_dir,
-        threads=args.threads,
-        keep_uploads=args.keep_uploads,
-        base_models=base_models,
-        general_fast=args.fast_general,
-        cache_dir=settings.cache_dir,
-    )
-    store = JobStore(args.db)
+    config = AdaptConfig.read(args.config) if args.config else AdaptConfig.from_env()
+    if config.settings.worker_nice > 0:
+        os.nice(config.settings.worker_nice)  # before torch starts its threads: they inherit it
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -144,16 +219,6 @@ def main(argv: list[str]) -> int:
     if args.parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(args.parent_pid, stop), daemon=True).start()
     threading.Thread(target=_preload, name="preload", daemon=True).start()
-    log.info("adapt worker %s polling %s", worker_id, args.db)
-    while not stop.is_set():
-        job = store.claim_next(worker_id, max_running=args.max_running)
-        if job is None:
-            if args.once:
-                return 0
-            stop.wait(args.poll_s)
-            continue
-        log.info("%s: claimed (%s → %s)", job.id, job.params["base_model"], job.params["name"])
-        process_job(store, job, options, stop)
-        if args.once:
-            return 0
+    with contextlib.suppress(WorkerStopping):
+        Worker(config, worker_id, stop).run(once=args.once)
     return 0

@@ -7,6 +7,7 @@ No other module reads ``os.environ``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import Field
@@ -34,6 +35,16 @@ class Settings(BaseSettings):
     num_threads: int | None = Field(
         default=None, description="torch intra-op threads; None keeps torch's default (all cores)."
     )
+
+
+def split_csv(value: object) -> object:
+    """Environment variables hold lists as ``a,b,c`` (JSON lists are accepted too)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
 
 
 def get_settings() -> Settings:

@@ -192,10 +192,11 @@ def create_app(
     app.state.in_flight = 0
     app.include_router(router)
     if include_adapt:
-        from adapt.spec import AdaptConfig
+        from adapt.settings import AdaptConfig
         from service.adapt.api_router import build_adapt_router
 
-        app.include_router(build_adapt_router(AdaptConfig.from_settings(settings), embedding_service.keys))
+        config = AdaptConfig(registry_dir=settings.registry_dir, cache_dir=settings.cache_dir, settings=settings.adapt)
+        app.include_router(build_adapt_router(config, embedding_service.keys))
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, err: ServiceError) -> Response:
@@ -233,8 +234,8 @@ def create_app(
         return error_response(ErrorKind.internal, INTERNAL_MESSAGE)
 
     upload_body_bytes = None
-    if include_adapt and settings.adapt_enabled:
-        upload_body_bytes = max(settings.max_body_bytes, settings.adapt_max_upload_bytes + UPLOAD_FRAMING_BYTES)
+    if include_adapt and settings.adapt.enabled:
+        upload_body_bytes = max(settings.max_body_bytes, settings.adapt.max_upload_bytes + UPLOAD_FRAMING_BYTES)
     app.add_middleware(
         GuardMiddleware, state=app.state, max_body_bytes=settings.max_body_bytes, upload_body_bytes=upload_body_bytes
     )

@@ -42,7 +42,7 @@ class ApiKeys:
         return cls.of(
             settings.api_key_values(),
             settings.admin_key_values(),
-            admin_falls_back_to_client=settings.adapt_allow_client_keys,
+            admin_falls_back_to_client=settings.adapt.allow_client_keys,
         )
 
     @classmethod

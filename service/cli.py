@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "/metrics). Each option is also an environment variable; the command line wins. API keys are safer in "
         "the environment than on a command line other users can read.",
     )
-    for name, field in ServiceSettings.model_fields.items():
+    for name, field in ServiceSettings.flat_fields().items():
         flag = "--" + name.replace("_", "-")
         text = f"{field.description} (env EMBED_{name.upper()}; default {_default_text(name, field)})"
         text = text.replace("%", "%%")
@@ -96,14 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(argv: list[str]) -> ServiceSettings:
     """Environment first, then the flags given (pydantic coerces the strings and checks every limit)."""
     args = build_parser().parse_args(argv)
-    overrides: dict[str, Any] = {}
+    fields = ServiceSettings.flat_fields()
+    values: dict[str, Any] = {}
     for name, value in vars(args).items():
         if value is None:
             continue
-        if _is_dict(ServiceSettings.model_fields[name].annotation) and isinstance(value, str):
+        if _is_dict(fields[name].annotation) and isinstance(value, str):
             value = json.loads(value)
-        overrides[name] = value
-    return ServiceSettings(**overrides)
+        values[name] = value
+    return ServiceSettings.from_flat(**values)
 
 
 def export_command(settings: ServiceSettings) -> list[str]:

@@ -2,34 +2,29 @@
 
 Every field is also a flag of ``embedder serve`` (``--max-batch-tokens`` for ``max_batch_tokens``)
 and a key of the Helm chart's ConfigMap (``EMBED_MAX_BATCH_TOKENS``); the descriptions below are
-the help text, so each one says what the knob trades off. Keep the field names stable: the chart
-and its test map them one to one. No other service module reads ``os.environ``.
+the help text, so each one says what the knob trades off. The /adapt settings are their own object,
+`adapt.settings.AdaptSettings`, nested as ``adapt`` (``EMBED_ADAPT_MAX_STEPS``, ``--adapt-max-steps``, the chart's
+``config.adapt_max_steps``). Keep the field names stable: the chart and its test map them one to one. No other
+service module reads ``os.environ``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from adapt.spec import DEFAULT_GENERAL_TASKS
+from adapt.settings import AdaptSettings
+from core.settings import split_csv
+
+ADAPT_PREFIX = "adapt_"  # flat names of the nested adapt settings: adapt_max_steps is EMBED_ADAPT_MAX_STEPS
 
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "embedder"
-
-
-def _split_csv(value: object) -> object:
-    """Environment variables hold lists as ``a,b,c`` (JSON lists are accepted too)."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            return json.loads(text)
-        return [part.strip() for part in text.split(",") if part.strip()]
-    return value
 
 
 class ServiceSettings(BaseSettings):
@@ -158,14 +153,8 @@ class ServiceSettings(BaseSettings):
     admin_api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="Bearer tokens for administrative routes (/adapt); they also work on the embedding routes. "
-        "Empty = /adapt answers 403 to client keys (unless adapt_allow_client_keys), and is open only when no "
+        "Empty = /adapt answers 403 to client keys (unless EMBED_ADAPT_ALLOW_CLIENT_KEYS), and is open only when no "
         "api_keys are set either.",
-    )
-    adapt_allow_client_keys: bool = Field(
-        default=False,
-        description="Let every api_keys key start and read /adapt jobs when no admin_api_keys are set. Saves "
-        "managing a second key on a single-tenant server, but any client that may embed can then start training "
-        "jobs that take CPU from /embed and publish models. Off: /adapt answers 403 to client keys.",
     )
 
     # --- operations ------------------------------------------------------------------------------
@@ -184,107 +173,17 @@ class ServiceSettings(BaseSettings):
         description="How long in-flight requests may take to finish on shutdown; new requests get 503 meanwhile.",
     )
 
-    # --- /adapt (domain-adaptation jobs; see docs/ADAPT.md) ---------------------------------------
-    adapt_enabled: bool = Field(default=True, description="Serve /adapt. Off: its routes answer 503, no worker runs.")
-    adapt_dir: Path | None = Field(
-        default=None,
-        description="Job store (jobs.sqlite3) and per-job scratch (uploads, training output). Default: "
-        "<registry_dir>/../adapt-jobs. Must be on the same volume as the workers when they run elsewhere.",
+    # --- /adapt (domain-adaptation jobs; EMBED_ADAPT_*, see docs/ADAPT.md) ---------------------------
+    adapt: AdaptSettings = Field(
+        default_factory=AdaptSettings,
+        description="The /adapt job queue, its workers and each job's defaults: adapt.settings.AdaptSettings, read "
+        "from EMBED_ADAPT_* (one flag per field: --adapt-<field>).",
     )
-    adapt_supervise_worker: bool = Field(
-        default=True,
-        description="Start and supervise `embedder adapt-worker` processes here (single machine). Off when workers "
-        "run as separate Jobs sharing adapt_dir and registry_dir.",
-    )
-    adapt_max_concurrent_jobs: int = Field(
-        default=1, ge=1, le=16, description="Jobs training at once. Each takes adapt_worker_threads cores from /embed."
-    )
-    adapt_max_pending_jobs: int = Field(
-        default=8, ge=1, description="Queued jobs beyond which POST /adapt answers 429 with Retry-After."
-    )
-    adapt_max_documents: int = Field(default=20_000, ge=1, description="Most documents in one corpus (422 above).")
-    adapt_max_document_chars: int = Field(
-        default=20_000, ge=100, description="Longest accepted document in characters (422 above)."
-    )
-    adapt_max_upload_bytes: int = Field(
-        default=50 * 1024 * 1024, ge=1024, description="Largest corpus body or upload in bytes (413 above)."
-    )
-    adapt_min_documents: int = Field(
-        default=64,
-        ge=2,
-        description="Fewest documents that yield two crops (422 below). Fewer leaves too little to train on "
-        "and too small a held-out set to trust the gate.",
-    )
-    adapt_keep_uploads: bool = Field(
-        default=False, description="Keep each job's corpus after it ends (default: deleted with the job's scratch)."
-    )
-    adapt_base_models: dict[str, str] = Field(
-        default_factory=dict,
-        description='Extra base models jobs may adapt, as JSON {"name": "/path/to/hf-folder"}; the built-in '
-        "catalog names are always allowed. Paths never come from clients.",
-    )
-    adapt_max_steps: int = Field(
-        default=60, ge=1, description="Default training steps of a job; most of the gain comes within ~100 batches."
-    )
-    adapt_time_budget_s: float = Field(
-        default=180.0, gt=0, description="Default training time budget of a job (whichever of steps/time ends first)."
-    )
-    adapt_train_last_layers: int = Field(
-        default=2,
-        ge=0,
-        description="Default number of top layers trained (0 = all). Fewer is faster and forgets less general "
-        "quality; all layers gain most in-domain.",
-    )
-    adapt_anchor_weight: float = Field(
-        default=3.0,
-        ge=0,
-        description="Default weight of the MSE anchor to the base model's embeddings while adapting (0 = none). "
-        "Higher forgets less off the customer's domain and gains less on it.",
-    )
-    adapt_batch_size: int = Field(
-        default=32, ge=2, description="Default batch (in-batch negatives). Larger is a harder task but slower per step."
-    )
-    adapt_max_seq_length: int = Field(
-        default=64,
-        ge=16,
-        description="Token limit of training crops (two sentences fit). The published model keeps the base limit.",
-    )
-    adapt_gate_margin: float = Field(
-        default=2.0, ge=0.0, description="Points the general offline suite may drop and still promote an adapted model."
-    )
-    adapt_worker_threads: int = Field(
-        default=2,
-        ge=1,
-        description="torch threads of a worker. Both cores make a job fastest but raise /embed latency while it runs.",
-    )
-    adapt_worker_nice: int = Field(
-        default=10,
-        ge=0,
-        le=19,
-        description="Scheduling niceness of worker processes (0 = same priority as the server). Higher leaves "
-        "/embed the cores first whenever both want them; the job then takes longer on a busy server.",
-    )
-    adapt_lr: float = Field(
-        default=2e-5, gt=0, description="Peak learning rate of a job (the cropping paper's 2e-5); higher forgets more."
-    )
-    adapt_general_tasks: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: list(DEFAULT_GENERAL_TASKS),
-        description="Offline tasks (evaluation.tasks) of the gate's general side (comma-separated); a job scores "
-        "those out-of-domain for its base model (a task drawn from text the base was trained on is left out). More "
-        "tasks guard general quality better; each costs evaluation time per job (the base model's scores are "
-        "cached; the default costs about 37 CPU-seconds on minilm-l6, BibleParaphraseRetrieval would add 47, "
-        "BBCNewsKNN over 100).",
-    )
-
-    @field_validator("adapt_general_tasks", mode="before")
-    @classmethod
-    def _adapt_tasks_from_csv(cls, value: object) -> object:
-        return _split_csv(value)
 
     @field_validator("models", "api_keys", "admin_api_keys", mode="before")
     @classmethod
     def _lists_from_csv(cls, value: object) -> object:
-        return _split_csv(value)
+        return split_csv(value)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -305,10 +204,32 @@ class ServiceSettings(BaseSettings):
             )
         return self
 
+    @classmethod
+    def flat_fields(cls) -> dict[str, FieldInfo]:
+        """Every setting under its flat name — the flag (``--adapt-max-steps``), the environment variable without
+        its prefix (``EMBED_ADAPT_MAX_STEPS``) and the chart's ``config`` key: the service's own fields, then
+        ``adapt_<field>`` for each field of the nested `AdaptSettings`."""
+        flat = {name: field for name, field in cls.model_fields.items() if name != "adapt"}
+        flat.update({f"{ADAPT_PREFIX}{name}": field for name, field in AdaptSettings.model_fields.items()})
+        return flat
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> ServiceSettings:
+        """Settings from flat names (see `flat_fields`) over the environment, e.g. ``from_flat(port=0,
+        adapt_max_steps=5)``."""
+        unknown = sorted(set(values) - set(cls.flat_fields()))
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}: see `embedder serve --help`")
+        adapt = {k.removeprefix(ADAPT_PREFIX): v for k, v in values.items() if k.startswith(ADAPT_PREFIX)}
+        service = {k: v for k, v in values.items() if not k.startswith(ADAPT_PREFIX)}
+        if adapt:
+            service["adapt"] = AdaptSettings(**adapt)
+        return cls(**service)
+
     def api_key_values(self) -> list[str]:
         """Plain key values for the auth check (kept out of repr and logs by SecretStr)."""
         return [key.get_secret_value() for key in self.api_keys]
 
     def admin_key_values(self) -> list[str]:
-        """Keys for admin routes (no fallback to the client keys: see ``adapt_allow_client_keys``)."""
+        """Keys for admin routes (no fallback to the client keys: see ``AdaptSettings.allow_client_keys``)."""
         return [key.get_secret_value() for key in self.admin_api_keys]

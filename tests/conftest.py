@@ -7,12 +7,13 @@ seeded, so they test wiring, never quality.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from core.catalog import resolve_model
+from tests.postgres import PostgresServer
 
 VARIED_TEXTS = [
     "A man is playing a guitar.",
@@ -32,6 +33,24 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     import os
 
     os.environ.setdefault("EMBED_CACHE_DIR", str(tmp_path_factory.mktemp("embed-cache")))
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the whole session (started on first use)."""
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each adapt job store backend: the embedded SQLite file, and a fresh database on the real PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store' / 'jobs.sqlite3'}"
+    return request.getfixturevalue("postgres").new_database()
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,11 @@
-"""HTTP routes of /adapt: thin handlers over the SQLite job store; no training in this process.
+"""HTTP routes of /adapt: thin handlers over the shared job store; no training in this process.
 
-``build_adapt_router(config, keys)`` returns an ``APIRouter`` whose lifespan opens the store and, in the
-default single-machine mode, starts the supervised worker processes; the service includes it with
-``app.include_router(...)`` (FastAPI merges the router's lifespan into the app's).
+``build_adapt_router(config, keys)`` returns an ``APIRouter`` whose lifespan opens the store (retrying in the
+background while it is unavailable: /embed serves meanwhile and /adapt answers 503), runs this replica's rescuer
+(every ``heartbeat_seconds`` it takes back jobs whose lease lapsed, whoever held them) and, in the default
+single-machine mode, starts the supervised worker processes; the service includes it with
+``app.include_router(...)`` (FastAPI merges the router's lifespan into the app's). Every replica answers the same
+for every job: they all read one store.
 
 | route | |
 |---|---|
@@ -16,22 +19,33 @@ default single-machine mode, starts the supervised worker processes; the service
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from adapt.corpus import CorpusError, CorpusTooLargeError, check_corpus, parse_upload
-from adapt.spec import ADAPT_METHOD, AdaptConfig, JobSpec
-from adapt.store import TERMINAL_STATES, JobStore, JobStoreError, QueueFullError, new_job_id
+from adapt.corpus import CorpusError, CorpusTooLargeError, check_corpus, parse_upload, remove_ended_jobs
+from adapt.settings import AdaptConfig
+from adapt.spec import ADAPT_METHOD, JobSpec
+from adapt.store import (
+    CANCELLED,
+    TERMINAL_STATES,
+    Ended,
+    JobStore,
+    JobStoreError,
+    QueueFullError,
+    StoreUnavailable,
+    new_job_id,
+)
 from core import registry
 from core.catalog import BUILTIN_MODELS
 from service.adapt.schemas import AdaptJob, AdaptJobList, AdaptRequest
@@ -44,6 +58,8 @@ from service.metrics import NO_MODEL, ServiceMetrics
 log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 15.0
+_RETRY = {"Retry-After": "5"}
+T = TypeVar("T")
 
 
 class AdaptCollector:
@@ -60,8 +76,12 @@ class AdaptCollector:
 
         if self.api.store is None:
             return
+        try:
+            counts = self.api.store.count_by_state()
+        except StoreUnavailable:  # a scrape must not fail because the job store is down: the gauge is left out
+            return
         jobs = GaugeMetricFamily("embed_adapt_jobs", "Adapt jobs by state.", labels=["state"])
-        for state, count in self.api.store.count_by_state().items():
+        for state, count in counts.items():
             jobs.add_metric([state], count)
         yield jobs
         if self.api.supervisor is not None:
@@ -93,23 +113,71 @@ class AdaptAPI:
         self.store: JobStore | None = None
         self.supervisor: WorkerSupervisor | None = None
         self.metrics: ServiceMetrics | None = None  # the service's, when mounted in it: failures are counted there
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.config.jobs_dir.mkdir(parents=True, exist_ok=True)
-        self.store = JobStore(self.config.db_path)
-        if self.config.enabled and self.config.supervise_worker:
+        try:
+            self.store = await asyncio.to_thread(JobStore, self.config.store_url)
+        except StoreUnavailable as err:
+            log.warning("adapt: the job store is unavailable, retrying in the background: %s", err)
+        else:
+            await self._started()
+        self._task = asyncio.create_task(self._maintain(), name="adapt-store")
+
+    async def _started(self) -> None:
+        assert self.store is not None
+        log.info("adapt: job store %s", self.store.describe())
+        settings = self.config.settings
+        if settings.enabled and settings.supervise_worker:
             self.supervisor = WorkerSupervisor(self.config, self.store)
             await self.supervisor.start()
 
+    async def _maintain(self) -> None:
+        """Open the store if it was unavailable at start, then rescue lapsed leases every heartbeat."""
+        every = self.config.settings.heartbeat_seconds
+        while True:
+            try:
+                if self.store is None:
+                    self.store = await asyncio.to_thread(JobStore, self.config.store_url)
+                    await self._started()
+                ended = await asyncio.to_thread(self.store.rescue_expired)
+                if ended:
+                    log.warning("adapt: took back %d job(s) whose worker stopped renewing its lease: %s", len(ended),
+                                ", ".join(f"{e.job_id} -> {e.state}" for e in ended))  # fmt: skip
+                    remove_ended_jobs(ended, self.config.settings.keep_uploads)
+            except StoreUnavailable as err:
+                log.warning("adapt: the job store is unavailable: %s", err)
+            await asyncio.sleep(every)
+
     async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
         if self.supervisor is not None:
             await self.supervisor.stop()
             self.supervisor = None
+        if self.store is not None:
+            self.store.close()
 
     def jobs(self) -> JobStore:
         if self.store is None:
-            raise ServiceError(ErrorKind.adapt_not_ready, "the adapt job store is not open yet")
+            raise ServiceError(
+                ErrorKind.adapt_not_ready, "the adapt job store is not open yet; retry shortly", headers=_RETRY
+            )
         return self.store
+
+    async def call(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A store method off the event loop; an unreachable store answers 503 with Retry-After."""
+        try:
+            return await run_in_threadpool(method, *args, **kwargs)
+        except StoreUnavailable as err:
+            log.warning("adapt: %s", err)
+            raise ServiceError(
+                ErrorKind.adapt_not_ready, "the adapt job store is unavailable; retry shortly", headers=_RETRY
+            ) from err
 
     def fail(self, request: Request, err: ServiceError) -> Response:
         """Count the failure like the embedding routes' (route template, error kind) and render it."""
@@ -127,7 +195,7 @@ class AdaptAPI:
             registry.validate_name(name)
         except registry.RegistryError as err:
             raise ServiceError(ErrorKind.invalid_name, str(err)) from err
-        if name in BUILTIN_MODELS or name in self.config.base_models:
+        if name in BUILTIN_MODELS or name in self.config.settings.base_models:
             raise ServiceError(
                 ErrorKind.reserved_name,
                 f"model name {name!r} is a built-in base model and cannot be overwritten: choose another name",
@@ -144,9 +212,9 @@ class AdaptAPI:
                 )
 
     def check_base_model(self, base_model: str) -> None:
-        if base_model in BUILTIN_MODELS or base_model in self.config.base_models:
+        if base_model in BUILTIN_MODELS or base_model in self.config.settings.base_models:
             return
-        allowed = sorted({*BUILTIN_MODELS, *self.config.base_models})
+        allowed = sorted({*BUILTIN_MODELS, *self.config.settings.base_models})
         raise ServiceError(
             ErrorKind.model_not_found,
             f"unknown base_model {base_model!r}: adapt one of {allowed} "
@@ -156,7 +224,7 @@ class AdaptAPI:
     def spec_for(self, req: AdaptRequest, *, has_labels: bool, usable: int) -> JobSpec:
         """The job's typed recipe: the request with the service's defaults filled in, validated once."""
         return JobSpec.build(
-            self.config,
+            self.config.settings,
             base_model=req.base_model,
             name=req.name,
             objective=req.objective,
@@ -273,16 +341,16 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
     async def submit(request: Request) -> Response:
         try:
             api.authorize(request)
-            if not config.enabled:
+            if not config.settings.enabled:
                 raise ServiceError(ErrorKind.adapt_disabled, "/adapt is disabled on this server")
             store = api.jobs()
             try:
-                req, texts, labels = await _parse_request(request, config.limits.max_upload_bytes)
+                req, texts, labels = await _parse_request(request, config.settings.max_upload_bytes)
             except CorpusTooLargeError as err:
                 raise ServiceError(ErrorKind.payload_too_large, str(err)) from err
             api.check_name(req.name)
             api.check_base_model(req.base_model)
-            job = await run_in_threadpool(_queue_job, api, store, req, texts, labels)
+            job = await api.call(_queue_job, api, store, req, texts, labels)
         except CorpusError as err:
             kind = _CORPUS_ERRORS.get(err.code, ErrorKind.invalid_corpus)
             return api.fail(request, ServiceError(kind, str(err), details=err.details or None))
@@ -294,7 +362,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
     async def list_jobs(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> Response:
         try:
             api.authorize(request)
-            jobs = await run_in_threadpool(api.jobs().list_jobs, limit=limit + 1, after=after)
+            jobs = await api.call(api.jobs().list_jobs, limit=limit + 1, after=after)
         except ServiceError as err:
             return api.fail(request, err)
         body = AdaptJobList(data=[AdaptJob.from_job(j) for j in jobs[:limit]], has_more=len(jobs) > limit)
@@ -304,7 +372,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
     async def get_job(request: Request, job_id: str) -> Response:
         try:
             api.authorize(request)
-            job = await run_in_threadpool(_get_or_404, api.jobs(), job_id)
+            job = await api.call(_get_or_404, api.jobs(), job_id)
         except ServiceError as err:
             return api.fail(request, err)
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
@@ -314,8 +382,10 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             store = api.jobs()
-            await run_in_threadpool(_get_or_404, store, job_id)
-            job = await run_in_threadpool(store.request_cancel, job_id)
+            await api.call(_get_or_404, store, job_id)
+            job = await api.call(store.request_cancel, job_id)
+            if job.state == CANCELLED:  # cancelled while queued: nobody else will delete its corpus
+                remove_ended_jobs([Ended(job.id, job.state, job.corpus_dir)], config.settings.keep_uploads)
         except ServiceError as err:
             return api.fail(request, err)
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
@@ -329,13 +399,13 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             store = api.jobs()
-            await run_in_threadpool(_get_or_404, store, job_id)
+            await api.call(_get_or_404, store, job_id)
         except ServiceError as err:
             return api.fail(request, err)
         last = request.headers.get("last-event-id", "0")
         after_id = int(last) if last.isdigit() else 0
         return StreamingResponse(
-            _stream_events(request, store, job_id, after_id, config.events_poll_s),
+            _stream_events(request, store, job_id, after_id, config.settings.poll_seconds),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -351,22 +421,27 @@ def _get_or_404(store: JobStore, job_id: str) -> Any:
 
 
 def _queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str], labels: list[str] | None) -> Any:
-    corpus = check_corpus(texts, labels, api.config.limits)
+    corpus = check_corpus(texts, labels, api.config.settings)
     job_id = new_job_id()
     folder = api.config.jobs_dir / job_id
     corpus.save(folder)
     spec = api.spec_for(req, has_labels=corpus.labels is not None, usable=corpus.usable)
+    settings = api.config.settings
     try:
         return store.create(
             spec.to_params(),
             corpus_dir=folder,
             n_documents=len(corpus.texts),
-            max_pending=api.config.max_pending_jobs,
+            max_pending=settings.max_pending_jobs,
+            max_attempts=settings.max_attempts,
             job_id=job_id,
         )
     except QueueFullError as err:
         shutil.rmtree(folder, ignore_errors=True)
         raise ServiceError(ErrorKind.overloaded, str(err), headers={"Retry-After": "60"}) from err
+    except StoreUnavailable:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 async def _stream_events(
@@ -374,14 +449,18 @@ async def _stream_events(
 ) -> AsyncIterator[str]:
     last_sent = time.monotonic()
     while True:
-        events = await run_in_threadpool(store.events, job_id, after_id=after_id)
+        try:
+            events = await run_in_threadpool(store.events, job_id, after_id=after_id)
+        except StoreUnavailable:  # a database restart: keep the stream open and read on when it is back
+            events = []
         for event in events:
             after_id = event.id
             yield _sse(event.id, event.type, {"job_id": job_id, "created_at": event.created_at, **event.data})
             last_sent = time.monotonic()
             if event.type == "state" and event.data.get("state") in TERMINAL_STATES:
-                job = await run_in_threadpool(store.get, job_id)
-                yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
+                with contextlib.suppress(StoreUnavailable):
+                    job = await run_in_threadpool(store.get, job_id)
+                    yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
                 return
         if not events:
             if await request.is_disconnected():

@@ -59,6 +59,17 @@ class JobError(BaseModel):
     message: str
 
 
+class JobAttempt(BaseModel):
+    """One run of the job by one worker. ``outcome``: none while it runs; ``interrupted`` (its worker died: counted
+    against ``max_attempts``), ``handed_back`` (its worker stopped on purpose: not counted), or the job's end state."""
+
+    attempt: int
+    worker_id: str
+    started_at: int
+    ended_at: int | None = None
+    outcome: str | None = None
+
+
 class PublishedModel(BaseModel):
     name: str
     version: str
@@ -84,6 +95,9 @@ class AdaptJob(BaseModel):
     model: PublishedModel | None
     error: JobError | None
     cancel_requested: bool
+    attempt: int = Field(description="the current (or last) attempt; 0 while never started")
+    max_attempts: int = Field(description="attempts that may be interrupted before the job fails with 'interrupted'")
+    attempts: list[JobAttempt]
 
     @classmethod
     def from_job(cls, job: Job) -> AdaptJob:
@@ -105,6 +119,18 @@ class AdaptJob(BaseModel):
             model=PublishedModel(**published) if published else None,
             error=JobError(**job.error) if job.error else None,
             cancel_requested=job.cancel_requested,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            attempts=[
+                JobAttempt(
+                    attempt=a["attempt"],
+                    worker_id=a["worker_id"],
+                    started_at=int(a["started_at"]),
+                    ended_at=int(a["ended_at"]) if a.get("ended_at") else None,
+                    outcome=a.get("outcome"),
+                )
+                for a in job.attempts
+            ],
         )
 
 

@@ -1,11 +1,18 @@
-"""Start, watch and restart the adapt worker processes (single-machine mode).
+"""Start, watch and restart this replica's adapt worker processes (single-machine mode).
 
-The API process never trains: it runs ``python -m embedder.cli adapt-worker ...`` as child
-processes that claim jobs from the SQLite store. When a worker exits while it holds a job (killed,
-out of memory, crashed), its job is marked ``failed`` / ``interrupted`` — the bundle is published
-by a rename only when complete, so the registry never holds half of it — and a fresh worker is
-started after a short back-off. On startup, jobs left ``running`` by a previous service are marked
-interrupted the same way; on shutdown the workers get SIGTERM, then SIGKILL after a grace period.
+The API process never trains: it runs ``python -m embedder.cli adapt-worker --config FILE`` as child processes
+(``FILE``: this service's `AdaptConfig`, written once, owner-only) that claim jobs from the shared store under a
+lease. A process only ever cleans up after its *own* workers:
+
+* a worker of ours that exits while it holds a job (killed, out of memory, crashed) is dead for sure, so its jobs are
+  taken back at once (`JobStore.release_worker`: retried, or failed once their attempts are spent) — no waiting for
+  the lease — and a fresh worker is started after a short back-off;
+* on shutdown the workers get SIGTERM, stop at their next training step and hand their jobs back to the queue
+  (another replica's worker, or this one after a restart, runs them); one that is still running after the grace
+  period is killed and its jobs taken back like a crash's.
+
+Jobs of *other* processes are never judged here: when one dies, its lease lapses and a rescuer takes the job back
+(`service.adapt.api_router`'s, in every replica, or any idle worker's).
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from adapt.spec import AdaptConfig
-from adapt.store import JobStore
+from adapt.corpus import remove_ended_jobs
+from adapt.settings import AdaptConfig
+from adapt.store import JobStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +49,7 @@ class _Worker:
 
 
 class WorkerSupervisor:
-    """Keeps ``config.max_concurrent_jobs`` worker processes alive for the lifetime of the service."""
+    """Keeps ``max_concurrent_jobs`` worker processes alive for the lifetime of the service."""
 
     def __init__(
         self, config: AdaptConfig, store: JobStore, *, python: str = sys.executable, check_every_s: float = 0.5
@@ -51,40 +62,20 @@ class WorkerSupervisor:
         self.restarts = 0
         self._failures: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._folder = Path(tempfile.mkdtemp(prefix="embedder-adapt-"))  # owner-only: the file may hold a password
+        self.config_file = config.write(self._folder)
 
     def command(self, worker_id: str) -> list[str]:
-        c = self.config
-        cmd = [
-            self.python, "-m", "embedder.cli", "adapt-worker",
-            "--db", str(c.db_path),
-            "--registry-dir", str(c.registry_dir),
-            "--worker-id", worker_id,
-            "--max-running", str(c.max_concurrent_jobs),
-            "--threads", str(c.worker_threads),
-            "--nice", str(c.worker_nice),
-            "--poll-s", str(c.worker_poll_s),
-            "--parent-pid", str(os.getpid()),
+        return [
+            self.python, "-m", "embedder.cli", "adapt-worker", "--config", str(self.config_file),
+            "--worker-id", worker_id, "--parent-pid", str(os.getpid()),
         ]  # fmt: skip
-        if c.general_fast:
-            cmd.append("--fast-general")
-        if c.keep_uploads:
-            cmd.append("--keep-uploads")
-        for name, path in sorted(c.base_models.items()):
-            cmd += ["--base-model", f"{name}={path}"]
-        return cmd
-
-    def recover(self) -> list[str]:
-        """Fail jobs a previous run left active (no worker of ours can be running them now)."""
-        ids = self.store.fail_active(message="the service restarted while the job was running (interrupted)")
-        if ids:
-            log.warning("adapt: marked %d interrupted job(s) failed: %s", len(ids), ", ".join(ids))
-        return ids
 
     def spawn(self, index: int) -> _Worker:
-        worker_id = f"w{index}-{secrets.token_hex(4)}"
-        env = None  # inherit; the worker reads EMBED_CACHE_DIR through core.settings like every tool
-        if self.config.cache_dir is not None:
-            env = {**os.environ, "EMBED_CACHE_DIR": str(self.config.cache_dir)}
+        worker_id = f"{_host()}-w{index}-{secrets.token_hex(4)}"
+        # The config file is what the worker runs by; the cache folder is also its environment's, for the library code
+        # that falls back to EMBED_CACHE_DIR when no folder is passed (core.settings).
+        env = {**os.environ, "EMBED_CACHE_DIR": str(self.config.cache_dir)}
         process = subprocess.Popen(self.command(worker_id), stdin=subprocess.DEVNULL, env=env)
         worker = _Worker(index, worker_id, process, time.monotonic())
         self.workers[index] = worker
@@ -92,23 +83,29 @@ class WorkerSupervisor:
         return worker
 
     async def start(self) -> None:
-        self.recover()
-        for index in range(self.config.max_concurrent_jobs):
+        for index in range(self.config.settings.max_concurrent_jobs):
             self.spawn(index)
         self._task = asyncio.create_task(self._watch(), name="adapt-supervisor")
 
+    def _take_back(self, worker: _Worker, message: str) -> list[str]:
+        """The jobs of a worker of ours that is gone, back to the queue (or ended when their attempts are spent)."""
+        try:
+            ended = self.store.release_worker(worker.worker_id, message)
+        except StoreUnavailable as err:  # its leases lapse instead, and a rescuer takes the jobs back
+            log.warning("adapt: could not take back the jobs of worker %s: %s", worker.worker_id, err)
+            return []
+        remove_ended_jobs(ended, self.config.settings.keep_uploads)
+        return [f"{e.job_id} ({e.state})" for e in ended]
+
     def reap(self) -> list[int]:
-        """Handle workers that exited: fail their jobs. Returns the indices that need a new worker."""
+        """Handle workers that exited: take back their jobs. Returns the indices that need a new worker."""
         dead = []
         for index, worker in list(self.workers.items()):
             code = worker.process.poll()
             if code is None:
                 continue
-            ids = self.store.fail_active(
-                worker_id=worker.worker_id,
-                message=f"the adapt worker exited with code {code} while the job was running (interrupted)",
-            )
-            log.error("adapt: worker %s exited with code %s; failed job(s): %s", worker.worker_id, code, ids or "none")
+            jobs = self._take_back(worker, f"its adapt worker exited with code {code}")
+            log.error("adapt: worker %s exited with code %s; its jobs: %s", worker.worker_id, code, jobs or "none")
             del self.workers[index]
             # A worker that dies right after starting is broken (bad install): back off instead of spinning.
             quick = time.monotonic() - worker.started_at < 10.0
@@ -119,7 +116,7 @@ class WorkerSupervisor:
     async def _watch(self) -> None:
         pending: dict[int, float] = {}  # index -> monotonic time to respawn
         while True:
-            for index in self.reap():
+            for index in await asyncio.to_thread(self.reap):
                 delay = min(MAX_BACKOFF_S, 0.5 * 2 ** self._failures.get(index, 0))
                 pending[index] = time.monotonic() + delay
             now = time.monotonic()
@@ -131,6 +128,7 @@ class WorkerSupervisor:
             await asyncio.sleep(self.check_every_s)
 
     async def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every worker (each hands its job back to the queue), then kill what is left after ``grace_s``."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -147,10 +145,10 @@ class WorkerSupervisor:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 await asyncio.to_thread(worker.process.wait)
-            self.store.fail_active(
-                worker_id=worker.worker_id, message="the service shut down while the job was running (interrupted)"
-            )
+            # Normally nothing is left (the worker handed its job back); a killed worker's jobs are taken back here.
+            await asyncio.to_thread(self._take_back, worker, "its adapt worker was killed at shutdown")
         self.workers.clear()
+        shutil.rmtree(self._folder, ignore_errors=True)
 
     def status(self) -> dict[str, object]:
         return {
@@ -160,3 +158,7 @@ class WorkerSupervisor:
             ],
             "restarts": self.restarts,
         }
+
+
+def _host() -> str:
+    return os.uname().nodename.split(".")[0] or "host"

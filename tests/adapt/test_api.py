@@ -10,8 +10,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from adapt.corpus import CorpusLimits
-from adapt.spec import AdaptConfig
+from adapt.settings import AdaptConfig, AdaptSettings
 from adapt.store import RUNNING, SUCCEEDED, JobStore
 from service.adapt.api_router import build_adapt_router
 from service.auth import ApiKeys
@@ -23,15 +22,18 @@ ADMIN_KEYS = ApiKeys.of(["client-key"], ["other-key", KEY])
 
 def _config(tmp_path: Path, **overrides) -> AdaptConfig:
     values = {
-        "registry_dir": tmp_path / "registry",
-        "data_dir": tmp_path / "adapt",
+        "dir": tmp_path / "adapt",
         "supervise_worker": False,
         "max_pending_jobs": 2,
-        "limits": CorpusLimits(min_documents=4, max_documents=50, max_document_chars=500, max_upload_bytes=20_000),
+        "min_documents": 4,
+        "max_documents": 50,
+        "max_document_chars": 500,
+        "max_upload_bytes": 20_000,
         "base_models": {"tiny": "/models/tiny"},
     }
     values.update(overrides)
-    return AdaptConfig(**values)
+    settings = AdaptSettings(**values)
+    return AdaptConfig(registry_dir=tmp_path / "registry", cache_dir=tmp_path / "cache", settings=settings)
 
 
 @pytest.fixture
@@ -181,10 +183,11 @@ def test_multipart_jsonl_upload(client: TestClient) -> None:
     assert r.status_code == 422
 
 
-def test_cancel_list_and_404(client: TestClient) -> None:
+def test_cancel_list_and_404(client: TestClient, tmp_path: Path) -> None:
     ids = [client.post("/adapt", json=_body()).json()["id"] for _ in range(2)]
     r = client.post(f"/adapt/{ids[0]}/cancel")
     assert r.status_code == 200 and r.json()["state"] == "cancelled"
+    assert not (tmp_path / "adapt" / "jobs" / ids[0]).exists()  # a cancelled queued job's corpus is deleted
     listing = client.get("/adapt", params={"limit": 1}).json()
     assert listing["object"] == "list" and listing["has_more"] is True
     assert [j["id"] for j in listing["data"]] == [ids[1]]
@@ -197,19 +200,23 @@ def test_cancel_list_and_404(client: TestClient) -> None:
 
 def test_events_stream_until_the_job_ends(client: TestClient, tmp_path: Path) -> None:
     job_id = client.post("/adapt", json=_body()).json()["id"]
-    store = JobStore(tmp_path / "adapt" / "jobs.sqlite3")
-    assert store.claim_next("w", max_running=1).state == RUNNING
-    store.update_progress(job_id, {"stage": "training", "step": 1, "total": 2, "loss": 0.5})
-    store.update_result(job_id, {"model": {"name": "acme", "version": "1", "promoted": True}}, event_type="published")
-    store.finish(job_id, SUCCEEDED)
+    store = JobStore(_config(tmp_path).store_url)
+    claimed = store.claim_next("w", max_running=1, lease_s=30)
+    assert claimed.state == RUNNING
+    store.update_progress(claimed.lease, {"stage": "training", "step": 1, "total": 2, "loss": 0.5})
+    store.update_result(claimed.lease, {"model": {"name": "acme", "version": "1", "promoted": True}},
+                        event_type="published")  # fmt: skip
+    store.finish(claimed.lease, SUCCEEDED)
     with client.stream("GET", f"/adapt/{job_id}/events") as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         text = "".join(r.iter_text())
     blocks = [b for b in text.split("\n\n") if b.strip()]
     names = [line.removeprefix("event: ") for b in blocks for line in b.splitlines() if line.startswith("event: ")]
     assert names == ["state", "state", "progress", "published", "state", "done"]
+    assert [b.splitlines()[0] for b in blocks[:-1]] == [f"id: {n}" for n in range(1, 6)]  # the job's own sequence
     done = json.loads(blocks[-1].splitlines()[-1].removeprefix("data: "))
     assert done["state"] == "succeeded" and done["model"] == {"name": "acme", "version": "1", "promoted": True}
+    assert [(a["attempt"], a["worker_id"], a["outcome"]) for a in done["attempts"]] == [(1, "w", "succeeded")]
     # Last-Event-ID resumes after the given event
     third_id = int(blocks[2].splitlines()[0].removeprefix("id: "))
     with client.stream("GET", f"/adapt/{job_id}/events", headers={"Last-Event-ID": str(third_id)}) as r:
@@ -237,12 +244,17 @@ def test_config_comes_from_the_service_settings(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setenv("EMBED_ADAPT_BASE_MODELS", json.dumps({"tiny": "/models/tiny"}))
     monkeypatch.setenv("EMBED_ADAPT_GENERAL_TASKS", "LeeDocSTS")
-    settings = ServiceSettings(registry_dir=tmp_path / "reg", adapt_min_documents=5, adapt_max_steps=9, adapt_lr=1e-3)
-    config = AdaptConfig.from_settings(settings)
-    assert config.base_models == {"tiny": "/models/tiny"}
-    assert config.limits.min_documents == 5 and config.default_max_steps == 9
-    assert config.lr == 1e-3 and config.general_tasks == ("LeeDocSTS",)
-    assert config.data_dir == tmp_path / "adapt-jobs" and config.db_path.name == "jobs.sqlite3"
+    settings = ServiceSettings.from_flat(
+        registry_dir=tmp_path / "reg", adapt_min_documents=5, adapt_max_steps=9, adapt_lr=1e-3
+    )
+    adapt = settings.adapt  # flags and environment meet in one object
+    assert adapt.base_models == {"tiny": "/models/tiny"}
+    assert adapt.min_documents == 5 and adapt.max_steps == 9
+    assert adapt.lr == 1e-3 and adapt.general_tasks == ["LeeDocSTS"]
+    config = AdaptConfig(registry_dir=settings.registry_dir, cache_dir=settings.cache_dir, settings=adapt)
+    assert config.data_dir == tmp_path / "adapt-jobs"
+    assert config.store_url == f"sqlite:///{tmp_path / 'adapt-jobs' / 'jobs.sqlite3'}"
+    assert AdaptConfig.read(config.write(tmp_path / "cfg")) == config  # what a supervised worker reads
 
 
 def test_disabled_adapt_answers_503(tmp_path: Path) -> None:

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from adapt.corpus import CorpusLimits, check_corpus, parse_upload, read_job_corpus
+from adapt.corpus import check_corpus, parse_upload, read_job_corpus
+from adapt.settings import AdaptSettings
 from core.text import CorpusError, can_crop
 
 TWO_SENTENCES = "Crops are cut from documents. Two sentences make one view."
 ONE_SHORT = "A single short sentence"
+
+
+def _limits(**values: int) -> AdaptSettings:
+    return AdaptSettings.model_construct(**values)  # unvalidated: limits far below what a deployment may set
 
 
 def test_can_crop_needs_two_sentences_or_enough_words_for_halves() -> None:
@@ -25,23 +30,23 @@ def test_can_crop_needs_two_sentences_or_enough_words_for_halves() -> None:
 def test_too_few_usable_documents_says_how_many_and_what_is_needed() -> None:
     texts = [TWO_SENTENCES] * 3 + [ONE_SHORT] * 5
     with pytest.raises(CorpusError, match="found 3 usable documents out of 8; adaptation needs at least 4") as info:
-        check_corpus(texts, None, CorpusLimits(min_documents=4))
+        check_corpus(texts, None, _limits(min_documents=4))
     assert info.value.code == "corpus_too_small"
     assert info.value.details == {"documents": 8, "usable_documents": 3, "min_documents": 4}
 
 
 def test_limits_on_count_length_and_labels() -> None:
     with pytest.raises(CorpusError, match="3 documents; the limit is 2"):
-        check_corpus([TWO_SENTENCES] * 3, None, CorpusLimits(max_documents=2, min_documents=1))
+        check_corpus([TWO_SENTENCES] * 3, None, _limits(max_documents=2, min_documents=1))
     with pytest.raises(CorpusError, match=r"1 documents are longer than 20 characters \(first: index 1"):
-        check_corpus(["short. ok.", TWO_SENTENCES], None, CorpusLimits(max_document_chars=20, min_documents=1))
+        check_corpus(["short. ok.", TWO_SENTENCES], None, _limits(max_document_chars=20, min_documents=1))
     with pytest.raises(CorpusError, match="got 1 labels for 2 texts"):
-        check_corpus([TWO_SENTENCES] * 2, ["a"], CorpusLimits(min_documents=1))
+        check_corpus([TWO_SENTENCES] * 2, ["a"], _limits(min_documents=1))
 
 
 def test_empty_documents_are_dropped_with_their_labels(tmp_path: Path) -> None:
     corpus = check_corpus(
-        [TWO_SENTENCES, "  ", TWO_SENTENCES + " More."], ["x", "y", "z"], CorpusLimits(min_documents=2)
+        [TWO_SENTENCES, "  ", TWO_SENTENCES + " More."], ["x", "y", "z"], _limits(min_documents=2)
     )
     assert corpus.labels == ["x", "z"] and corpus.usable == 2
     corpus.save(tmp_path)

@@ -1,8 +1,13 @@
-"""The SQLite job store: state machine, bounded queue, atomic claims, cancel, recovery, events."""
+"""The job store, one suite for both backends (SQLite file, real PostgreSQL): the state machine, the bounded queue,
+claims under a lease, fenced writes, rescue of lapsed leases with attempts, hand-back, cancel, per-job event ids,
+and the upgrade of a store written before leases."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -11,145 +16,263 @@ from adapt.store import (
     CANCELLED,
     EVALUATING,
     FAILED,
+    HANDED_BACK,
     INTERRUPTED,
     QUEUED,
     RUNNING,
     SUCCEEDED,
     JobStore,
     JobStoreError,
+    LeaseLost,
     QueueFullError,
+    StoreUnavailable,
 )
+
+LEASE = 30.0
 
 
 def _params(name: str = "m") -> dict:
     return {"base_model": "minilm-l6", "name": name, "hyperparameters": {}}
 
 
-def _store(tmp_path: Path) -> JobStore:
-    return JobStore(tmp_path / "jobs.sqlite3")
+def _create(store: JobStore, name: str = "m", *, max_pending: int = 100, max_attempts: int = 2):
+    return store.create(
+        _params(name), corpus_dir="/c", n_documents=1, max_pending=max_pending, max_attempts=max_attempts
+    )
 
 
-def test_lifecycle_records_states_progress_and_result(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    job = store.create(_params(), corpus_dir=tmp_path / "c", n_documents=10, max_pending=4)
-    assert job.state == QUEUED and job.id.startswith("adaptjob-")
-    claimed = store.claim_next("w1", max_running=1)
+def test_lifecycle_records_states_progress_result_and_the_attempt(store_url: str) -> None:
+    store = JobStore(store_url)
+    job = _create(store)
+    assert job.state == QUEUED and job.id.startswith("adaptjob-") and job.attempt == 0
+    claimed = store.claim_next("w1", max_running=1, lease_s=LEASE)
     assert claimed is not None and claimed.id == job.id and claimed.state == RUNNING
-    assert claimed.worker_id == "w1" and claimed.started_at is not None
-    store.update_progress(job.id, {"step": 3, "total": 10, "loss": 1.5})
-    store.update_progress(job.id, {"step": 4})
-    store.set_state(job.id, EVALUATING)
-    store.update_result(job.id, {"model": {"name": "m", "version": "1", "promoted": True}}, event_type="published")
-    store.finish(job.id, SUCCEEDED)
+    assert claimed.worker_id == "w1" and claimed.attempt == 1 and claimed.started_at is not None
+    assert claimed.lease_expires_at == pytest.approx(claimed.heartbeat_at + LEASE)
+    lease = claimed.lease
+    store.update_progress(lease, {"step": 3, "total": 10, "loss": 1.5})
+    store.update_progress(lease, {"step": 4})
+    store.set_state(lease, EVALUATING)
+    store.update_result(lease, {"model": {"name": "m", "version": "1", "promoted": True}}, event_type="published")
+    store.finish(lease, SUCCEEDED)
     done = store.get(job.id)
     assert done.state == SUCCEEDED and done.finished_at is not None and done.terminal
+    assert done.worker_id is None and done.lease_expires_at is None  # nobody holds an ended job
     assert done.progress == {"step": 4, "total": 10, "loss": 1.5}
     assert done.result["model"]["version"] == "1"
-    kinds = [(e.type, e.data.get("state")) for e in store.events(job.id)]
-    assert kinds == [
-        ("state", QUEUED),
-        ("state", RUNNING),
-        ("progress", None),
-        ("progress", None),
-        ("state", EVALUATING),
-        ("published", None),
-        ("state", SUCCEEDED),
-    ]
-    later = store.events(job.id, after_id=store.events(job.id)[3].id)
-    assert [e.type for e in later] == ["state", "published", "state"]
+    assert [(a["attempt"], a["worker_id"], a["outcome"]) for a in done.attempts] == [(1, "w1", SUCCEEDED)]
+    events = store.events(job.id)
+    assert [e.id for e in events] == list(range(1, 8))  # the job's own sequence: what SSE resumes from
+    assert [(e.type, e.data.get("state")) for e in events] == [
+        ("state", QUEUED), ("state", RUNNING), ("progress", None), ("progress", None), ("state", EVALUATING),
+        ("published", None), ("state", SUCCEEDED),
+    ]  # fmt: skip
+    assert [e.type for e in store.events(job.id, after_id=4)] == ["state", "published", "state"]
 
 
-def test_illegal_transitions_raise(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    job = store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=4)
-    with pytest.raises(JobStoreError, match="cannot go from 'queued' to 'evaluating'"):
-        store.set_state(job.id, EVALUATING)
-    store.claim_next("w", max_running=1)
-    store.finish(job.id, FAILED, reason="training", message="boom")
-    with pytest.raises(JobStoreError, match="cannot go from 'failed' to 'succeeded'"):
-        store.finish(job.id, SUCCEEDED)
+def test_illegal_transitions_raise(store_url: str) -> None:
+    store = JobStore(store_url)
+    job = _create(store)
+    lease = store.claim_next("w", max_running=1, lease_s=LEASE).lease
     with pytest.raises(JobStoreError, match="needs a reason"):
-        store.finish(job.id, FAILED)
+        store.finish(lease, FAILED)
+    with pytest.raises(JobStoreError, match="needs a terminal state"):
+        store.finish(lease, RUNNING)
+    store.finish(lease, FAILED, reason="training", message="boom")
+    assert store.get(job.id).error == {"reason": "training", "message": "boom"}
+    with pytest.raises(LeaseLost):  # an ended job is held by nobody
+        store.finish(lease, SUCCEEDED)
     with pytest.raises(JobStoreError, match="no adapt job"):
         store.get("adaptjob-missing")
-    assert store.get(job.id).error == {"reason": "training", "message": "boom"}
 
 
-def test_queue_is_bounded_and_claims_respect_the_concurrency_limit(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    a = store.create(_params("a"), corpus_dir=tmp_path, n_documents=1, max_pending=2)
-    b = store.create(_params("b"), corpus_dir=tmp_path, n_documents=1, max_pending=2)
+def test_queue_is_bounded_and_claims_respect_the_concurrency_limit(store_url: str) -> None:
+    store = JobStore(store_url)
+    a, b = _create(store, "a", max_pending=2), _create(store, "b", max_pending=2)
     with pytest.raises(QueueFullError, match="2 jobs pending, limit 2"):
-        store.create(_params("c"), corpus_dir=tmp_path, n_documents=1, max_pending=2)
-    first = store.claim_next("w1", max_running=1)
+        _create(store, "c", max_pending=2)
+    first = store.claim_next("w1", max_running=1, lease_s=LEASE)
     assert first is not None and first.id == a.id  # oldest first
-    assert store.claim_next("w2", max_running=1) is None  # limit 1 holds across workers
-    store.finish(a.id, SUCCEEDED)
-    second = store.claim_next("w2", max_running=1)
+    assert store.claim_next("w2", max_running=1, lease_s=LEASE) is None  # limit 1 holds across workers
+    store.finish(first.lease, SUCCEEDED)
+    second = store.claim_next("w2", max_running=1, lease_s=LEASE)
     assert second is not None and second.id == b.id
-    assert store.claim_next("w2", max_running=5) is None  # nothing queued
+    assert store.claim_next("w2", max_running=5, lease_s=LEASE) is None  # nothing queued
     assert store.count_by_state()[RUNNING] == 1
 
 
-def _claim_all(path: str, worker: str, out: multiprocessing.Queue) -> None:
-    store = JobStore(path)
+def _claim_all(url: str, worker: str, out: multiprocessing.Queue) -> None:
+    store = JobStore(url)
     got = []
-    while (job := store.claim_next(worker, max_running=100)) is not None:
+    while (job := store.claim_next(worker, max_running=100, lease_s=LEASE)) is not None:
         got.append(job.id)
     out.put(got)
 
 
-def test_concurrent_workers_never_claim_the_same_job(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    ids = {store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=100).id for _ in range(30)}
+def test_concurrent_workers_never_claim_the_same_job(store_url: str) -> None:
+    store = JobStore(store_url)
+    ids = {_create(store).id for _ in range(30)}
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_claim_all, args=(str(store.path), f"w{i}", out)) for i in range(3)]
+    procs = [ctx.Process(target=_claim_all, args=(store_url, f"w{i}", out)) for i in range(3)]
     for p in procs:
         p.start()
-    claimed = [job for _ in procs for job in out.get(timeout=60)]
+    claimed = [job for _ in procs for job in out.get(timeout=120)]
     for p in procs:
         p.join(timeout=60)
     assert sorted(claimed) == sorted(ids)  # every job once, none twice
 
 
-def test_cancel_queued_is_immediate_running_is_a_request(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    queued = store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=4)
-    running = store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=4)
-    store.claim_next("w", max_running=1)  # claims `queued` (oldest)
-    store.claim_next("w", max_running=2)  # and `running`
-    queued2 = store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=4)
-    assert store.request_cancel(queued2.id).state == CANCELLED
+def test_writes_are_fenced_by_the_lease(store_url: str) -> None:
+    store = JobStore(store_url)
+    job = _create(store)
+    lease = store.claim_next("w1", max_running=1, lease_s=0.3).lease
+    time.sleep(0.5)
+    assert [e.state for e in store.rescue_expired()] == [QUEUED]
+    retry = store.claim_next("w2", max_running=1, lease_s=LEASE)
+    assert retry.attempt == 2
+    for write in (
+        lambda: store.update_progress(lease, {"step": 9}),
+        lambda: store.update_result(lease, {"x": 1}),
+        lambda: store.set_state(lease, EVALUATING),
+        lambda: store.renew(lease, LEASE),
+        lambda: store.finish(lease, SUCCEEDED),
+        lambda: store.hand_back(lease, "stopping"),
+    ):
+        with pytest.raises(LeaseLost, match="no longer holds attempt 1"):
+            write()
+    after = store.get(job.id)
+    assert after.state == RUNNING and after.worker_id == "w2" and after.progress == {}
+
+
+def test_a_renewed_lease_is_never_taken_and_a_lapsed_one_is_retried_then_failed(store_url: str) -> None:
+    store = JobStore(store_url)
+    job = _create(store, max_attempts=2)
+    lease = store.claim_next("w1", max_running=1, lease_s=0.6).lease
+    for _ in range(3):  # the heartbeat keeps it: nobody takes a job whose lease another process holds
+        time.sleep(0.3)
+        store.renew(lease, 0.6)
+        assert store.rescue_expired() == []
+    time.sleep(0.8)
+    (ended,) = store.rescue_expired()
+    assert (ended.job_id, ended.state) == (job.id, QUEUED)
+    second = store.claim_next("w2", max_running=1, lease_s=0.2)
+    assert second.attempt == 2
+    time.sleep(0.4)
+    assert [e.state for e in store.rescue_expired()] == [FAILED]
+    failed = store.get(job.id)
+    assert failed.state == FAILED and failed.error["reason"] == INTERRUPTED
+    assert "interrupted 2 time(s)" in failed.error["message"]
+    assert [(a["worker_id"], a["outcome"]) for a in failed.attempts] == [("w1", INTERRUPTED), ("w2", INTERRUPTED)]
+    retries = [e.data for e in store.events(job.id) if e.type == "state" and e.data.get("reason") == INTERRUPTED]
+    assert [r["attempt"] for r in retries] == [1, 2] and "retry" in retries[0] and "error" in retries[1]
+
+
+def test_hand_back_requeues_without_spending_an_attempt(store_url: str) -> None:
+    store = JobStore(store_url)
+    job = _create(store, max_attempts=1)
+    store.hand_back(store.claim_next("w1", max_running=1, lease_s=LEASE).lease, "the worker is stopping")
+    queued = store.get(job.id)
+    assert queued.state == QUEUED and queued.worker_id is None
+    lease = store.claim_next("w2", max_running=1, lease_s=0.2).lease
+    assert lease.attempt == 2
+    time.sleep(0.4)
+    # max_attempts=1: the first interrupted attempt ends it; the handed-back one did not count
+    assert [e.state for e in store.rescue_expired()] == [FAILED]
+    assert [a["outcome"] for a in store.get(job.id).attempts] == [HANDED_BACK, INTERRUPTED]
+
+
+def test_release_worker_takes_back_only_that_workers_jobs(store_url: str) -> None:
+    store = JobStore(store_url)
+    a, b = _create(store), _create(store)
+    store.claim_next("w1", max_running=9, lease_s=LEASE)
+    store.claim_next("w2", max_running=9, lease_s=LEASE)
+    ended = store.release_worker("w1", "the worker process exited with code -9")
+    assert [(e.job_id, e.state) for e in ended] == [(a.id, QUEUED)]
+    assert store.get(b.id).state == RUNNING and store.get(b.id).worker_id == "w2"
+
+
+def test_cancel_queued_is_immediate_running_is_a_request_dead_worker_ends_cancelled(store_url: str) -> None:
+    store = JobStore(store_url)
+    first, second, third = _create(store), _create(store), _create(store)
+    store.claim_next("w", max_running=9, lease_s=LEASE)
+    running = store.claim_next("w2", max_running=9, lease_s=0.2)
+    assert store.request_cancel(third.id).state == CANCELLED
     job = store.request_cancel(running.id)
     assert job.state == RUNNING and job.cancel_requested and store.cancel_requested(running.id)
-    assert not store.cancel_requested(queued.id)
-    store.finish(running.id, CANCELLED)
-    assert store.request_cancel(running.id).state == CANCELLED  # finished: a no-op
+    assert not store.cancel_requested(first.id)
+    time.sleep(0.4)
+    assert [(e.job_id, e.state) for e in store.rescue_expired()] == [(second.id, CANCELLED)]
+    assert store.request_cancel(second.id).state == CANCELLED  # finished: a no-op
 
 
-def test_fail_active_marks_interrupted_jobs_of_one_worker_or_all(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    a = store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=9)
-    b = store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=9)
-    c = store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=9)
-    store.claim_next("w1", max_running=9)
-    store.claim_next("w2", max_running=9)
-    store.set_state(b.id, EVALUATING)
-    assert store.fail_active(worker_id="w1", message="worker died") == [a.id]
-    assert store.get(a.id).error == {"reason": INTERRUPTED, "message": "worker died"}
-    assert store.get(b.id).state == EVALUATING
-    # a fresh store on the same file (a restarted service) sees the state and recovers the rest
-    again = JobStore(store.path)
-    assert again.fail_active() == [b.id]
-    assert again.get(b.id).state == FAILED and again.get(c.id).state == QUEUED
-
-
-def test_list_pages_newest_first(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    ids = [store.create(_params(), corpus_dir=tmp_path, n_documents=1, max_pending=9).id for _ in range(5)]
+def test_list_pages_newest_first(store_url: str) -> None:
+    store = JobStore(store_url)
+    ids = [_create(store).id for _ in range(5)]
     page = store.list_jobs(limit=2)
     assert [j.id for j in page] == ids[::-1][:2]
     assert [j.id for j in store.list_jobs(limit=10, after=page[-1].id)] == ids[::-1][2:]
     store.request_cancel(ids[0])
     assert [j.id for j in store.list_jobs(state=CANCELLED)] == [ids[0]]
+
+
+def test_a_second_process_opening_the_store_sees_the_same_jobs(store_url: str) -> None:
+    first = JobStore(store_url)
+    job = _create(first)
+    second = JobStore(store_url)  # migrations already at head: a no-op
+    assert second.get(job.id).state == QUEUED and second.count_by_state()[QUEUED] == 1
+
+
+def test_a_database_restart_is_unavailable_then_usable_again(postgres) -> None:
+    store = JobStore(postgres.new_database(), timeout_s=2)
+    job = _create(store)
+    postgres.stop()  # immediate: like a crash, the pooled connections break
+    try:
+        with pytest.raises(StoreUnavailable, match=r"unavailable|lost"):
+            store.get(job.id)
+    finally:
+        postgres.start()
+    assert store.get(job.id).state == QUEUED  # pre-ping replaced the dead connections
+    with pytest.raises(StoreUnavailable):
+        JobStore("postgresql://postgres@127.0.0.1:1/nothing", timeout_s=2)
+
+
+def test_unsupported_url_says_what_to_use() -> None:
+    with pytest.raises(JobStoreError, match="use postgresql://user:password@host/db"):
+        JobStore("mysql://u@h/db")
+
+
+def test_a_store_written_before_leases_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    legacy = sqlite3.connect(path)
+    legacy.executescript(
+        """
+        CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, state TEXT NOT NULL,
+            created_at REAL NOT NULL, started_at REAL, finished_at REAL, params TEXT NOT NULL, corpus_dir TEXT NOT NULL,
+            n_documents INTEGER NOT NULL, progress TEXT NOT NULL DEFAULT '{}', result TEXT NOT NULL DEFAULT '{}',
+            error TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0, worker_id TEXT, heartbeat_at REAL);
+        CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, created_at REAL NOT NULL,
+            type TEXT NOT NULL, data TEXT NOT NULL);
+        """
+    )
+    legacy.execute(
+        "INSERT INTO jobs (id, state, created_at, finished_at, params, corpus_dir, n_documents, error) "
+        "VALUES ('adaptjob-old', 'failed', 1.0, 2.0, ?, '/c', 80, ?)",
+        (json.dumps(_params("old")), json.dumps({"reason": "training", "message": "boom"})),
+    )
+    legacy.execute("INSERT INTO jobs (id, state, created_at, params, corpus_dir, n_documents) "
+                   "VALUES ('adaptjob-queued', 'queued', 3.0, ?, '/c', 80)", (json.dumps(_params("q")),))  # fmt: skip
+    for job_id, state in (("adaptjob-old", "queued"), ("adaptjob-old", "failed"), ("adaptjob-queued", "queued")):
+        legacy.execute("INSERT INTO events (job_id, created_at, type, data) VALUES (?, 1.0, 'state', ?)",
+                       (job_id, json.dumps({"state": state})))  # fmt: skip
+    legacy.commit()
+    legacy.close()
+
+    store = JobStore(f"sqlite:///{path}")
+    old = store.get("adaptjob-old")
+    assert old.state == FAILED and old.error == {"reason": "training", "message": "boom"}
+    assert old.params["name"] == "old"
+    assert [e.data["state"] for e in store.events("adaptjob-old")] == ["queued", "failed"]
+    claimed = store.claim_next("w", max_running=1, lease_s=LEASE)  # the old queued job runs under the new rules
+    assert claimed.id == "adaptjob-queued" and claimed.attempt == 1
+    assert [e.id for e in store.events("adaptjob-queued")] == [1, 2]

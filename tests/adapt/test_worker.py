@@ -1,110 +1,162 @@
-"""The worker loop around a pipeline: terminal states, cancel/stop handling, cleanup; split and gate rules."""
+"""The worker around a pipeline: terminal states, cancel, drain (hand back), a lost lease, the heartbeat, a store
+outage, cleanup, and what a job record says about an unexpected failure; the split and gate rules."""
 
 from __future__ import annotations
 
+import errno
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from adapt.context import JobCancelled, JobContext, JobFailed
+from adapt.context import JobContext, JobFailed
 from adapt.corpus import Corpus
-from adapt.pipeline import WorkerOptions, general_tasks, split_corpus
-from adapt.store import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Job, JobStore
-from adapt.worker import process_job
+from adapt.pipeline import general_tasks, scratch_dir, split_corpus, stage_failure
+from adapt.settings import AdaptConfig, AdaptSettings
+from adapt.store import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobStore, LeaseLost
+from adapt.worker import ABANDONED, process_job
 
 DOC = "First sentence here. Second sentence there."
 
 
-def _claimed(tmp_path: Path) -> tuple[JobStore, Job]:
-    store = JobStore(tmp_path / "jobs.sqlite3")
-    folder = tmp_path / "jobs" / "j"
+def _config(tmp_path: Path, **settings: object) -> AdaptConfig:
+    values = {"dir": tmp_path / "adapt", "lease_seconds": 30.0, **settings}
+    settings = AdaptSettings(**values)
+    return AdaptConfig(registry_dir=tmp_path / "registry", cache_dir=tmp_path / "cache", settings=settings)
+
+
+def _claimed(tmp_path: Path, **settings: object) -> tuple[JobStore, Job, AdaptConfig]:
+    config = _config(tmp_path, **settings)
+    store = JobStore(config.store_url)
+    folder = config.jobs_dir / "j"
     Corpus([DOC] * 4, None, 4).save(folder)
-    (folder / "work").mkdir()
-    store.create({"base_model": "b", "name": "n"}, corpus_dir=folder, n_documents=4, max_pending=5)
-    job = store.claim_next("w", max_running=1)
+    store.create({"base_model": "b", "name": "n"}, corpus_dir=folder, n_documents=4, max_pending=5, max_attempts=2)
+    job = store.claim_next("w", max_running=1, lease_s=config.settings.lease_seconds)
     assert job is not None
-    return store, job
-
-
-def _options(tmp_path: Path, **kw) -> WorkerOptions:
-    return WorkerOptions(registry_dir=tmp_path / "registry", **kw)
+    scratch_dir(job).mkdir()
+    return store, job, config
 
 
 def test_success_records_progress_and_deletes_the_upload(tmp_path: Path) -> None:
-    store, job = _claimed(tmp_path)
+    store, job, config = _claimed(tmp_path)
 
-    def pipeline(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
+    def pipeline(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
         ctx.stage("training", step=0, total=2)
         ctx.progress({"step": 1, "loss": 2.0}, force=True)
         ctx.progress({"step": 2, "loss": 1.0})  # throttled: within PROGRESS_EVERY_S of the last
         ctx.result({"model": {"name": "n", "version": "1", "promoted": True}}, event="published")
 
-    assert process_job(store, job, _options(tmp_path), threading.Event(), pipeline) == SUCCEEDED
+    assert process_job(store, job, config, threading.Event(), pipeline) == SUCCEEDED
     done = store.get(job.id)
     assert done.state == SUCCEEDED and done.progress["step"] == 1 and done.progress["stage"] == "training"
     assert not Path(job.corpus_dir).exists()
 
 
 def test_keep_uploads_keeps_the_corpus_but_not_the_scratch(tmp_path: Path) -> None:
-    store, job = _claimed(tmp_path)
-    process_job(store, job, _options(tmp_path, keep_uploads=True), threading.Event(), lambda *a: None)
-    assert (Path(job.corpus_dir) / "corpus.jsonl").is_file() and not (Path(job.corpus_dir) / "work").exists()
+    store, job, config = _claimed(tmp_path, keep_uploads=True)
+    process_job(store, job, config, threading.Event(), lambda *a: None)
+    assert (Path(job.corpus_dir) / "corpus.jsonl").is_file() and not scratch_dir(job).exists()
 
 
-def test_failure_reason_and_unexpected_errors(tmp_path: Path) -> None:
-    store, job = _claimed(tmp_path)
+def test_failure_reason_and_unexpected_errors_say_what_happened_not_the_internals(tmp_path: Path, caplog) -> None:
+    store, job, config = _claimed(tmp_path)
 
     def bad_corpus(*_: object) -> None:
         raise JobFailed("corpus", "only 3 documents yield two crops")
 
-    assert process_job(store, job, _options(tmp_path), threading.Event(), bad_corpus) == FAILED
+    assert process_job(store, job, config, threading.Event(), bad_corpus) == FAILED
     assert store.get(job.id).error == {"reason": "corpus", "message": "only 3 documents yield two crops"}
 
-    store2, job2 = _claimed(tmp_path / "b")
+    store2, job2, config2 = _claimed(tmp_path / "b")
 
     def crash(*_: object) -> None:
-        raise KeyError("oops")
+        raise KeyError("secret_internal_key")
 
-    process_job(store2, job2, _options(tmp_path), threading.Event(), crash)
+    process_job(store2, job2, config2, threading.Event(), crash)
     error = store2.get(job2.id).error
-    assert error["reason"] == "internal" and "KeyError" in error["message"]
+    assert error["reason"] == "internal" and job2.id in error["message"] and "log" in error["message"]
+    assert "KeyError" not in error["message"] and "secret_internal_key" not in error["message"]
+    assert "secret_internal_key" in caplog.text  # the traceback is in the log, for the operator
+
+
+def test_stage_failures_name_a_full_or_read_only_volume_and_hide_other_internals() -> None:
+    full = stage_failure("export", OSError(errno.ENOSPC, "No space left on device"), "the scratch volume")
+    assert (full.reason, str(full)) == ("export", "export failed: no space left on the scratch volume")
+    read_only = stage_failure("publish", OSError(errno.EROFS, "Read-only file system"), "the registry volume")
+    assert str(read_only) == "publish failed: the registry volume is read-only"
+    other = stage_failure("evaluation", ValueError("tensor shape (3, 4) mismatch"), "the cache volume")
+    assert "shape" not in str(other) and "ValueError" not in str(other) and "log" in str(other)
 
 
 def test_cancel_request_is_seen_by_should_stop_and_ends_cancelled(tmp_path: Path) -> None:
-    store, job = _claimed(tmp_path)
+    store, job, config = _claimed(tmp_path)
     seen = []
 
-    def pipeline(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
+    def pipeline(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
         seen.append(ctx.should_stop())
         store.request_cancel(job.id)
         ctx.check()  # stage boundary: re-reads the flag at once
 
-    assert process_job(store, job, _options(tmp_path), threading.Event(), pipeline) == CANCELLED
+    assert process_job(store, job, config, threading.Event(), pipeline) == CANCELLED
     assert seen == [False] and store.get(job.id).state == CANCELLED
 
 
-def test_worker_stop_ends_the_job_interrupted(tmp_path: Path) -> None:
-    store, job = _claimed(tmp_path)
+def test_a_stopping_worker_hands_its_job_back_with_its_corpus(tmp_path: Path) -> None:
+    store, job, config = _claimed(tmp_path)
     stop = threading.Event()
 
-    def pipeline(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
+    def pipeline(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
         stop.set()  # SIGTERM arrived
-        if ctx.should_stop():
-            raise JobCancelled("stopped")
+        assert ctx.should_stop()
+        ctx.check()
 
-    assert process_job(store, job, _options(tmp_path), stop, pipeline) == FAILED
-    assert store.get(job.id).error["reason"] == INTERRUPTED
+    assert process_job(store, job, config, stop, pipeline) == QUEUED
+    back = store.get(job.id)
+    assert back.state == QUEUED and back.error is None and back.attempts[-1]["outcome"] == "handed_back"
+    assert (Path(job.corpus_dir) / "corpus.jsonl").is_file()  # the next attempt needs it
+    assert not scratch_dir(job).exists()
 
 
-def test_a_job_already_failed_by_the_supervisor_keeps_that_verdict(tmp_path: Path) -> None:
-    store, job = _claimed(tmp_path)
+def test_a_worker_that_lost_its_lease_writes_nothing_and_keeps_the_corpus(tmp_path: Path) -> None:
+    store, job, config = _claimed(tmp_path, lease_seconds=2.0)
 
-    def pipeline(job: Job, ctx: JobContext, options: WorkerOptions) -> None:
-        store.fail_active(worker_id="w", message="worker considered dead")
+    def pipeline(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
+        store.hand_back(ctx.lease, "taken by a test")  # stands for: the lease lapsed and a rescuer took the job
+        store.claim_next("w2", max_running=1, lease_s=30)
+        ctx.result({"model": {"name": "n", "version": "9", "promoted": True}})
 
-    process_job(store, job, _options(tmp_path), threading.Event(), pipeline)
-    assert store.get(job.id).error == {"reason": INTERRUPTED, "message": "worker considered dead"}
+    assert process_job(store, job, config, threading.Event(), pipeline) == ABANDONED
+    now = store.get(job.id)
+    assert now.state == RUNNING and now.worker_id == "w2" and "model" not in now.result
+    assert (Path(job.corpus_dir) / "corpus.jsonl").is_file()  # the new holder's
+
+
+def test_the_heartbeat_renews_the_lease_while_a_stage_reports_nothing(tmp_path: Path) -> None:
+    store, job, config = _claimed(tmp_path, lease_seconds=2.0)
+
+    def pipeline(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
+        first = store.get(job.id).lease_expires_at
+        time.sleep(2.5)  # longer than the lease, silent like an export
+        assert store.rescue_expired() == []
+        assert store.get(job.id).lease_expires_at > first + 1.0
+
+    assert process_job(store, job, config, threading.Event(), pipeline) == SUCCEEDED
+
+
+def test_lost_lease_stops_the_job_at_its_next_check(tmp_path: Path) -> None:
+    store, job, config = _claimed(tmp_path, lease_seconds=2.0)
+
+    def pipeline(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
+        store.hand_back(ctx.lease, "taken")
+        deadline = time.monotonic() + 5
+        while not ctx.should_stop() and time.monotonic() < deadline:  # the heartbeat notices
+            time.sleep(0.05)
+        with pytest.raises(LeaseLost):
+            ctx.check()
+        raise LeaseLost("stopping")
+
+    assert process_job(store, job, config, threading.Event(), pipeline) == ABANDONED
 
 
 def test_split_is_seeded_disjoint_and_holds_out_only_croppable_documents() -> None:

@@ -261,7 +261,8 @@ def service_routes() -> dict[str, set[str]]:
     from service.app import create_app
 
     with tempfile.TemporaryDirectory() as tmp:
-        settings = ServiceSettings(registry_dir=Path(tmp) / "registry", adapt_dir=Path(tmp) / "adapt", warmup=False)
+        root = Path(tmp)
+        settings = ServiceSettings.from_flat(registry_dir=root / "registry", adapt_dir=root / "adapt", warmup=False)
         app = create_app(settings, backend_factory=lambda bundle, settings: None)
         return {path: {m.upper() for m in ops} for path, ops in app.openapi()["paths"].items()}
 

@@ -140,7 +140,7 @@ def make_settings(fake_registry: Path) -> Callable[..., Any]:
             "adapt_enabled": False, "max_batch_tokens": 256, "max_batch_size": 8, "shutdown_grace_seconds": 5,
         }  # fmt: skip
         values.update(overrides)
-        return ServiceSettings(**values)
+        return ServiceSettings.from_flat(**values)
 
     return build
 

@@ -34,7 +34,7 @@ def _settings(registry: Path, **overrides) -> ServiceSettings:
         "registry_dir": registry, "default_model": "tiny", "registry_poll_seconds": 0, "adapt_enabled": False,
         "intra_op_threads": 1, "max_batch_size": 16, "max_batch_tokens": 2048,
     } | overrides  # fmt: skip
-    return ServiceSettings(**values)
+    return ServiceSettings.from_flat(**values)
 
 
 def test_openai_client_float_and_base64_equal_the_bundle(tiny_registry, reference, serve, varied_texts):
@@ -138,8 +138,10 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 import service.cli
 from service.settings import ServiceSettings
-settings = ServiceSettings(registry_dir={str(tiny_registry)!r}, default_model="tiny", adapt_supervise_worker=False,
-                           adapt_dir={str(tiny_registry.parent / "adapt-jobs")!r})
+settings = ServiceSettings.from_flat(
+    registry_dir={str(tiny_registry)!r}, default_model="tiny", adapt_supervise_worker=False,
+    adapt_dir={str(tiny_registry.parent / "adapt-jobs")!r},
+)
 with TestClient(create_app(settings)) as client:
     assert client.post("/embed", json={{"inputs": "hello"}}).status_code == 200
     assert client.get("/adapt").status_code in (200, 401)

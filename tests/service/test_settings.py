@@ -23,7 +23,7 @@ def test_environment_lists_and_secrets(monkeypatch):
     assert settings.models == ["a", "b"] and settings.port == 9000
     assert settings.api_key_values() == ["k1", "k2"]
     assert settings.admin_key_values() == []  # no fallback to the client keys
-    assert settings.adapt_allow_client_keys is False  # so /adapt refuses client keys unless the operator opts in
+    assert settings.adapt.allow_client_keys is False  # so /adapt refuses client keys unless the operator opts in
     assert "k1" not in repr(settings) and "k1" not in str(settings.model_dump())
 
 
