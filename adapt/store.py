@@ -128,6 +128,10 @@ class JobStoreError(RuntimeError):
     """A job that does not exist, or a state change the state machine does not allow."""
 
 
+class JobNotFound(JobStoreError):
+    """No job has this id."""
+
+
 class StoreUnavailable(JobStoreError):
     """The store cannot be reached or is locked past its timeout (a database restarting, a network outage)."""
 
@@ -334,7 +338,7 @@ class JobStore:
         query = sa.select(jobs_table).where(jobs_table.c.id == job_id)
         row = conn.execute(query.with_for_update() if lock else query).first()
         if row is None:
-            raise JobStoreError(f"no adapt job with id {job_id!r}")
+            raise JobNotFound(f"no adapt job with id {job_id!r}")
         return row
 
     @staticmethod

@@ -40,8 +40,8 @@ from adapt.store import (
     CANCELLED,
     TERMINAL_STATES,
     Ended,
+    JobNotFound,
     JobStore,
-    JobStoreError,
     QueueFullError,
     StoreUnavailable,
     new_job_id,
@@ -416,7 +416,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
 def _get_or_404(store: JobStore, job_id: str) -> Any:
     try:
         return store.get(job_id)
-    except JobStoreError as err:
+    except JobNotFound as err:
         raise ServiceError(ErrorKind.job_not_found, str(err)) from err
 
 

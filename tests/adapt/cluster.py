@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +164,43 @@ class Worker(Process):
 
     def __init__(self, name: str, env: dict[str, str], logs: Path) -> None:
         super().__init__(name, ["adapt-worker", "--worker-id", name], env, logs)
+
+
+def pid_of_worker(worker_id: str) -> int | None:
+    """The process running ``embedder adapt-worker --worker-id worker_id`` (a replica's child, or the test's own)."""
+    wanted = f"--worker-id\0{worker_id}\0".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if wanted in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def can_mount() -> bool:
+    """Root may mount (a size-limited tmpfs, a read-only bind): the faults a volume can have, made for real."""
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+@contextmanager
+def size_limited_dir(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. ``"24m"``) mounted at ``path``: writes past it fail with ENOSPC."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@contextmanager
+def read_only_dir(path: Path) -> Iterator[Path]:
+    """``path`` made read-only for everyone, root included (a read-only bind mount onto itself): EROFS."""
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

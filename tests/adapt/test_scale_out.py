@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.data import lee_background
-from tests.adapt.cluster import ACTIVE, Replica, Worker, cluster_env, wait_for
+from tests.adapt.cluster import ACTIVE, Replica, Worker, cluster_env, pid_of_worker, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -39,19 +39,6 @@ def base_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
     return list(lee_background()[:80])
-
-
-def pid_of_worker(worker_id: str) -> int | None:
-    """The process running ``embedder adapt-worker --worker-id worker_id`` (a replica's child, or our own)."""
-    wanted = f"--worker-id\0{worker_id}\0".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if wanted in (entry / "cmdline").read_bytes():
-                    return int(entry.name)
-            except OSError:
-                continue
-    return None
 
 
 def run_scenario(root: Path, base_registry: Path, base_model: Path, corpus: list[str], store_url: str | None,
