@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 from sqlalchemy import event as sa_event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -319,9 +321,6 @@ class JobStore:
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
 
     def _migrate(self) -> None:
-        from alembic import command
-        from alembic.config import Config
-
         config = Config()
         config.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
         with self._transaction(write=True) as conn:

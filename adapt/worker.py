@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -152,6 +153,7 @@ class Worker:
         self.stop = stop
         self.pipeline = pipeline
         self.store: JobStore | None = None
+        self._last_rescue = float("-inf")
 
     def _open(self) -> JobStore:
         while self.store is None:
@@ -168,7 +170,9 @@ class Worker:
         settings = self.config.settings
         store = self._open()
         try:
-            remove_ended_jobs(store.rescue_expired(), settings.keep_uploads)
+            if time.monotonic() - self._last_rescue >= settings.heartbeat_seconds:  # a write: not at every poll
+                remove_ended_jobs(store.rescue_expired(), settings.keep_uploads)
+                self._last_rescue = time.monotonic()
             return store.claim_next(
                 self.worker_id, max_running=settings.max_concurrent_jobs, lease_s=settings.lease_seconds
             )
