@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from core import registry
-from evaluation.data import lee_background
 from tests.adapt.cluster import (
     ACTIVE,
     ROOT,
@@ -33,20 +32,6 @@ from tests.adapt.cluster import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def base_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
-    from export.api import export_bundle
-
-    root = tmp_path_factory.mktemp("faults-base")
-    export_bundle(tiny_bert_path, root, "tiny-base", promote=True)
-    return root
-
-
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
-    return list(lee_background()[:80])
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ import json
 import os
 import shutil
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,29 +26,12 @@ from fastapi.testclient import TestClient
 from adapt.settings import AdaptConfig
 from adapt.store import INTERRUPTED, JobStore
 from core import registry
-from evaluation.data import lee_background
 from service.app import create_app
 from service.settings import ServiceSettings
+from tests.adapt.cluster import ADMIN, AUTH, wait_for
 
 pytestmark = pytest.mark.slow
 
-ADMIN = "admin-key"
-AUTH = {"Authorization": f"Bearer {ADMIN}"}
-
-
-@pytest.fixture(scope="module")
-def base_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
-    """A registry serving one tiny bundle, so the service starts without exporting minilm-l6."""
-    from export.api import export_bundle
-
-    root = tmp_path_factory.mktemp("base-registry")
-    export_bundle(tiny_bert_path, root, "tiny-base", promote=True)
-    return root
-
-
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
-    return list(lee_background()[:80])
 
 
 def _settings(tmp_path: Path, base_registry: Path, tiny_bert_path: Path, **overrides: Any) -> ServiceSettings:
@@ -100,17 +82,7 @@ def service(
 
 def _finished(client: TestClient, job_id: str, timeout_s: float = 150.0) -> dict[str, Any]:
     active = ("queued", "running", "evaluating")
-    return _wait(lambda: (j := _job(client, job_id))["state"] not in active and j, timeout_s=timeout_s)
-
-
-def _wait(predicate: Callable[[], Any], timeout_s: float = 120.0, every_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")
+    return wait_for(lambda: (j := _job(client, job_id))["state"] not in active and j, timeout_s=timeout_s)
 
 
 def _job(client: TestClient, job_id: str) -> dict[str, Any]:
@@ -160,7 +132,7 @@ def test_happy_path_submit_events_succeed_and_serve(
     assert manifest["trained_on"] == ["adapt:news"] and evaluation["general_in_domain"] == []
 
     # the service picks the new model up without a restart
-    _wait(lambda: "news" in [m["id"] for m in client.get("/v1/models").json()["data"]], timeout_s=30)
+    wait_for(lambda: "news" in [m["id"] for m in client.get("/v1/models").json()["data"]], timeout_s=30)
     reply = client.post("/v1/embeddings", json={"model": "news", "input": ["a tuned embedding"]})
     assert reply.status_code == 200, reply.text
     assert len(reply.json()["data"][0]["embedding"]) == 32
@@ -185,7 +157,7 @@ def test_gate_failure_publishes_but_does_not_promote(
 def test_cancel_while_running(service: tuple[TestClient, ServiceSettings], corpus: list[str]) -> None:
     client, settings = service
     job = _submit(client, corpus, name="news-cancel", max_steps=20_000, time_budget_s=600)
-    _wait(lambda: (_job(client, job["id"])["progress"].get("step") or 0) >= 1)
+    wait_for(lambda: (_job(client, job["id"])["progress"].get("step") or 0) >= 1)
     r = client.post(f"/adapt/{job['id']}/cancel", headers=AUTH)
     assert r.status_code == 200 and r.json()["cancel_requested"]
     done = _finished(client, job["id"], timeout_s=30)
@@ -199,7 +171,7 @@ def test_worker_killed_mid_job_is_retried(service: tuple[TestClient, ServiceSett
     client, settings = service
     before = registry.served_models(settings.registry_dir)
     job = _submit(client, corpus, name="news-kill", max_steps=20_000, time_budget_s=6)
-    running = _wait(lambda: (j := _job(client, job["id"]))["progress"].get("step") and j)
+    running = wait_for(lambda: (j := _job(client, job["id"]))["progress"].get("step") and j)
     supervisor = client.app.state.adapt.supervisor
     pid = next(w["pid"] for w in supervisor.status()["workers"])
     # the worker runs niced (adapt_worker_nice, default 10): /embed gets the cores first
@@ -207,7 +179,7 @@ def test_worker_killed_mid_job_is_retried(service: tuple[TestClient, ServiceSett
         19, os.getpriority(os.PRIO_PROCESS, 0) + settings.adapt.worker_nice
     )
     os.kill(pid, signal.SIGKILL)
-    retried = _wait(lambda: (j := _job(client, job["id"]))["attempt"] == 2 and j, timeout_s=30)
+    retried = wait_for(lambda: (j := _job(client, job["id"]))["attempt"] == 2 and j, timeout_s=30)
     assert running["state"] == "running" and running["attempt"] == 1
     assert retried["attempts"][0]["outcome"] == INTERRUPTED
     assert registry.served_models(settings.registry_dir) == before
@@ -246,7 +218,7 @@ def test_a_starting_service_leaves_live_leases_alone_and_a_stopping_one_hands_ba
         done_again = _finished(client, held)
         assert done_again["state"] == "succeeded" and done_again["attempt"] == 2
         assert done_again["attempts"][0]["worker_id"] == "other-worker"
-        _wait(lambda: _job(client, queued)["state"] == "running", timeout_s=60)
+        wait_for(lambda: _job(client, queued)["state"] == "running", timeout_s=60)
     # shutting the service down stops its worker, which hands the job back: queued for the next worker, not failed
     after = store.get(queued)
     assert after.state == "queued" and after.error is None and after.attempts[-1]["outcome"] == "handed_back"

@@ -21,24 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.data import lee_background
 from tests.adapt.cluster import ACTIVE, Replica, Worker, cluster_env, pid_of_worker, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def base_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
-    from export.api import export_bundle
-
-    root = tmp_path_factory.mktemp("scale-out-base")
-    export_bundle(tiny_bert_path, root, "tiny-base", promote=True)
-    return root
-
-
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
-    return list(lee_background()[:80])
 
 
 def run_scenario(root: Path, base_registry: Path, base_model: Path, corpus: list[str], store_url: str | None,
