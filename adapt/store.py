@@ -573,13 +573,15 @@ class JobStore:
             self._transition(conn, row, state, now, {"error": error} if error else {}, error=error, attempts=attempts)
 
     def hand_back(self, lease: Lease, message: str) -> None:
-        """A worker that stops on purpose returns its job to the queue; the attempt does not count."""
+        """A worker that stops on purpose returns its job to the queue (or ends it ``cancelled`` if a cancel was
+        requested); the attempt does not count."""
         with self._transaction(write=True) as conn:
             row = self._held(conn, lease)
             now = self._now(conn)
             data = {"reason": HANDED_BACK, "message": message, "attempt": row.attempt}
             attempts = _close_attempt(row.attempts, now, HANDED_BACK)
-            self._transition(conn, row, QUEUED, now, data, attempts=attempts)
+            # a cancel asked for meanwhile is honoured here rather than by whoever claims the job next
+            self._transition(conn, row, CANCELLED if row.cancel_requested else QUEUED, now, data, attempts=attempts)
 
     # ------------------------------------------------------------ rescuing
     def rescue_expired(self) -> list[Ended]:

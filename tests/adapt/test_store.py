@@ -180,6 +180,11 @@ def test_hand_back_requeues_without_spending_an_attempt(store_url: str) -> None:
     # max_attempts=1: the first interrupted attempt ends it; the handed-back one did not count
     assert [e.state for e in store.rescue_expired()] == [FAILED]
     assert [a["outcome"] for a in store.get(job.id).attempts] == [HANDED_BACK, INTERRUPTED]
+    cancelled = _create(store)
+    held = store.claim_next("w3", max_running=9, lease_s=LEASE)
+    store.request_cancel(cancelled.id)
+    store.hand_back(held.lease, "the worker is stopping")  # a pending cancel wins over the queue
+    assert store.get(cancelled.id).state == CANCELLED
 
 
 def test_release_worker_takes_back_only_that_workers_jobs(store_url: str) -> None:
