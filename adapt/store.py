@@ -572,7 +572,7 @@ class JobStore:
             attempts = _close_attempt(row.attempts, now, state)
             self._transition(conn, row, state, now, {"error": error} if error else {}, error=error, attempts=attempts)
 
-    def hand_back(self, lease: Lease, message: str) -> None:
+    def hand_back(self, lease: Lease, message: str) -> str:
         """A worker that stops on purpose returns its job to the queue (or ends it ``cancelled`` if a cancel was
         requested); the attempt does not count."""
         with self._transaction(write=True) as conn:
@@ -581,7 +581,9 @@ class JobStore:
             data = {"reason": HANDED_BACK, "message": message, "attempt": row.attempt}
             attempts = _close_attempt(row.attempts, now, HANDED_BACK)
             # a cancel asked for meanwhile is honoured here rather than by whoever claims the job next
-            self._transition(conn, row, CANCELLED if row.cancel_requested else QUEUED, now, data, attempts=attempts)
+            state = CANCELLED if row.cancel_requested else QUEUED
+            self._transition(conn, row, state, now, data, attempts=attempts)
+            return state
 
     # ------------------------------------------------------------ rescuing
     def rescue_expired(self) -> list[Ended]:

@@ -87,10 +87,9 @@ class Heartbeat:
 def _end(ctx: JobContext, state: str, reason: str | None = None, message: str | None = None) -> str:
     """Record how the job ended; returns the state, or `ABANDONED` when the job is no longer ours to end."""
     try:
-        if state == QUEUED:
-            ctx.retrying(lambda: ctx.store.hand_back(ctx.lease, message or "the worker stopped"))
-        else:
-            ctx.retrying(lambda: ctx.store.finish(ctx.lease, state, reason=reason, message=message))
+        if state == QUEUED:  # back to the queue, or cancelled if a cancel was pending
+            return ctx.retrying(lambda: ctx.store.hand_back(ctx.lease, message or "the worker stopped"))
+        ctx.retrying(lambda: ctx.store.finish(ctx.lease, state, reason=reason, message=message))
         return state
     except LeaseLost as err:
         log.warning("%s: not recording %s: %s", ctx.job.id, state, err)
