@@ -41,6 +41,13 @@ class ServiceMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.admission_wait = Histogram(
+            "embed_admission_wait_seconds",
+            "Time an admitted request waited at the admission gate, body unread, for room (0 for most).",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_time = Histogram(
             "embed_queue_seconds",
             "Wait from enqueue until the request's last batch started.",
@@ -94,6 +101,8 @@ class ServiceMetrics:
     def register_model(self, model: str) -> None:
         """Create every labelled series of ``model`` at zero (Prometheus shows a series only once it exists)."""
         for route in EMBEDDING_ROUTES:
+            if model == NO_MODEL:
+                self.admission_wait.labels(route)
             self.requests.labels(route, model)
             self.request_duration.labels(route, model)
             for kind in ErrorKind:

@@ -109,6 +109,10 @@ class Limits(BaseModel):
     max_batch_tokens: int
     max_batch_size: int
     max_queue_size: int
+    max_queue_wait_seconds: float
+    queue_wait_min_requests: int
+    overload_hold_seconds: float
+    max_concurrent_requests: int
 
 
 class Info(BaseModel):
