@@ -14,6 +14,9 @@ a 429 is retried **at once** (a server must survive impolite clients; ``--backof
   and the work of ``queue_wait_min_requests`` requests (here at the unflooded texts/s of the same graph and round)
   in the queue, then 1 s for the request's own batch and the estimate's error.
 
+``--sdk`` also runs issue 21's client check on each graph: the OpenAI Python SDK (its default two retries, honouring
+``Retry-After``), 8 threads × 5 requests × 32 paragraphs; counts the requests answered and the ``RateLimitError``s.
+
 ``--compare-hold`` adds a third server (int8, ``EMBED_OVERLOAD_HOLD_SECONDS=0``: refusals answered at once) to the
 flood rounds, to show what the hold buys.
 
@@ -197,6 +200,29 @@ def run(arm: str, url: str, load: Load, payloads: list[bytes], args: argparse.Na
     return row
 
 
+def openai_sdk_bulk(url: str, paragraphs: list[str], threads: int = 8, requests: int = 5) -> dict[str, int]:
+    """``threads`` OpenAI SDK clients, each sending ``requests`` requests of 32 paragraphs one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=600)
+    outcomes: Counter[str] = Counter()
+
+    def worker(index: int) -> None:
+        for k in range(requests):
+            start = (index * requests + k) * 32 % (len(paragraphs) - 32)
+            try:
+                client.embeddings.create(model=MODEL, input=paragraphs[start : start + 32])
+                outcomes["ok"] += 1
+            except openai.RateLimitError:
+                outcomes["RateLimitError"] += 1
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(worker, range(threads)))
+    return dict(outcomes)
+
+
 # ----------------------------------------------------------------------------------------------- report
 def latency_bound(limits: dict[str, Any], texts_per_s: float, texts_per_request: int = 32) -> float:
     """The documented bound on an accepted request's server-side latency under a flood (docs/API.md, "Admission")."""
@@ -257,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", default=",".join(load.name for load in LOADS), help="comma-separated subset")
     parser.add_argument("--backoff", action="store_true", help="honour Retry-After instead of retrying at once")
     parser.add_argument("--compare-hold", action="store_true", help="also flood an int8 server that refuses at once")
+    parser.add_argument("--sdk", action="store_true", help="also run the OpenAI SDK bulk check on both graphs")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if not 0 < args.seconds <= 120 or not 1 <= args.rounds <= 5:
@@ -288,12 +315,17 @@ def main(argv: list[str] | None = None) -> int:
                     if arm == "int8, hold 0" and load.name not in ("unflooded", "flood"):
                         continue
                     rows.append(run(arm, servers[arm][1], load, payloads[load.kind], args, round_))
+        sdk = {}
+        if args.sdk:
+            for arm in ("int8", "fp32"):
+                sdk[arm] = openai_sdk_bulk(servers[arm][1], paragraphs) | {"load_average_1m": os.getloadavg()[0]}
+                print(f"OpenAI SDK, 8 threads × 5 requests × 32 paragraphs, {arm}: {sdk[arm]}", flush=True)
     finally:
         for proc, _ in servers.values():
             _stop(proc)
     report = {
         "cpu": cpu_features(), "threads": args.threads, "seconds": args.seconds, "backoff": args.backoff,
-        "graphs": graphs, "limits": limits, "rows": rows,
+        "graphs": graphs, "limits": limits, "rows": rows, "openai_sdk": sdk,
     }  # fmt: skip
     print(f"CPU: {report['cpu']['model']} ({', '.join(report['cpu']['flags'])}); graphs served: {graphs}")
     print(markdown(rows))
