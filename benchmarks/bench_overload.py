@@ -69,17 +69,21 @@ LOADS = (
 )
 
 
-def start_server(registry: Path, *, serve_int8: bool, threads: int, hold: float | None) -> tuple[subprocess.Popen, str]:
+def start_server(
+    registry: Path, *, serve_int8: bool, threads: int, hold: float | None, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """``embedder serve`` on one model with default settings, except the graph, threads, hold and ``env``."""
     port = _free_port()
-    env = {
+    environment = {
         **os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "EMBED_SERVE_INT8": str(serve_int8).lower(),
         "EMBED_INTRA_OP_THREADS": str(threads), "EMBED_ADAPT_ENABLED": "false", "EMBED_REGISTRY_POLL_SECONDS": "0",
         "EMBED_LOG_LEVEL": "warning", "EMBED_MODELS": MODEL, "EMBED_DEFAULT_MODEL": MODEL,
     }  # fmt: skip
     if hold is not None:
-        env["EMBED_OVERLOAD_HOLD_SECONDS"] = str(hold)
+        environment["EMBED_OVERLOAD_HOLD_SECONDS"] = str(hold)
+    environment |= env or {}
     command = [sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(registry), "--port", str(port)]
-    proc = subprocess.Popen(command, env=env, cwd=ROOT)
+    proc = subprocess.Popen(command, env=environment, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     _wait_ready(url, proc)
     return proc, url

@@ -10,6 +10,10 @@ the shared machine hits every arm alike):
   feature-extraction``, plus the folder's sentence-transformers pooling files so infinity pools by mean); infinity
   finds ONNX files by globbing its model id, so it runs from inside that folder with ``--model-id .``.
 
+``--compare-batch-tokens N`` adds a fourth arm, our int8 server with ``EMBED_MAX_BATCH_TOKENS=N`` (e.g. TEI's 16384
+against the default 4096). For our servers the run also reports the padding: padded tokens run over real tokens
+(``embed_batch_tokens`` over ``embed_tokens_total``).
+
 Loads (bench_service's seeded texts): one short text per request at concurrency 1 (p50 latency) and 32; 32 short
 texts per request at concurrency 8; 32 paragraphs per request at concurrency 8. The 32-text loads also get the
 in-process ceiling (`core.runtime.OnnxBundle.encode`, batch 32, same threads) of both graphs, measured once per
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_overload import start_server
+from bench_overload import scrape, start_server
 from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _post_one, _stop, workloads
 
 from core.runtime import OnnxBundle, cpu_features
@@ -85,6 +89,12 @@ def run_load(url: str, name: str, texts: list[str]) -> dict[str, Any]:
     return {"texts_per_s": result.texts_per_s, "loadgen_cpu_cores": result.loadgen_cpu_cores}
 
 
+def padding(before: dict[str, float], after: dict[str, float]) -> float:
+    """Padded tokens run over real tokens embedded between two scrapes of our server's /metrics."""
+    padded, real = (f'{name}{{model="{MODEL}"}}' for name in ("embed_batch_tokens_sum", "embed_tokens_total"))
+    return round((after[padded] - before[padded]) / (after[real] - before[real]), 3)
+
+
 def ceiling(bundle: OnnxBundle, texts: list[str]) -> float:
     started = time.perf_counter()
     bundle.encode(texts, batch_size=32)
@@ -99,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--loads", default=";".join(LOADS), help="semicolon-separated subset of: " + "; ".join(LOADS))
+    parser.add_argument("--compare-batch-tokens", type=int, default=None, help="an extra int8 arm with this budget")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     loads = [name for name in LOADS if name in args.loads.split(";")]
@@ -114,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         "ours, fp32": start_server(args.registry, serve_int8=False, threads=args.threads, hold=None),
         "infinity": start_infinity(args.infinity, args.infinity_model, args.threads),
     }
+    if args.compare_batch_tokens:
+        servers[f"ours, int8, max_batch_tokens={args.compare_batch_tokens}"] = start_server(
+            args.registry, serve_int8=True, threads=args.threads, hold=None,
+            env={"EMBED_MAX_BATCH_TOKENS": str(args.compare_batch_tokens)},
+        )  # fmt: skip
     rows: list[dict[str, Any]] = []
     try:
         for _, url in servers.values():  # warm-up
@@ -128,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
                 for arm in order:
                     row: dict[str, Any] = {"round": round_, "load": name, "arm": arm,
                                            "load_average_1m": os.getloadavg()[0], **paired}  # fmt: skip
+                    before = scrape(servers[arm][1]) if arm.startswith("ours") else {}
                     row |= run_load(servers[arm][1], name, texts[kind])
+                    if before:
+                        row["padding"] = padding(before, scrape(servers[arm][1]))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:
@@ -146,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 def summary(rows: list[dict[str, Any]], loads: list[str]) -> str:
     """Median per arm and load, and the per-round ratios of ours to infinity and to the ceiling."""
     arms = list(dict.fromkeys(r["arm"] for r in rows))
-    lines = ["| load | " + " | ".join(arms) + " | in-process int8 / fp32 | ours int8 ÷ infinity, per round |",
-             "|---|" + "---:|" * len(arms) + "---|---|"]  # fmt: skip
+    lines = ["| load | " + " | ".join(arms) + " | in-process int8 / fp32 | ours int8 ÷ infinity, per round "
+             "| padding, ours int8 |", "|---|" + "---:|" * len(arms) + "---|---|---:|"]  # fmt: skip
     for name in loads:
         of = [r for r in rows if r["load"] == name]
         key = "p50_ms" if LOADS[name][2] == 1 else "texts_per_s"
@@ -162,7 +181,8 @@ def summary(rows: list[dict[str, Any]], loads: list[str]) -> str:
             ratios.append(f"{theirs / ours if key == 'p50_ms' else ours / theirs:.2f}")  # above 1: ours is better
         unit = " (p50 ms)" if key == "p50_ms" else ""
         cells_text = " | ".join(str(c) for c in cells)
-        lines.append(f"| {name}{unit} | {cells_text} | {ceiling_cell} | {', '.join(ratios)} |")
+        pad = statistics.median(r["padding"] for r in of if r["arm"] == "ours, int8")
+        lines.append(f"| {name}{unit} | {cells_text} | {ceiling_cell} | {', '.join(ratios)} | {pad} |")
     return "\n".join(lines)
 
 

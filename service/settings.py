@@ -103,10 +103,13 @@ class ServiceSettings(BaseSettings):
 
     # --- batching --------------------------------------------------------------------------------
     max_batch_tokens: int = Field(
-        default=16384,
+        default=4096,
         ge=1,
-        description="Token budget of one forward pass (sum of padded lengths). Larger batches raise throughput "
-        "under load but raise the latency of every request in the batch and peak memory.",
+        description="Token budget of one forward pass (sum of padded lengths): about 20 paragraphs of 200 tokens, "
+        "while short texts still fill max_batch_size. On CPU a batch of 20 long texts runs about as fast per text as "
+        "one of 64, and the queue's length-sorted window cut into smaller batches pads far less, so long texts are "
+        "served faster than with TEI's 16384 (docs/BENCHMARKS.md, Peers). Larger: fewer, longer forward passes, more "
+        "padding and memory.",
     )
     max_batch_size: int = Field(
         default=64,
