@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from service.api.routes import SERVICE_VERSION, router
-from service.api.serving import EmbeddingService
+from service.api.serving import TICKET, EmbeddingService
 from service.backend.base import BackendFactory
 from service.engine.models import ModelManager
 from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response, validation_message
@@ -52,6 +52,12 @@ class _BodyTooLarge(Exception):
 class GuardMiddleware:
     """Pure ASGI (no per-request task like BaseHTTPMiddleware): rejects bodies over ``max_body_bytes`` with 413
     (by Content-Length, or while a chunked body streams in), answers 503 while draining, counts requests in flight.
+
+    It is also where embedding requests meet the admission gate (`service.engine.admission`): over the server's
+    bound a request waits in line or is refused with 429 before its body is read, parsed or validated, so a retry
+    storm costs a header parse and a short answer per request, not a JSON decode. An admitted request carries its
+    `Ticket` in ``scope["state"][TICKET]``; its clock starts at its arrival here, so the server's histograms include
+    the time it waited in line and was read and parsed.
 
     ``POST /adapt`` carries a whole corpus, so it gets its own cap, ``upload_body_bytes`` (the adapt upload
     limit plus room for the multipart/JSON framing); the router then checks the corpus itself."""
@@ -96,6 +102,16 @@ class GuardMiddleware:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 await self._too_large(route, svc, scope, receive, send, setting)
                 return
+        ticket = None
+        if route is not None and scope["method"] == "POST":
+            admitted = await svc.gate.enter()
+            if isinstance(admitted, ServiceError):
+                svc.count_failure(route, NO_MODEL, admitted.kind)
+                await admitted.response()(scope, receive, send)
+                return
+            ticket = admitted
+            svc.metrics.admission_wait.labels(route).observe(ticket.waited)
+            scope.setdefault("state", {})[TICKET] = ticket
         received = 0
         too_large = False
 
@@ -123,6 +139,8 @@ class GuardMiddleware:
             await self._too_large(route, svc, scope, receive, send, setting)
         finally:
             self.state.in_flight -= 1
+            if ticket is not None:
+                ticket.done()
 
     async def _too_large(self, route: str | None, svc: EmbeddingService, scope: Scope, receive: Receive,
                          send: Send, setting: str) -> None:  # fmt: skip

@@ -14,7 +14,11 @@ from service.errors import ErrorKind
 EMBEDDING_ROUTES = ("/v1/embeddings", "/embed", "/", "/similarity")  # "/" is TEI's root alias of /embed
 NO_MODEL = "-"
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Seconds: fine where an idle request lands (ms), and to a minute for bulk requests that wait their turn under load.
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0,
+    20.0, 30.0, 60.0,
+)  # fmt: skip
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -38,6 +42,13 @@ class ServiceMetrics:
             "embed_request_duration_seconds",
             "Time from the request reaching the handler to the response body being ready.",
             ["route", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            "embed_admission_wait_seconds",
+            "Time an admitted request waited at the admission gate, body unread, for room (0 for most).",
+            ["route"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -94,6 +105,8 @@ class ServiceMetrics:
     def register_model(self, model: str) -> None:
         """Create every labelled series of ``model`` at zero (Prometheus shows a series only once it exists)."""
         for route in EMBEDDING_ROUTES:
+            if model == NO_MODEL:
+                self.admission_wait.labels(route)
             self.requests.labels(route, model)
             self.request_duration.labels(route, model)
             for kind in ErrorKind:

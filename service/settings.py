@@ -98,10 +98,13 @@ class ServiceSettings(BaseSettings):
 
     # --- batching --------------------------------------------------------------------------------
     max_batch_tokens: int = Field(
-        default=16384,
+        default=4096,
         ge=1,
-        description="Token budget of one forward pass (sum of padded lengths). Larger batches raise throughput "
-        "under load but raise the latency of every request in the batch and peak memory.",
+        description="Token budget of one forward pass (sum of padded lengths): about 20 paragraphs of 200 tokens, "
+        "while short texts still fill max_batch_size. On CPU a batch of 20 long texts runs about as fast per text as "
+        "one of 64, and the queue's length-sorted window cut into smaller batches pads far less, so long texts are "
+        "served faster than with TEI's 16384 (docs/BENCHMARKS.md, Peers). Larger: fewer, longer forward passes, more "
+        "padding and memory.",
     )
     max_batch_size: int = Field(
         default=64,
@@ -139,9 +142,34 @@ class ServiceSettings(BaseSettings):
         default=2.0,
         ge=0.0,
         description="Longest estimated wait (the tokens queued ahead over the recent tokens/s) before new "
-        "requests get 429 with Retry-After (0 = off: max_queue_size alone). Lower bounds the latency of "
-        "accepted requests under overload but sheds more of a burst; higher absorbs bursts but lets accepted "
-        "requests wait longer. Applies once a batch has run and only while texts are queued.",
+        "requests get 429 with Retry-After, once at least queue_wait_min_requests requests are queued ahead (0 = "
+        "off: max_queue_size alone). Bounds the latency of accepted requests under a flood; lower sheds more of a "
+        "burst, higher lets accepted requests wait longer.",
+    )
+    queue_wait_min_requests: int = Field(
+        default=16,
+        ge=1,
+        description="Requests a model's queue may hold before max_queue_wait_seconds applies: up to this many "
+        "concurrent clients are never refused by the wait bound, however large their requests and however slow the "
+        "CPU (each waits behind at most this many requests of the others). Higher serves more bulk clients whole; "
+        "lower bounds latency sooner when requests are large.",
+    )
+    overload_hold_seconds: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="How long a request that finds the server over its bound waits, body unread, for room before "
+        "it is refused with 429 (0 = refuse at once). Waiting requests are let in in arrival order the moment there "
+        "is room. Longer: fewer refusals, and a client that retries a 429 at once costs at most one refusal per "
+        "hold, so a retry storm cannot take the CPU from inference; shorter: a refused client hears sooner that it "
+        "should go elsewhere.",
+    )
+    max_concurrent_requests: int = Field(
+        default=512,
+        ge=1,
+        description="Embedding requests the server handles at once, all models together (TEI's flag of the same "
+        "name and default); more wait at the gate like any request over the bound (at most this many wait; beyond "
+        "that 429 at once). Bounds the memory held by requests in flight; the per-model bounds usually hold a "
+        "flood back first.",
     )
 
     # --- auth ------------------------------------------------------------------------------------

@@ -7,19 +7,28 @@ error messages can name the offending index and the configured limit.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+# What the server accepts, declared in the OpenAPI schema so generated clients and validators agree with it: no empty
+# text, no empty list. Enforced by `service.api.serving.EmbeddingService.check_texts`, not by pydantic, so the 422
+# names the offending index ("input[3] is an empty string") instead of listing every branch of the union.
+_TEXT_SCHEMA = {"type": "string", "minLength": 1}
+Text = Annotated[str, WithJsonSchema(_TEXT_SCHEMA)]
+Texts = Annotated[list[str], WithJsonSchema({"type": "array", "items": _TEXT_SCHEMA, "minItems": 1})]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: a field is what the schema says (``truncate: 0`` or ``dimensions: "8"`` is a 422, as validators and
+    # generated clients expect); unknown fields are ignored (clients send extras such as ``user``)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class OpenAIEmbeddingRequest(_Request):
     """``POST /v1/embeddings`` (OpenAI). Token-id inputs are not accepted: send text."""
 
-    input: str | list[str] = Field(description="One text or a list of texts.")
+    input: Text | Texts = Field(description="One text or a list of texts.")
     model: str | None = Field(default=None, description="Served model name; the server's default when omitted.")
     encoding_format: Literal["float", "base64"] = Field(
         default="float", description="base64 = the raw little-endian float32 bytes of each vector, base64-encoded."
@@ -51,7 +60,7 @@ class OpenAIEmbeddingResponse(BaseModel):
 class TEIEmbedRequest(_Request):
     """``POST /embed`` (text-embeddings-inference)."""
 
-    inputs: str | list[str] = Field(description="One text or a list of texts.")
+    inputs: Text | Texts = Field(description="One text or a list of texts.")
     normalize: bool = Field(
         default=True,
         description="L2-normalise the vectors. Bundles exported with normalisation in the graph always return "
@@ -64,9 +73,9 @@ class TEIEmbedRequest(_Request):
     model: str | None = Field(default=None, description="Served model name; the server's default when omitted.")
 
 
-class SimilarityInputs(BaseModel):
-    source_sentence: str
-    sentences: list[str]
+class SimilarityInputs(_Request):
+    source_sentence: Text
+    sentences: Texts
 
 
 class TEISimilarityRequest(_Request):
@@ -109,6 +118,10 @@ class Limits(BaseModel):
     max_batch_tokens: int
     max_batch_size: int
     max_queue_size: int
+    max_queue_wait_seconds: float
+    queue_wait_min_requests: int
+    overload_hold_seconds: float
+    max_concurrent_requests: int
 
 
 class Info(BaseModel):

@@ -22,7 +22,8 @@ from service.api.protocol import (
     TEIEmbedRequest,
     TEISimilarityRequest,
 )
-from service.api.serving import EmbeddingService, shape_embeddings, to_base64
+from service.api.serving import TICKET, EmbeddingService, shape_embeddings, to_base64
+from service.engine.admission import Ticket
 from service.engine.models import ServedModel
 
 router = APIRouter()
@@ -39,7 +40,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         404: "unknown model (the message lists the served ones)",
         413: "body larger than max_body_bytes",
         422: "invalid input: empty, too many texts, too long, bad dimensions",
-        429: "queue full; retry after Retry-After seconds",
+        429: "over the admission bound (refused after waiting overload_hold_seconds); retry after Retry-After seconds",
         503: "model not ready or server shutting down",
     }.items()
 }
@@ -47,6 +48,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def _service(request: Request) -> EmbeddingService:
     return request.app.state.embedding_service
+
+
+def _ticket(request: Request) -> Ticket | None:
+    """The admission gate's ticket (None when the app runs without `service.app.GuardMiddleware`)."""
+    return request.scope.get("state", {}).get(TICKET)
 
 
 def _json(payload: Any, headers: dict[str, str]) -> Response:
@@ -68,7 +74,7 @@ def _as_list(value: str | list[str]) -> list[str]:
 async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
     """Texts longer than the model's max_seq_length are truncated (OpenAI clients have no truncate flag)."""
     svc = _service(request)
-    async with svc.track("/v1/embeddings") as track:
+    async with svc.track("/v1/embeddings", _ticket(request)) as track:
         svc.keys.check_client(request.headers.get("authorization"))
         model = svc.resolve(track, body.model)
         texts = _as_list(body.input)
@@ -108,7 +114,7 @@ async def tei_root(body: TEIEmbedRequest, request: Request) -> Response:
 
 async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Response:
     svc = _service(request)
-    async with svc.track(route) as track:
+    async with svc.track(route, _ticket(request)) as track:
         svc.keys.check_client(request.headers.get("authorization"))
         model = svc.resolve(track, body.model)
         texts = _as_list(body.inputs)
@@ -127,7 +133,7 @@ async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Res
 async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Response:
     """Cosine similarity of each of ``sentences`` with ``source_sentence``."""
     svc = _service(request)
-    async with svc.track("/similarity") as track:
+    async with svc.track("/similarity", _ticket(request)) as track:
         svc.keys.check_client(request.headers.get("authorization"))
         model = svc.resolve(track, body.model)
         if not body.inputs.sentences:
@@ -178,6 +184,10 @@ async def info(request: Request) -> Info:
             max_batch_tokens=s.max_batch_tokens,
             max_batch_size=s.max_batch_size,
             max_queue_size=s.max_queue_size,
+            max_queue_wait_seconds=s.max_queue_wait_seconds,
+            queue_wait_min_requests=s.queue_wait_min_requests,
+            overload_hold_seconds=s.overload_hold_seconds,
+            max_concurrent_requests=s.max_concurrent_requests,
         ),
         auth=svc.keys.client_auth_enabled,
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.auth import ApiKeys
+from service.engine.admission import AdmissionGate, Ticket
 from service.engine.models import ModelManager, ServedModel
 from service.errors import ErrorKind, ServiceError
 from service.metrics import NO_MODEL, ServiceMetrics
@@ -26,6 +27,7 @@ from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
+TICKET = "embed_admission"  # key in the ASGI scope's "state": the request's `Ticket` from the admission gate
 INLINE_TOKENIZE_CHARS = 4096  # smaller requests tokenise on the event loop: a thread hop costs more than the work
 
 
@@ -35,6 +37,7 @@ class Track:
 
     route: str
     started: float
+    ticket: Ticket | None = None
     model: str = NO_MODEL
     version: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -66,12 +69,42 @@ class EmbeddingService:
         self.models = models
         self.metrics = metrics
         self.keys = ApiKeys.from_settings(settings)
+        self.gate = AdmissionGate(
+            self.room, hold_seconds=settings.overload_hold_seconds, max_waiting=settings.max_concurrent_requests
+        )
+        models.on_room = self.gate.wake
+
+    # ------------------------------------------------------------------------------------ admission
+    def room(self) -> ServiceError | None:
+        """The gate's question, asked before a request's body is read: None if a request may go on; else the 429
+        for ``max_concurrent_requests`` requests in flight, or for every served model over its bound
+        (`Batcher.refusal`). Which model a request wants is in its body, so with several models only a state that
+        refuses any request is refused here; the rest is checked again once the body names its model."""
+        limit = self.settings.max_concurrent_requests
+        models = self.models.models()
+        if self.gate.in_flight >= limit:
+            retry = min((m.batcher.retry_after() for m in models), default=1)
+            return ServiceError(
+                ErrorKind.overloaded,
+                f"the server is overloaded: {self.gate.in_flight} requests in flight, limit max_concurrent_requests="
+                f"{limit}; retry after the number of seconds in Retry-After",
+                headers={"Retry-After": str(retry)},
+            )
+        refusals = []
+        for model in models:
+            err = model.batcher.refusal()
+            if err is None or err.kind is not ErrorKind.overloaded:
+                return None
+            refusals.append(err)
+        return min(refusals, key=lambda err: int(err.headers["Retry-After"]), default=None)
 
     # ------------------------------------------------------------------------------------ tracking
     @asynccontextmanager
-    async def track(self, route: str) -> AsyncIterator[Track]:
-        """Count and time one request; label a failure with its kind (unexpected errors become ``internal``)."""
-        track = Track(route=route, started=time.perf_counter())
+    async def track(self, route: str, ticket: Ticket | None = None) -> AsyncIterator[Track]:
+        """Count and time one request from its arrival at the gate (``ticket``; now without one: an app run without
+        `service.app.GuardMiddleware`); label a failure with its kind (unexpected errors become ``internal``)."""
+        started = time.perf_counter() if ticket is None else ticket.arrived
+        track = Track(route=route, started=started, ticket=ticket)
         try:
             yield track
         except ServiceError as err:
@@ -141,6 +174,8 @@ class EmbeddingService:
                         f"({limit}); shorten it or send truncate=true",
                     )
         job = model.batcher.submit(tokens)
+        if track.ticket is not None:
+            track.ticket.queued()
         await job.future
         track.timings["queue"] = job.queue_time
         track.timings["inference"] = job.inference_time

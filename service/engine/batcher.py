@@ -2,15 +2,16 @@
 
 How a batch is formed (TEI's token-budget queue, with length sorting to cut padding):
 
-* Admission happens in `submit`, on the event loop and before anything is queued (the routes also
-  call `check_admission` before tokenising, so a rejected request costs no tokenisation). A request
-  fails at once with 429 and a ``Retry-After`` (the estimated seconds to drain the queue) if the
-  texts waiting plus the new ones exceed ``max_queue_size``, or if the work queued ahead of it would
-  take longer than ``max_queue_wait_seconds`` at the recent throughput (`Throughput`). The count
-  bound alone lets the wait grow with the queue: on 2 cores a flood of 32-text requests filled the
-  4,096-text queue and accepted requests waited up to 39 s. The wait bound applies only when texts
-  are queued ahead and the throughput is known, so a cold model or an idle one admits anything the
-  count bound admits, and a request larger than the bound is admitted once the queue is empty.
+* Admission (`refusal`) is decided on the event loop before anything is queued — by the server's gate
+  before a request's body is even read (`service.app.GuardMiddleware`), and again here when the texts are
+  queued. A request is refused (429, ``Retry-After`` = the estimated seconds to drain the queue) if the texts
+  waiting plus the new ones exceed ``max_queue_size`` (memory), or if at least ``queue_wait_min_requests``
+  requests are already waiting ahead of it *and* their work would take longer than ``max_queue_wait_seconds``
+  at the recent throughput (`Throughput`) — latency under a flood. The request floor is what makes the wait
+  bound hold on any CPU: a few concurrent clients are always served however large their requests and however
+  slow the CPU (the work ahead of a client among k is at most k - 1 of its own requests, wherever it runs), and
+  only a crowd of requests meets a bound in seconds. The wait bound applies only once the throughput is known
+  (a cold model admits what the count bound admits).
 * The loop takes a window of the oldest waiting texts (a few batches' worth; FIFO between windows,
   so a long text is never starved), sorts it by length, and cuts batches whose padded size
   (longest × count) stays within ``max_batch_tokens`` and whose count stays within ``max_batch_size``.
@@ -31,7 +32,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -53,7 +54,8 @@ class EmbedJob:
     out: np.ndarray  # (n, dim) float32
     future: asyncio.Future[EmbedJob]
     enqueued_at: float
-    remaining: int
+    remaining: int  # rows not yet embedded
+    unlaunched: int  # rows not yet in a launched batch
     queue_time: float = 0.0  # until its last batch started
     inference_time: float = 0.0  # sum over the batches that carried its texts
     last_batch: int = -1
@@ -111,6 +113,8 @@ class Batcher:
         max_batch_size: int,
         max_queue_size: int,
         max_queue_wait_seconds: float = 0.0,
+        queue_wait_min_requests: int = 0,
+        on_room: Callable[[], None] | None = None,
         metrics: ServiceMetrics,
     ) -> None:
         self.backend = backend
@@ -119,7 +123,10 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.max_queue_size = max_queue_size
         self.max_queue_wait_seconds = max_queue_wait_seconds
+        self.queue_wait_min_requests = queue_wait_min_requests
+        self.on_room = on_room  # told after every batch launch: the queue may have room for a waiting request
         self.throughput = Throughput()
+        self._waiting_jobs = 0  # requests with texts not yet launched in a batch
         self._pending: deque[_Item] = deque()
         self._window: deque[_Item] = deque()  # sorted, longest first; drained before the next window
         self._queued = 0
@@ -146,27 +153,40 @@ class Batcher:
         """Texts waiting for a batch."""
         return self._queued
 
-    def check_admission(self, n: int) -> None:
-        """Raise 503 if the model is being unloaded, 429 (with Retry-After) if ``n`` more texts would overflow
-        the queue or wait longer than ``max_queue_wait_seconds``. Cheap and needs no tokens."""
+    @property
+    def waiting_requests(self) -> int:
+        """Requests with texts still waiting for a batch."""
+        return self._waiting_jobs
+
+    def refusal(self, n: int = 1) -> ServiceError | None:
+        """Why ``n`` more texts may not be queued now (503 while the model is unloaded, 429 with Retry-After when
+        over a bound), or None. Needs no tokens: with ``n = 1`` it is the gate's question, asked before a request's
+        body is read — is this model over its bound whatever the request holds?"""
         if self._closing:
-            raise ServiceError(ErrorKind.model_not_ready, f"model {self.name!r} is being unloaded; retry")
+            return ServiceError(ErrorKind.model_not_ready, f"model {self.name!r} is being unloaded; retry")
         if self._queued + n > self.max_queue_size:
-            raise ServiceError(
-                ErrorKind.overloaded,
-                f"model {self.name!r} is overloaded: {self._queued} texts queued, limit {self.max_queue_size}; "
-                "retry after the number of seconds in Retry-After",
-                headers={"Retry-After": str(self.retry_after())},
-            )
-        if self.max_queue_wait_seconds > 0 and self._queued > 0:
+            return self._overloaded(f"{self._queued} texts queued, limit {self.max_queue_size}")
+        if self.max_queue_wait_seconds > 0 and self._waiting_jobs >= max(self.queue_wait_min_requests, 1):
             wait = self.estimated_wait()
             if wait is not None and wait > self.max_queue_wait_seconds:
-                raise ServiceError(
-                    ErrorKind.overloaded,
-                    f"model {self.name!r} is overloaded: the texts queued ahead would take about {wait:.1f} s, "
-                    f"limit {self.max_queue_wait_seconds:g} s; retry after the number of seconds in Retry-After",
-                    headers={"Retry-After": str(self.retry_after())},
+                return self._overloaded(
+                    f"the {self._waiting_jobs} requests queued ahead would take about {wait:.1f} s, "
+                    f"limit {self.max_queue_wait_seconds:g} s"
                 )
+        return None
+
+    def check_admission(self, n: int) -> None:
+        """Raise `refusal`'s error, if any."""
+        err = self.refusal(n)
+        if err is not None:
+            raise err
+
+    def _overloaded(self, why: str) -> ServiceError:
+        return ServiceError(
+            ErrorKind.overloaded,
+            f"model {self.name!r} is overloaded: {why}; retry after the number of seconds in Retry-After",
+            headers={"Retry-After": str(self.retry_after())},
+        )
 
     def estimated_wait(self) -> float | None:
         """Seconds until a text queued now would start: the queued tokens plus what is left of the running
@@ -187,8 +207,10 @@ class Batcher:
             future=loop.create_future(),
             enqueued_at=time.perf_counter(),
             remaining=n,
+            unlaunched=n,
         )
         self._pending.extend(_Item(job, row, tok) for row, tok in enumerate(tokens))
+        self._waiting_jobs += 1
         self._queued += n
         self._queued_tokens += sum(_cost(tok) for tok in tokens)
         self._queue_gauge.set(self._queued)
@@ -272,12 +294,18 @@ class Batcher:
             if self._window:
                 break
         self._queued -= len(batch)
+        for item in batch:
+            item.job.unlaunched -= 1
+            if item.job.unlaunched == 0:
+                self._waiting_jobs -= 1
         self._queue_gauge.set(self._queued)
         self._running_tokens = sum(_cost(item.tokens) for item in batch)
         self._queued_tokens -= self._running_tokens
         self._running_since = time.perf_counter()
         self._m_batch_size.observe(len(batch))
         self._m_batch_tokens.observe(width * len(batch))
+        if self.on_room is not None:
+            self.on_room()
         return batch
 
     def _deliver(self, batch: list[_Item], embeddings: np.ndarray, started: float, finished: float) -> None:
@@ -310,6 +338,7 @@ class Batcher:
         self._queued = 0
         self._queued_tokens = 0
         self._running_tokens = 0
+        self._waiting_jobs = 0
         self._queue_gauge.set(0)
         self._fail(waiting, err)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
+
+
+def _no_one_waits() -> None:
+    pass
 
 
 @dataclass(eq=False)
@@ -52,6 +57,8 @@ class ModelManager:
         self._poller: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._refresh_lock = asyncio.Lock()
+        # Called whenever a model's queue may have room again (a batch launched): the admission gate's wake-up.
+        self.on_room: Callable[[], None] = _no_one_waits
 
     # ---------------------------------------------------------------------------------- lookup
     @property
@@ -146,6 +153,8 @@ class ModelManager:
             max_batch_size=self.settings.max_batch_size,
             max_queue_size=self.settings.max_queue_size,
             max_queue_wait_seconds=self.settings.max_queue_wait_seconds,
+            queue_wait_min_requests=self.settings.queue_wait_min_requests,
+            on_room=lambda: self.on_room(),
             metrics=self.metrics,
         )
         log.info(

@@ -160,6 +160,35 @@ def test_error_table_rows(make_app):
         )  # fmt: skip
 
 
+def test_the_schema_declares_what_the_text_checks_refuse(client):
+    """Every text a route takes is declared non-empty and every list of them non-empty (the 422s above), so generated
+    clients and schema validators refuse what the server refuses."""
+    schema = client.get("/openapi.json").json()
+
+    def resolve(node: dict) -> dict:
+        while "$ref" in node:
+            node = schema["components"]["schemas"][node["$ref"].rsplit("/", 1)[1]]
+        return node
+
+    def leaves(node: dict) -> list[dict]:
+        node = resolve(node)
+        if "anyOf" in node:
+            return [leaf for option in node["anyOf"] for leaf in leaves(option)]
+        if node.get("type") == "object":
+            return [leaf for field in node["properties"].values() for leaf in leaves(field)]
+        if node.get("type") == "array":
+            return [node, *leaves(node["items"])]
+        return [node]
+
+    fields = {"/v1/embeddings": "input", "/embed": "inputs", "/": "inputs", "/similarity": "inputs"}
+    for path, field in fields.items():
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        found = leaves(resolve(body)["properties"][field])
+        assert {leaf["type"] for leaf in found} == {"string", "array"}, (path, found)
+        for leaf in found:
+            assert leaf.get("minLength" if leaf["type"] == "string" else "minItems") == 1, (path, leaf)
+
+
 def test_chunked_body_over_the_limit_is_413(make_app):
     app = make_app(max_body_bytes=1024)
 

@@ -185,7 +185,8 @@ def test_wait_bound_rejects_when_the_queue_ahead_would_take_too_long(publish_fak
         return info.value
 
     err = asyncio.run(run())
-    assert err.kind is ErrorKind.overloaded and "about 1.2 s, limit 1 s" in err.message
+    assert err.kind is ErrorKind.overloaded
+    assert "the 2 requests queued ahead would take about 1.2 s, limit 1 s" in err.message
     assert err.headers["Retry-After"] == "2"  # the queue drains in 1.2 s
 
 
@@ -214,7 +215,7 @@ def test_wait_bound_admits_what_the_count_bound_admits_when_cold_idle_or_off(pub
 
 
 def test_wait_bound_429_comes_before_tokenising_and_is_counted(make_app, serve):
-    app = make_app(max_queue_wait_seconds=1.0)
+    app = make_app(max_queue_wait_seconds=1.0, queue_wait_min_requests=1, overload_hold_seconds=0)
 
     async def traffic(url: str) -> tuple[httpx.Response, list[httpx.Response]]:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -238,6 +239,7 @@ def test_wait_bound_429_comes_before_tokenising_and_is_counted(make_app, serve):
     assert rejected.status_code == 429 and rejected.json()["error"]["code"] == "queue_full"
     assert "limit 1 s" in rejected.json()["error"]["message"] and int(rejected.headers["retry-after"]) >= 4
     assert "turned away" not in tokenized and "queued next" in tokenized
+    # fake-b has room, so the gate let it in (it could have named fake-b); fake-a refused it once the body said so
     line = 'embed_request_failures_total{error_type="queue_full",model="fake-a",route="/embed"}'
     assert f"{line} 1.0" in metrics
 
@@ -262,3 +264,48 @@ def test_close_fails_what_cannot_finish_within_the_grace_period(publish_fake, tm
     for err in (first, second):
         assert isinstance(err, ServiceError) and err.kind is ErrorKind.shutting_down
     assert backend.closed
+
+
+def test_the_wait_bound_spares_the_first_requests_whatever_their_size(publish_fake, tmp_path, fake_backend_cls):
+    backend = fake_backend_cls(publish_fake(tmp_path, "m", max_seq_length=64))
+
+    async def run() -> ServiceError:
+        batcher = _batcher(backend, max_queue_wait_seconds=0.1, queue_wait_min_requests=3)  # not started
+        batcher.throughput.update(10, 1.0)  # 10 tokens/s: one 60-token request is 6 s of work
+        for _ in range(3):  # 0, 1, then 2 requests ahead: fewer than 3, so the 0.1 s bound does not apply
+            batcher.submit(backend.tokenize([_text(60)]))
+        assert batcher.waiting_requests == 3 and batcher.estimated_wait() == pytest.approx(18)
+        with pytest.raises(ServiceError) as info:
+            batcher.submit(backend.tokenize([_text(3)]))  # 3 requests ahead and 18 s of work
+        await batcher.close(timeout=0.1)
+        return info.value
+
+    err = asyncio.run(run())
+    assert "the 3 requests queued ahead would take about 18.0 s, limit 0.1 s" in err.message
+
+
+def test_a_few_bulk_clients_are_served_whole_on_a_model_far_slower_than_the_wait_bound(make_app, serve):
+    """Eight clients sending big requests back to back: each waits behind at most seven requests of the others, so the
+    default request floor admits every one, however long that work takes (here 0.8 s ahead against a 0.05 s bound);
+    with the floor at 1 the same load is turned away."""
+
+    async def clients(url: str) -> list[int]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+            async def one(i: int) -> list[int]:
+                statuses = []
+                for k in range(3):
+                    texts = [f"client {i} request {k} text {j}" for j in range(8)]
+                    statuses.append((await client.post("/embed", json={"inputs": texts})).status_code)
+                return statuses
+
+            return [status for statuses in await asyncio.gather(*(one(i) for i in range(8))) for status in statuses]
+
+    statuses = {}
+    for floor in (16, 1):
+        app = make_app(max_queue_wait_seconds=0.05, queue_wait_min_requests=floor, overload_hold_seconds=0)
+        with serve(app) as (url, _):
+            app.state.embedding_service.models.get("fake-a").backend.delay_s = 0.05  # one batch of 8 texts: 0.05 s
+            statuses[floor] = asyncio.run(clients(url))
+    assert statuses[16] == [200] * 24
+    assert 429 in statuses[1]
