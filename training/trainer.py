@@ -36,9 +36,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from core.corpora import CUSTOM_CORPUS
 from core.model_folder import RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
 from core.text import CropRule, choose_crop_rule
-from evaluation.data import CUSTOM_CORPUS
 from training.config import TrainConfig
 from training.data import ScoredPair, corpus_names, load_corpus, load_scored_pairs, split_documents, text_units
 from training.encoder import Encoder

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 
 from adapt.store import FAILED, INTERRUPTED, JobStore
 from core import registry
-from evaluation.data import lee_background
+from core.corpora import lee_background
 from service.app import create_app
 from service.settings import ServiceSettings
 
