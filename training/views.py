@@ -112,7 +112,6 @@ def length_buckets(examples: list[Example], batch_size: int, rng: random.Random)
     return [example for batch in full + [b for b in batches if len(b) < batch_size] for example in batch]
 
 
-
 class PairStream:
     """A deterministic, resumable stream of batches of two views.
 
