@@ -1,9 +1,10 @@
 """Corpus intake for /adapt, checked in the API process before a job is queued (torch-free).
 
-A corpus arrives as ``texts`` (+ optional ``labels``) in the JSON body, or as an uploaded file:
-JSONL (one JSON string, or one object with ``text`` and optional ``label``, per line) or plain
-text (documents separated by blank lines). It is stored per job as ``corpus.jsonl`` and deleted
-when the job ends unless the service is told to keep uploads.
+A corpus arrives as ``texts`` (+ optional ``labels``) in the JSON body, or as an uploaded file read by the
+project's one corpus reader, `core.corpus_files` (the one `embedder train` reads files with): JSONL (one JSON
+string, or one object with ``text`` and optional ``label``, per line), a JSON array, Parquet, or plain text
+(documents separated by blank lines; one per line when the file has no blank line). It is stored per job as
+``corpus.jsonl`` and deleted when the job ends unless the service is told to keep uploads.
 
 Whether a document can feed crop pairs is `core.text.can_crop`: the most permissive rule the worker's
 `core.text.choose_crop_rule` may fall back to (two sentences, or two halves of a long enough document —
@@ -15,7 +16,6 @@ out only documents that rule can crop, and reports its yield.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ from typing import Any
 
 from adapt.settings import AdaptSettings
 from adapt.store import TERMINAL_STATES, Ended
+from core.corpus_files import read_corpus_bytes
 from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop
 
 CORPUS_FILE = "corpus.jsonl"
@@ -53,40 +54,11 @@ class Corpus:
 
 
 def parse_upload(data: bytes, filename: str | None = None) -> tuple[list[str], list[str] | None]:
-    """Parse an uploaded corpus: JSONL (strings or ``{"text", "label"}`` objects) or blank-line-separated text."""
-    try:
-        content = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise CorpusError(f"the uploaded corpus is not UTF-8 text ({err}); re-encode it as UTF-8") from err
-    lines = [line for line in content.splitlines() if line.strip()]
-    looks_jsonl = (filename or "").endswith((".jsonl", ".ndjson")) or (
-        bool(lines) and lines[0].lstrip()[:1] in ("{", '"')
-    )
-    if not looks_jsonl:
-        docs = [doc.strip() for doc in re.split(r"\n\s*\n", content) if doc.strip()]
-        return docs, None
-    texts: list[str] = []
-    labels: list[str] = []
-    for number, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusError(f"line {number} of the uploaded JSONL is not valid JSON: {err.msg}") from err
-        if isinstance(record, str):
-            texts.append(record)
-        elif isinstance(record, dict) and isinstance(record.get("text"), str):
-            texts.append(record["text"])
-            if "label" in record:
-                labels.append(str(record["label"]))
-        else:
-            raise CorpusError(f'line {number} of the uploaded JSONL must be a string or an object with a "text" string')
-    if labels and len(labels) != len(texts):
-        raise CorpusError(
-            f"{len(labels)} of {len(texts)} JSONL records have a label: give every record a label, or none"
-        )
-    return texts, (labels or None)
+    """Parse an uploaded corpus with the project's one corpus reader (`core.corpus_files`): JSONL (strings or
+    ``{"text", "label"}`` objects), a JSON array, Parquet, or text whose documents are separated by blank lines
+    (one per line when the file has no blank line)."""
+    corpus = read_corpus_bytes(data, filename)
+    return corpus.texts, corpus.labels
 
 
 def check_corpus(texts: list[str], labels: list[str] | None, limits: AdaptSettings) -> Corpus:

@@ -48,7 +48,7 @@ PROBE_TEXT = "How do I reset the password of my account?"
 
 
 def load_corpus(name: str, documents: int, seed: int, max_chars: int) -> tuple[list[str], list[str] | None]:
-    from evaluation.data import aclsum_body_paragraphs, bbc_split
+    from core.corpora import aclsum_body_paragraphs, bbc_split
 
     if name == "acl":
         texts, labels = list(aclsum_body_paragraphs()), None

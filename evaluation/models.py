@@ -68,7 +68,7 @@ class EmbeddingModel(ABC):
 
     @property
     def trained_on(self) -> tuple[str, ...]:
-        """The corpora the model declares it was trained or adapted on (`evaluation.data.CORPUS_DOMAINS` names,
+        """The corpora the model declares it was trained or adapted on (`core.corpora.CORPUS_DOMAINS` names,
         ``custom``, ``adapt:<name>``); empty when none is declared (training data unknown)."""
         return ()
 

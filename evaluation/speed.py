@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from evaluation import data
+from core import corpora
 from evaluation.models import EmbeddingModel, load_model
 
 BATCH_SIZES = (1, 32)
@@ -25,7 +25,7 @@ WARMUP_CALLS = 2
 
 def speed_texts() -> dict[str, list[str]]:
     """``{"short": [...], "long": [...]}`` from the Lee background corpus."""
-    docs = list(data.lee_background())
+    docs = list(corpora.lee_background())
     firsts = [re.split(r"(?<=\.)\s+", doc, maxsplit=1)[0] for doc in docs]
     return {"short": firsts, "long": docs}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from evaluation import data
+from core import corpora
 from evaluation.adapter import EmbeddingMemo
 from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
 from evaluation.gate import GateResult, check
@@ -61,7 +61,7 @@ def compute_diagnostics(memo: EmbeddingMemo, *, fast: bool = False) -> dict[str,
     crop pairs (alignment). Parts whose data is missing are left out."""
     out: dict[str, float] = {}
     try:
-        texts, labels = data.bbc_articles()
+        texts, labels = corpora.bbc_articles()
         if fast:
             train, test = bbc_task_split(True)
             idx = sorted(train + test)
@@ -71,7 +71,7 @@ def compute_diagnostics(memo: EmbeddingMemo, *, fast: bool = False) -> dict[str,
         out["bbc_knn10_cosine_9to1"] = 100 * knn_accuracy(emb, labels, k=10, metric="cosine", split=0.9)
         out["bbc_effective_rank"] = effective_rank(emb)
         out["bbc_uniformity_t2"] = uniformity(emb, t=2)
-    except data.DataUnavailableError:
+    except corpora.DataUnavailableError:
         pass
     try:
         pairs = CropPairRetrieval(fast=fast).crop_pairs()
@@ -79,7 +79,7 @@ def compute_diagnostics(memo: EmbeddingMemo, *, fast: bool = False) -> dict[str,
         positives = memo.embed([p for _, p in pairs])
         out["crop_alignment_a2"] = alignment(queries, positives)
         out["crop_uniformity_t2"] = uniformity(positives, t=2)
-    except data.DataUnavailableError:
+    except corpora.DataUnavailableError:
         pass
     return {k: round(float(v), 4) for k, v in out.items()}
 

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()  # a recipe's own device / num_threads still win
-    result = train(config, device=settings.device, threads=settings.num_threads)
+    result = train(config, device=settings.device, threads=settings.num_threads, cache_dir=settings.cache_dir)
     print(
         json.dumps(
             {

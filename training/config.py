@@ -26,6 +26,7 @@ import difflib
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,11 +283,24 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
     return values
 
 
+# Built-in recipes that were renamed, old name → new: a recipe is named for what it trains (issue 20), and a name
+# that scripts already use keeps working (with a warning that says what it now is).
+RENAMED_RECIPES = {"sct-tiny-pca": "distil-tiny-pca"}
+
+
 def resolve_recipe(name_or_path: str | Path) -> Path:
-    """A recipe file path, or the name of a built-in recipe (``sct-tiny`` → training/recipes/sct-tiny.toml)."""
+    """A recipe file path, or the name of a built-in recipe (``sct-tiny`` → training/recipes/sct-tiny.toml; a renamed
+    recipe's old name resolves to its new file, `RENAMED_RECIPES`)."""
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if str(name_or_path) in RENAMED_RECIPES:
+        new = RENAMED_RECIPES[str(name_or_path)]
+        warnings.warn(
+            f"recipe {str(name_or_path)!r} is now called {new!r} (named for its objective); running {new!r}",
+            stacklevel=3,
+        )
+        name_or_path = new
     builtin = RECIPES_DIR / f"{name_or_path}.toml"
     if builtin.is_file():
         return builtin

@@ -1,66 +1,48 @@
-"""Training corpora: local files through 🤗 ``datasets`` and the offline built-in corpora.
+"""Training corpora: the offline built-in corpora, corpus files, and the whole-text units distillation trains on.
 
 A corpus is a list of *documents* (strings); views (crops, dropout, token augmentations) are made
 from them by `core.text` and `training.views`. Built-in corpora (see docs/OFFLINE.md) never include a text that an
-evaluation task scores:
+evaluation task scores; each has a domain in `core.corpora.CORPUS_DOMAINS`:
 
 | name | documents |
 |---|---|
 | ``aclsum`` | body paragraphs of the 250 ACLSum papers (the evaluated abstracts and summaries are not used) |
-| ``bbc`` | the BBC News *train* split defined by `evaluation.data` (its test split is what evaluation scores) |
+| ``bbc`` | the BBC News *train* split of `core.corpora.bbc_split` (its test split is what evaluation scores) |
 | ``enwiki`` | paragraphs of gensim's shortened English Wikipedia dump (106 articles) |
 | ``lee_background`` | gensim's 300 Lee background news documents (not the 50 scored ``lee.cor`` documents) |
 
-Files: ``.txt`` (one document per line), ``.jsonl``/``.json`` (a ``text`` field), ``.parquet``
-(a ``text`` column), or a folder of ``.txt`` files (one document per file).
+Files and folders are read by `core.corpus_files` — the reader /adapt uploads go through too, so one file is one
+corpus everywhere (a ``.txt`` holds documents separated by blank lines, or one per line when it has no blank line).
 """
 
 from __future__ import annotations
 
 import bz2
-import importlib
 import json
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import evaluation.data
-from core.settings import get_settings
+from core import corpora
+from core.corpus_files import read_corpus_file
 from core.text import CorpusError, hold_out, split_sentences
 
 MIN_PARAGRAPH_CHARS = 200
 MIN_SENTENCE_CHARS = 40  # shorter "sentences" are mostly split debris ("Fig.", "et al.", list items)
 
 
-def _site_file(package: str, *parts: str) -> Path:
-    module = importlib.import_module(package)
-    return Path(module.__file__).parent.joinpath(*parts)  # type: ignore[arg-type]
-
-
-def aclsum_body_paragraphs() -> list[str]:
-    """Body paragraphs of the ACLSum papers (abstracts and summaries are evaluation data: excluded)."""
-    return list(evaluation.data.aclsum_body_paragraphs())  # the evaluation package owns the split
-
-
 def bbc_train_texts() -> list[str]:
-    """BBC News train split, as defined by the evaluation package (its test split is evaluated)."""
-    texts, _labels = evaluation.data.bbc_split("train")
-    return list(texts)
-
-
-def lee_background() -> list[str]:
-    """gensim's 300 Lee background documents (disjoint from the 50 scored ``lee.cor`` documents)."""
-    return list(evaluation.data.lee_background())
+    """BBC News train split (`core.corpora.bbc_split`; its test split is evaluated)."""
+    texts, _labels = corpora.bbc_split("train")
+    return texts
 
 
 def enwiki_paragraphs() -> list[str]:
     """Plain-text paragraphs (≥ 200 characters) of gensim's shortened Wikipedia dump."""
     from gensim.corpora.wikicorpus import extract_pages, filter_wiki
 
-    path = _site_file(
-        "gensim", "test", "test_data", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-    )
+    path = corpora.gensim_test_file("enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
     paragraphs = []
     with bz2.open(path) as handle:
         for _title, text, _page_id in extract_pages(handle):
@@ -72,30 +54,11 @@ def enwiki_paragraphs() -> list[str]:
 
 
 BUILTIN_CORPORA: dict[str, Callable[[], list[str]]] = {
-    "aclsum": aclsum_body_paragraphs,
-    "bbc": bbc_train_texts,
-    "enwiki": enwiki_paragraphs,
-    "lee_background": lee_background,
+    corpora.CORPUS_ACLSUM: corpora.aclsum_body_paragraphs,
+    corpora.CORPUS_BBC: bbc_train_texts,
+    corpora.CORPUS_ENWIKI: enwiki_paragraphs,
+    corpora.CORPUS_LEE_BACKGROUND: lambda: list(corpora.lee_background()),
 }
-
-
-def _load_with_datasets(path: Path) -> list[str]:
-    import datasets
-
-    suffix = path.suffix.lower()
-    builder = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(suffix)
-    if builder is None:
-        raise CorpusError(f"{path}: unsupported corpus file type {suffix!r}; use .txt, .jsonl, .json or .parquet")
-    cache_dir = str(get_settings().cache_dir / "datasets")
-    verbosity = datasets.logging.get_verbosity()
-    datasets.logging.set_verbosity_error()
-    try:
-        table = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
-    finally:
-        datasets.logging.set_verbosity(verbosity)
-    if "text" not in table.column_names:
-        raise CorpusError(f"{path}: no 'text' column/field (found {table.column_names})")
-    return [t for t in table["text"] if isinstance(t, str) and t.strip()]
 
 
 def _builtin_names(spec: str | Path | Sequence[str]) -> list[str] | None:
@@ -106,8 +69,8 @@ def _builtin_names(spec: str | Path | Sequence[str]) -> list[str] | None:
 
 def corpus_names(spec: str | Path | Sequence[str]) -> list[str]:
     """What a model trained on ``spec`` records as ``trained_on`` (recipe.json, the bundle manifest): the
-    built-in corpus names (their domains are `evaluation.data.CORPUS_DOMAINS`), or ``custom`` for a path or texts."""
-    return _builtin_names(spec) or [evaluation.data.CUSTOM_CORPUS]
+    built-in corpus names (their domains are `core.corpora.CORPUS_DOMAINS`), or ``custom`` for a path or texts."""
+    return _builtin_names(spec) or [corpora.CUSTOM_CORPUS]
 
 
 def load_corpus(spec: str | Path | Sequence[str], *, max_documents: int | None = None, seed: int = 0) -> list[str]:
@@ -120,13 +83,8 @@ def load_corpus(spec: str | Path | Sequence[str], *, max_documents: int | None =
         documents = [doc for name in names for doc in BUILTIN_CORPORA[name]()]
     elif isinstance(spec, str | Path):
         path = Path(spec).expanduser()
-        if path.is_dir():
-            files = sorted(path.rglob("*.txt"))
-            if not files:
-                raise CorpusError(f"corpus folder {path} holds no .txt files")
-            documents = [f.read_text(errors="replace").strip() for f in files]
-        elif path.is_file():
-            documents = _load_with_datasets(path)
+        if path.exists():
+            documents = read_corpus_file(path).texts
         else:
             raise CorpusError(
                 f"corpus {str(spec)!r} is neither a built-in corpus {sorted(BUILTIN_CORPORA)} nor an existing path"

@@ -36,9 +36,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from core.corpora import CUSTOM_CORPUS
 from core.model_folder import RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
 from core.text import CropRule, choose_crop_rule
-from evaluation.data import CUSTOM_CORPUS
 from training.config import TrainConfig
 from training.data import ScoredPair, corpus_names, load_corpus, load_scored_pairs, split_documents, text_units
 from training.encoder import Encoder
@@ -280,6 +280,8 @@ class Run:
         return patience is not None and state.bad_evaluations >= patience
 
     def save_checkpoint(self) -> None:
+        if self.targets is not None:
+            self.targets.save()
         self.state.save(
             self.out / "checkpoint",
             model=self.models.student,
@@ -305,6 +307,7 @@ def train(
     device: str | torch.device | None = None,
     threads: int | None = None,
     crop_rule: CropRule | None = None,
+    cache_dir: Path | None = None,
 ) -> TrainResult:
     """Run one training recipe; see the module docstring for what it writes.
 
@@ -315,6 +318,8 @@ def train(
     ``device`` and ``threads`` are the caller's choice (the CLI passes ``EMBED_DEVICE`` / ``EMBED_NUM_THREADS``);
     a recipe's own ``device`` / ``num_threads`` take precedence. Without either: CPU, and torch's thread default.
     ``crop_rule`` replaces the recipe's rule (/adapt trains and evaluates with the one rule it chose).
+    ``cache_dir`` keeps what outlives a run: with whole-text views, the teacher's embeddings of the training texts
+    (``cache_dir/teacher-embeddings``, `TeacherTargets`), reused by the next run of the same teacher.
     """
     threads = config.num_threads or threads
     if threads:
@@ -328,7 +333,7 @@ def train(
     data = load_training_data(config, crop_rule)
     models = build_models(config, run_device, data.validation)
     student, reference = models.student, models.reference
-    validation, targets, setup = _teacher_side(config, data, reference)
+    validation, targets, setup = _teacher_side(config, data, reference, cache_dir)
     stream = PairStream(config, data.documents, data.rule, student.tokenizer.mask_token or "[MASK]", data.scored_pairs)
     objective = build_objective(config, student.dim, reference.dim if reference else None, models.distillation)
     regularisers = build_regularisers(config, student)  # before a resume loads trained weights into the student
@@ -386,7 +391,8 @@ def train(
             state.best_step = state.step
 
     if targets is not None:
-        setup["teacher_embedded_texts"] = len(targets)
+        setup["teacher_embedded_texts"] = targets.computed
+        setup["teacher_vectors_from_cache"] = targets.loaded
     result = TrainResult(
         output_dir=out,
         best_dir=out / "best",
@@ -413,10 +419,11 @@ def train(
 
 
 def _teacher_side(
-    config: TrainConfig, data: TrainingData, reference: Encoder | None
+    config: TrainConfig, data: TrainingData, reference: Encoder | None, cache_dir: Path | None
 ) -> tuple[Validation | None, TeacherTargets | None, dict[str, float]]:
     """What needs the loaded teacher: the teacher-fidelity validation (with the seconds its teacher embeddings took,
-    not training time) and, for whole-text views, the memo of the teacher's embeddings of the training texts."""
+    not training time) and, for whole-text views, the memo of the teacher's embeddings of the training texts (kept
+    under ``cache_dir`` between runs when one is given)."""
     validation, targets, setup = data.validation, None, {}
     if reference is None:
         return validation, targets, setup
@@ -425,7 +432,7 @@ def _teacher_side(
         validation = TeacherFidelityValidation(data.held_out_texts, reference, seed=config.seed)
         setup["fidelity_setup_s"] = round(time.perf_counter() - tick, 1)
     if config.views == "texts":
-        targets = TeacherTargets(reference)
+        targets = TeacherTargets(reference, cache_dir / "teacher-embeddings" if cache_dir is not None else None)
     return validation, targets, setup
 
 

@@ -24,6 +24,7 @@ from training.data import ScoredPair
 # --- token-level augmentations -------------------------------------------------------------------
 
 Tokens = TypeVar("Tokens", str, list[str])
+Example = tuple[str, str, float]  # (view 1, view 2, score)
 
 
 def _tokens(text_or_tokens: str | list[str]) -> list[str]:
@@ -90,6 +91,26 @@ def augment_text(
 
 # --- the trainer's stream of view pairs ----------------------------------------------------------
 
+BUCKET_POOL_BATCHES = 32  # batches whose examples are sorted by length together
+
+
+def length_buckets(examples: list[Example], batch_size: int, rng: random.Random) -> list[Example]:
+    """Reorder shuffled ``examples`` so that each run of ``batch_size`` holds texts of similar length: every pool of
+    `BUCKET_POOL_BATCHES` batches is sorted by character length and cut into batches, and all batches are shuffled.
+
+    A batch is padded to its longest text, so a sentence batched with a 128-token paragraph costs the paragraph's
+    compute: on whole-text distillation (paragraphs and their sentences mixed) this halves the tokens a step
+    processes. Which examples an epoch holds is unchanged; only who shares a batch is.
+    """
+    pool = batch_size * BUCKET_POOL_BATCHES
+    batches: list[list[Example]] = []
+    for start in range(0, len(examples), pool):
+        ordered = sorted(examples[start : start + pool], key=lambda example: len(example[0]))
+        batches += [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    full = [batch for batch in batches if len(batch) == batch_size]
+    rng.shuffle(full)
+    return [example for batch in full + [b for b in batches if len(b) < batch_size] for example in batch]
+
 
 class PairStream:
     """A deterministic, resumable stream of batches of two views.
@@ -100,7 +121,8 @@ class PairStream:
 
     ``crop``: two distinct crops of a document. ``dropout``: one crop twice (the encoder's dropout makes the
     views). ``tokens``: one crop, token-augmented twice. ``crop+tokens``: two crops, each token-augmented.
-    ``texts``: each document whole, as both views (distillation on the texts themselves).
+    ``texts``: each document whole, as both views (distillation on the texts themselves), batched by length
+    (`length_buckets`).
     """
 
     def __init__(
@@ -157,6 +179,8 @@ class PairStream:
                 else:
                     examples.append((pair[0], pair[1], 0.0))
         rng.shuffle(examples)
+        if self.config.views == "texts":
+            examples = length_buckets(examples, self.config.batch_size, rng)
         self._cache = {epoch: examples}
         return examples
 

@@ -12,8 +12,8 @@
 | `PyDocSummaryRetrieval` | 340 stdlib docstring summary lines → the rest of their docstrings | nDCG@10 |
 | `PyDocModuleClustering` | 710 stdlib docstring summary lines, 23 modules | V-measure |
 
-Every task class names the corpus its texts come from in ``source_corpus`` (`evaluation.data.CORPUS_*`); its domain
-(`evaluation.data.CORPUS_DOMAINS`) decides, per model, whether the task is in-domain or out-of-domain.
+Every task class names the corpus its texts come from in ``source_corpus`` (`core.corpora.CORPUS_*`); its domain
+(`core.corpora.CORPUS_DOMAINS`) decides, per model, whether the task is in-domain or out-of-domain.
 """
 
 from __future__ import annotations

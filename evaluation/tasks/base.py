@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 from mteb.abstasks.task_metadata import TaskMetadata
 
-from evaluation.data import DataUnavailableError
+from core.corpora import DataUnavailableError
 
 
 def offline_metadata(
@@ -51,8 +51,8 @@ class OfflineTask(ABC):
     dataset: Any
     data_loaded: bool
     revision: ClassVar[str] = "1"  # bump when the data or protocol changes: cached results are keyed by it
-    # the corpus the task's texts come from (an `evaluation.data.CORPUS_*` name): a model trained on any corpus of
-    # its domain (`evaluation.data.CORPUS_DOMAINS`) is in-domain on this task, and reports average it apart
+    # the corpus the task's texts come from (a `core.corpora.CORPUS_*` name): a model trained on any corpus of
+    # its domain (`core.corpora.CORPUS_DOMAINS`) is in-domain on this task, and reports average it apart
     source_corpus: str
 
     def __init__(self, fast: bool = False, seed: int = 42, **kwargs: Any) -> None:

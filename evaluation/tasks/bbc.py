@@ -1,6 +1,6 @@
 """BBC News (2,125 distinct articles of the 2,225 files, 5 classes): clustering, a linear probe and kNN accuracy.
 
-The probe and kNN tasks share one seeded, stratified 70/30 split (`evaluation.data.bbc_split`):
+The probe and kNN tasks share one seeded, stratified 70/30 split (`core.corpora.bbc_split`):
 classifiers fit on the train part and score the test part. Clustering scores every article.
 """
 
@@ -14,7 +14,7 @@ from mteb.abstasks.clustering import AbsTaskClustering
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 
-from evaluation import data
+from core import corpora
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
 FAST_TRAIN_PER_CLASS = 6
@@ -23,7 +23,7 @@ REFERENCE = "http://mlg.ucd.ie/datasets/bbc.html"
 
 
 def _subset(indices: list[int], per_class: int) -> list[int]:
-    _texts, labels = data.bbc_articles()
+    _texts, labels = corpora.bbc_articles()
     taken: dict[str, int] = {}
     chosen = []
     for i in indices:
@@ -35,7 +35,7 @@ def _subset(indices: list[int], per_class: int) -> list[int]:
 
 def bbc_task_split(fast: bool, seed: int = 0) -> tuple[list[int], list[int]]:
     """Train/test article indices the supervised BBC tasks use (fast: a few per class of each part)."""
-    train, test = data.bbc_split_indices(seed=seed)
+    train, test = corpora.bbc_split_indices(seed=seed)
     if fast:
         return _subset(train, FAST_TRAIN_PER_CLASS), _subset(test, FAST_TEST_PER_CLASS)
     return train, test
@@ -43,14 +43,14 @@ def bbc_task_split(fast: bool, seed: int = 0) -> tuple[list[int], list[int]]:
 
 class _BBCData(OfflineTask):
     revision = "3"  # 2: duplicates dropped, UTF-8 decoding; 3: sampling reseeded per evaluation
-    source_corpus = data.CORPUS_BBC
+    source_corpus = corpora.CORPUS_BBC
 
     def check_data(self) -> None:
-        data.bbc_articles()
+        corpora.bbc_articles()
 
     def _split_dataset(self) -> DatasetDict:
-        texts, labels = data.bbc_articles()
-        label_ids = {name: i for i, name in enumerate(data.BBC_CLASSES)}
+        texts, labels = corpora.bbc_articles()
+        label_ids = {name: i for i, name in enumerate(corpora.BBC_CLASSES)}
         train, test = bbc_task_split(self.fast)
         return DatasetDict(
             {
@@ -77,7 +77,7 @@ class BBCNewsClustering(_BBCData, AbsTaskClustering):
     max_fraction_of_documents_to_embed = None
 
     def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
-        texts, labels = data.bbc_articles()
+        texts, labels = corpora.bbc_articles()
         if self.fast:
             train, test = bbc_task_split(True)
             indices = sorted(train + test)

@@ -8,7 +8,8 @@ from datasets import Dataset
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
-from evaluation import data, frozen_corpora
+from core import corpora
+from evaluation import frozen_corpora
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
 FAST_CHAPTERS = 2
@@ -32,7 +33,7 @@ class BibleParaphraseRetrieval(OfflineTask, AbsTaskRetrieval):
         "Open English Bible verses retrieve the same verse in the American Standard Version (1901) among 64 chapters.",
         "https://openenglishbible.org/",
     )
-    source_corpus = data.CORPUS_BIBLE
+    source_corpus = corpora.CORPUS_BIBLE
 
     def check_data(self) -> None:
         frozen_corpora.bible_parallel_verses()

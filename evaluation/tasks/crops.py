@@ -18,8 +18,8 @@ from datasets import Dataset
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
+from core import corpora
 from core.text import CropRule, choose_crop_rule, crop_yield
-from evaluation import data
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
 FAST_DOCUMENTS = 24
@@ -39,7 +39,7 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
         "ndcg_at_10",
         "Self-supervised: a crop of each document retrieves another crop of the same document.",
     )
-    source_corpus = data.CORPUS_LEE_BACKGROUND  # a task built from a corpus names it after the task
+    source_corpus = corpora.CORPUS_LEE_BACKGROUND  # a task built from a corpus names it after the task
 
     def __init__(
         self,
@@ -95,11 +95,11 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
         return cls(fast=fast, seed=seed, texts=list(texts), name=name, max_documents=max_documents, rule=rule)
 
     def _documents(self) -> list[str]:
-        return list(data.lee_background()) if self._texts is None else self._texts
+        return list(corpora.lee_background()) if self._texts is None else self._texts
 
     def check_data(self) -> None:
         if self._texts is None:
-            data.lee_background()
+            corpora.lee_background()
 
     @property
     def cache_key(self) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict
 from mteb.abstasks.sts import AbsTaskSTS
 
+from core import corpora
 from evaluation import data
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
@@ -28,7 +29,7 @@ class LeeDocSTS(OfflineTask, AbsTaskSTS):
         "Lee et al. (2005) 50 news documents, 1,225 pairs with mean human similarity (gensim test data).",
         "https://radimrehurek.com/gensim/auto_examples/tutorials/run_doc2vec_lee.html",
     )
-    source_corpus = data.CORPUS_LEE
+    source_corpus = corpora.CORPUS_LEE
     min_score = 0
     max_score = 1
 

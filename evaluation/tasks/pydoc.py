@@ -11,7 +11,8 @@ from mteb.abstasks.clustering import AbsTaskClustering
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
-from evaluation import data, frozen_corpora
+from core import corpora
+from evaluation import frozen_corpora
 from evaluation.tasks.base import OfflineTask, offline_metadata
 
 FAST_DOCSTRINGS = 40
@@ -22,7 +23,7 @@ REFERENCE = "https://docs.python.org/3.11/library/"
 
 
 class _PyDocData(OfflineTask):
-    source_corpus = data.CORPUS_PYDOC
+    source_corpus = corpora.CORPUS_PYDOC
 
     def check_data(self) -> None:
         frozen_corpora.stdlib_docstrings()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.data import lee_background
+from core.corpora import lee_background
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from core import corpora
 from evaluation import data
 
 
@@ -16,53 +17,52 @@ def test_lee_has_50_documents_and_1225_scored_pairs() -> None:
 
 
 def test_lee_background_is_disjoint_from_the_scored_documents() -> None:
-    assert len(data.lee_background()) == 300
-    assert not set(data.lee_documents()) & set(data.lee_background())
+    assert len(corpora.lee_background()) == 300
+    assert not set(data.lee_documents()) & set(corpora.lee_background())
 
 
 def test_bbc_articles_five_classes_without_duplicates() -> None:
-    texts, labels = data.bbc_articles()
+    texts, labels = corpora.bbc_articles()
     assert len(texts) == len(labels) == 2125  # 2,225 files, 100 exact duplicates dropped
     assert len(set(texts)) == len(texts)
     assert not any("Â£" in t for t in texts)  # decoded as UTF-8, not Latin-1
-    assert set(labels) == set(data.BBC_CLASSES)
+    assert set(labels) == set(corpora.BBC_CLASSES)
 
 
 def test_bbc_split_is_stratified_disjoint_seeded() -> None:
-    train, test = data.bbc_split_indices(seed=0)
+    train, test = corpora.bbc_split_indices(seed=0)
     assert not set(train) & set(test)
     assert len(train) + len(test) == 2125
     assert abs(len(test) / 2125 - 0.3) < 0.01
-    _, labels = data.bbc_articles()
-    for label in data.BBC_CLASSES:
+    _, labels = corpora.bbc_articles()
+    for label in corpora.BBC_CLASSES:
         share = sum(labels[i] == label for i in test) / sum(lab == label for lab in labels)
         assert abs(share - 0.3) < 0.01
-    assert data.bbc_split_indices(seed=0) == (train, test)
-    assert data.bbc_split_indices(seed=1)[1] != test
-    train_texts, train_labels = data.bbc_split("train")
-    test_texts, _ = data.bbc_split("test")
+    assert corpora.bbc_split_indices(seed=0) == (train, test)
+    assert corpora.bbc_split_indices(seed=1)[1] != test
+    train_texts, train_labels = corpora.bbc_split("train")
+    test_texts, _ = corpora.bbc_split("test")
     assert len(train_texts) == len(train_labels) == len(train)
     assert not set(train_texts) & set(test_texts)
 
 
 def test_bbc_split_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="part must be 'train' or 'test'"):
-        data.bbc_split("validation")
+        corpora.bbc_split("validation")
     with pytest.raises(ValueError, match="test_fraction must be between 0 and 1"):
-        data.bbc_split_indices(test_fraction=1.5)
+        corpora.bbc_split_indices(test_fraction=1.5)
 
 
 def test_aclsum_papers_and_training_paragraphs_exclude_evaluated_text() -> None:
-    papers = data.aclsum_papers()
+    papers = corpora.aclsum_papers()
     assert len(papers) == 250
-    assert all(p.abstract and set(p.summaries) == set(data.ACLSUM_ASPECTS) for p in papers)
-    paragraphs = data.aclsum_body_paragraphs()
+    assert all(p.abstract and set(p.summaries) == set(corpora.ACLSUM_ASPECTS) for p in papers)
+    paragraphs = corpora.aclsum_body_paragraphs()
     assert len(paragraphs) > 5000
     evaluated = {p.abstract for p in papers} | {s for p in papers for s in p.summaries.values()}
     assert not evaluated & set(paragraphs)
-    assert data.acl_body_paragraphs() == paragraphs
 
 
 def test_missing_package_says_how_to_install() -> None:
-    with pytest.raises(data.DataUnavailableError, match="pip install"):
-        data.package_dir("no_such_package_for_evaluation")
+    with pytest.raises(corpora.DataUnavailableError, match="pip install"):
+        corpora.package_dir("no_such_package_for_evaluation")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from core import corpora
 from evaluation import data
 from evaluation.gate import check
 from evaluation.report import write_report
@@ -23,8 +24,8 @@ def _in_domain(trained_on: list[str]) -> set[str]:
 
 
 def test_every_task_draws_from_a_corpus_with_a_domain() -> None:
-    unmapped = {name: source for name, source in SOURCES.items() if source not in data.CORPUS_DOMAINS}
-    assert not unmapped, f"add these corpora to evaluation.data.CORPUS_DOMAINS: {unmapped}"
+    unmapped = {name: source for name, source in SOURCES.items() if source not in corpora.CORPUS_DOMAINS}
+    assert not unmapped, f"add these corpora to evaluation.corpora.CORPUS_DOMAINS: {unmapped}"
 
 
 def test_domains_are_judged_by_the_collection_not_the_file() -> None:
@@ -37,7 +38,7 @@ def test_domains_are_judged_by_the_collection_not_the_file() -> None:
     assert _in_domain(["enwiki"]) == set()
 
 
-@pytest.mark.parametrize("trained_on", [[], [data.CUSTOM_CORPUS], ["adapt:support-tickets"]])
+@pytest.mark.parametrize("trained_on", [[], [corpora.CUSTOM_CORPUS], ["adapt:support-tickets"]])
 def test_unknown_or_customer_corpora_leave_every_task_out_of_domain(trained_on: list[str]) -> None:
     assert _in_domain(trained_on) == set()
 
@@ -49,7 +50,7 @@ def test_a_crop_task_built_from_a_corpus_is_a_domain_of_its_own() -> None:
 
 
 def test_domain_split_averages_each_part() -> None:
-    sources = {"A": "aclsum", "L": "lee", "P": data.CORPUS_PYDOC}
+    sources = {"A": "aclsum", "L": "lee", "P": corpora.CORPUS_PYDOC}
     split = domain_split(["aclsum"], sources, {"A": 90.0, "L": 40.0, "P": 60.0})
     assert split["declared"] and split["trained_on"] == ["aclsum"]
     assert split["in_domain"] == {"tasks": ["A"], "average": 90.0}
@@ -88,7 +89,7 @@ def test_run_suite_marks_each_task_and_averages_the_parts(fake_model_factory: An
 
 
 def _suite_report(scores: dict[str, float], trained_on: list[str]) -> dict[str, Any]:
-    sources = {"ACLSumRetrieval": "aclsum", "LeeDocSTS": "lee", "PyDocSummaryRetrieval": data.CORPUS_PYDOC}
+    sources = {"ACLSumRetrieval": "aclsum", "LeeDocSTS": "lee", "PyDocSummaryRetrieval": corpora.CORPUS_PYDOC}
     return {"scores": scores, "skipped": {}, "domains": domain_split(trained_on, sources, scores)}
 
 

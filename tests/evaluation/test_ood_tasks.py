@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from evaluation import data, frozen_corpora
+from core import corpora
+from evaluation import frozen_corpora
 from evaluation.adapter import EmbeddingMemo
 from evaluation.suite import score_task
 from evaluation.tasks import (
@@ -96,7 +97,7 @@ def test_changed_inputs_refuse_to_run(
     monkeypatch: pytest.MonkeyPatch, task_class: type[OfflineTask], constant: str
 ) -> None:
     monkeypatch.setattr(frozen_corpora, constant, "0" * 64)
-    with pytest.raises(data.DataUnavailableError, match="the selected inputs changed"):
+    with pytest.raises(corpora.DataUnavailableError, match="the selected inputs changed"):
         task_class(fast=True).load_data()
     assert "selected inputs changed" in (task_class().unavailable_reason() or "")  # the suite skips it, with why
 
@@ -104,7 +105,7 @@ def test_changed_inputs_refuse_to_run(
 def test_check_frozen_names_the_fix() -> None:
     records = [("a", "b"), ("c", "d")]
     frozen_corpora.check_frozen("toy", records, frozen_corpora.inputs_digest(records), "unused")
-    with pytest.raises(data.DataUnavailableError, match=r"toy: the selected inputs changed .* reinstall it"):
+    with pytest.raises(corpora.DataUnavailableError, match=r"toy: the selected inputs changed .* reinstall it"):
         frozen_corpora.check_frozen("toy", records[:1], frozen_corpora.inputs_digest(records), "reinstall it")
     assert frozen_corpora.inputs_digest([("ab", "c")]) != frozen_corpora.inputs_digest([("a", "bc")])
 

@@ -11,6 +11,7 @@ from datasets import Dataset
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
+from core import corpora
 from evaluation import data
 from evaluation.adapter import EmbeddingMemo
 from evaluation.suite import score_task
@@ -47,7 +48,7 @@ def test_bbc_shapes_and_split() -> None:
     assert not set(full["train"]["text"]) & set(full["test"]["text"])
     knn = _loaded(BBCNewsKNN(fast=True)).dataset
     assert (len(knn["train"]), len(knn["test"])) == (30, 15)
-    assert set(knn["test"]["text"]) <= set(data.bbc_split("test")[0])  # fast mode keeps the split
+    assert set(knn["test"]["text"]) <= set(corpora.bbc_split("test")[0])  # fast mode keeps the split
 
 
 def test_aclsum_shapes() -> None:
@@ -59,7 +60,7 @@ def test_aclsum_shapes() -> None:
 
 
 def test_crop_pair_task_from_a_corpus() -> None:
-    docs = list(data.lee_background()[:10])
+    docs = list(corpora.lee_background()[:10])
     task = _loaded(CropPairRetrieval.from_corpus(docs, seed=0, name="CropPairRetrieval-mine"))
     assert task.metadata.name == "CropPairRetrieval-mine"
     split = task.dataset["default"]["test"]
@@ -81,9 +82,9 @@ def test_resolve_task() -> None:
 
 
 def _label_model(fake_model_factory: Any):
-    texts, labels = data.bbc_articles()
+    texts, labels = corpora.bbc_articles()
     by_text = dict(zip(texts, labels, strict=True))
-    index = {label: i for i, label in enumerate(data.BBC_CLASSES)}
+    index = {label: i for i, label in enumerate(corpora.BBC_CLASSES)}
 
     def one_hot(text: str) -> list[float]:
         row = [0.0] * 6
@@ -150,7 +151,7 @@ def test_sts_is_spearman_of_cosine(fake_model_factory: Any) -> None:
 
 
 def test_crop_stats_are_available_without_loading(fake_model_factory: Any) -> None:
-    task = CropPairRetrieval.from_corpus(list(data.lee_background()[:8]), name="CropPairRetrieval-stats")
+    task = CropPairRetrieval.from_corpus(list(corpora.lee_background()[:8]), name="CropPairRetrieval-stats")
     assert task.crop_stats["documents"] == 8 and task.crop_stats["pairs"] >= 2
     assert task.crop_stats["rule"]
 

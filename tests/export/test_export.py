@@ -199,7 +199,7 @@ def test_truncated_export_equals_truncated_torch(tiny_bert_path: Path, tmp_path:
 
 
 def test_output_layer_is_in_the_graph(minilm_l3_path: Path, tmp_path: Path, varied_texts: list[str]) -> None:
-    """A student's Dense output layer (128 → 384 in sct-tiny-pca) is traced with the rest: the bundle's vectors
+    """A student's Dense output layer (128 → 384 in distil-tiny-pca) is traced with the rest: the bundle's vectors
     are the torch model's, at the output layer's width."""
     student = tiny_bert_student(Encoder.from_pretrained(minilm_l3_path), hidden_size=32, num_heads=2, output_dim=384)
     student.save(tmp_path / "student")

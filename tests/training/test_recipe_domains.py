@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.data import CORPUS_DOMAINS, CUSTOM_CORPUS, corpus_domain, is_in_domain
+from core.corpora import CORPUS_DOMAINS, CUSTOM_CORPUS, corpus_domain
+from evaluation.data import is_in_domain
 from evaluation.suite import task_texts
 from evaluation.tasks import TASKS, resolve_task
 from training.config import RECIPES_DIR, TrainConfig, load_config
@@ -41,7 +42,7 @@ def _task_texts(name: str) -> tuple[str, ...]:
 
 
 def test_every_built_in_corpus_has_a_domain() -> None:
-    assert not set(BUILTIN_CORPORA) - set(CORPUS_DOMAINS), "add the corpus to evaluation.data.CORPUS_DOMAINS"
+    assert not set(BUILTIN_CORPORA) - set(CORPUS_DOMAINS), "add the corpus to core.corpora.CORPUS_DOMAINS"
     assert CUSTOM_CORPUS not in BUILTIN_CORPORA and CUSTOM_CORPUS not in CORPUS_DOMAINS
 
 

@@ -8,12 +8,21 @@ from pathlib import Path
 import pytest
 
 from training.cli import main as train_main
-from training.config import RECIPES_DIR, ConfigError, TrainConfig, apply_overrides, from_dict, load_config, parse_value
+from training.config import (
+    RECIPES_DIR,
+    RENAMED_RECIPES,
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    from_dict,
+    load_config,
+    parse_value,
+)
 from training.encoder import Encoder
 from training.trainer import train
 
 BUILTIN_RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
-SHIPPED = ("sct-tiny", "sct-tiny-pca", "tmft", "crop-mpnet", "crop-minilm")
+SHIPPED = ("sct-tiny", "distil-tiny-pca", "tmft", "crop-mpnet", "crop-minilm")
 
 
 def tiny_corpus(n: int = 24) -> list[str]:
@@ -85,7 +94,7 @@ def test_crop_mpnet_follows_the_cropping_paper() -> None:
 
 
 def test_sct_tiny_recipes_distil_two_layer_students_from_minilm() -> None:
-    subset, pca = load_config("sct-tiny"), load_config("sct-tiny-pca")
+    subset, pca = load_config("sct-tiny"), load_config("distil-tiny-pca")
     assert subset.model == pca.model == "minilm-l6"
     # both students distil the teacher's embedding of whole texts and are selected by fidelity to it
     for recipe in (subset, pca):
@@ -100,7 +109,7 @@ def test_sct_tiny_recipes_distil_two_layer_students_from_minilm() -> None:
     assert pca.student == "tiny_bert" and (pca.student_num_layers, pca.student_hidden_size) == (2, 128)
 
 
-@pytest.mark.parametrize("recipe", ["sct-tiny", "sct-tiny-pca"])
+@pytest.mark.parametrize("recipe", ["sct-tiny", "distil-tiny-pca"])
 def test_sct_tiny_smoke(recipe: str, tmp_path: Path, tiny_bert_path: Path) -> None:
     config = load_tiny(recipe, tmp_path, tiny_bert_path, student_layers=[0, 3], student_hidden_size=16)
     result = train(config)
@@ -108,8 +117,18 @@ def test_sct_tiny_smoke(recipe: str, tmp_path: Path, tiny_bert_path: Path) -> No
     student = Encoder.from_pretrained(result.best_dir)
     assert student.num_layers == 2
     # the PCA student keeps its output layer into the teacher's width (this teacher's 32)
-    assert student.dim == 32 and student.hidden_size == (16 if recipe == "sct-tiny-pca" else 32)
+    assert student.dim == 32 and student.hidden_size == (16 if recipe == "distil-tiny-pca" else 32)
     assert student.encode(["a tiny check"]).shape == (1, 32)
+
+
+def test_renamed_recipes_keep_their_old_names() -> None:
+    # a recipe is named for its objective (issue 20); scripts that use an old name still run the same recipe
+    for old, new in RENAMED_RECIPES.items():
+        with pytest.warns(UserWarning, match=f"recipe '{old}' is now called '{new}'"):
+            renamed = load_config(old)
+        assert renamed == load_config(new) and renamed.name == new
+        assert old not in BUILTIN_RECIPES
+    assert RENAMED_RECIPES["sct-tiny-pca"] == "distil-tiny-pca"
 
 
 def test_tmft_probes_truncates_and_fine_tunes_electra(tmp_path: Path, tiny_electra_path: Path) -> None:

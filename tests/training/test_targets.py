@@ -22,3 +22,19 @@ def test_memoised_targets_equal_the_teacher_run_on_the_batch(tiny_bert_path: Pat
         expected = teacher(**teacher.tokenize(batch))
     torch.testing.assert_close(targets(batch), expected, atol=1e-5, rtol=0)
     assert len(targets) == 3 and not targets(batch).requires_grad
+
+
+def test_the_store_keeps_vectors_for_the_next_run_of_the_same_teacher(tiny_bert_path: Path, tmp_path: Path) -> None:
+    teacher = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    first = TeacherTargets(teacher, tmp_path)
+    vectors = first(["one text.", "two texts."])
+    first.save()
+    again = TeacherTargets(teacher, tmp_path)
+    assert (again.loaded, len(again)) == (2, 2)
+    torch.testing.assert_close(again(["two texts.", "one text."]), vectors.flip(0))
+    assert again.computed == 0  # nothing re-embedded
+    again(["a third."])
+    again.save()
+    assert TeacherTargets(teacher, tmp_path).loaded == 3
+    other = Encoder.from_pretrained(tiny_bert_path, max_seq_length=16).eval()  # another token limit: another teacher
+    assert TeacherTargets(other, tmp_path).loaded == 0

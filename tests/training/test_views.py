@@ -24,3 +24,19 @@ def test_token_augmentations_seeded_and_typed() -> None:
     assert views.augment_text(text, random.Random(4), deletion=0, masking=0, shuffle=0) == text
     with pytest.raises(ValueError, match=r"deletion rate must be a fraction in \[0, 1\]"):
         views.token_deletion(text, random.Random(0), rate=1.5)
+
+
+def test_length_buckets_group_similar_lengths_and_keep_every_example() -> None:
+    rng = random.Random(0)
+    examples = [("x" * rng.randrange(1, 400), "", 0.0) for _ in range(1000)]
+    rng.shuffle(examples)
+    bucketed = views.length_buckets(examples, 10, random.Random(1))
+    assert sorted(bucketed) == sorted(examples)  # same examples, other batches
+
+    def padded(order: list[views.Example]) -> int:  # characters a padded batch processes
+        return sum(10 * max(len(e[0]) for e in order[i : i + 10]) for i in range(0, len(order), 10))
+
+    assert padded(bucketed) < 0.6 * padded(examples)
+    assert bucketed == views.length_buckets(examples, 10, random.Random(1))  # seeded
+    first = [len(e[0]) for e in bucketed[:10]]
+    assert max(first) - min(first) < 50  # one batch, one length band
