@@ -2,7 +2,7 @@
 and the ways a job ends early (`JobCancelled`, `JobFailed`, `WorkerStopping`, `LeaseLost`). Shared by the worker
 loop and the pipeline's stages.
 
-Every write goes through the job's lease (`adapt.store.Lease`), so a worker that lost its job — its lease lapsed
+Every write goes through the job's lease (`adapt.jobs.Lease`), so a worker that lost its job — its lease lapsed
 and another process took the job back — changes nothing. A store outage (a database restarting) does not end the
 job: progress that cannot be written is skipped, and writes the job needs (results, state changes) are retried
 until the lease would have lapsed; past that the worker gives the job up (`LeaseLost`), and whoever rescues it
@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from adapt.store import Job, JobStore, LeaseLost, StoreUnavailable
+from adapt.jobs import Job, LeaseLost, StoreUnavailable
+from adapt.store import JobStore
 
 log = logging.getLogger("adapt.worker")
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adapt.jobs import TERMINAL_STATES, Ended
 from adapt.settings import AdaptSettings
-from adapt.store import TERMINAL_STATES, Ended
 from core.corpus_files import read_corpus_bytes
 from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop
 

@@ -36,9 +36,9 @@ from typing import Any
 
 from adapt.context import JobContext, JobFailed, JobStopped
 from adapt.corpus import read_job_corpus
+from adapt.jobs import EVALUATING, Job, JobStoreError
 from adapt.settings import AdaptConfig
 from adapt.spec import ADAPT_METHOD, OBJECTIVES, JobSpec, SpecError
-from adapt.store import EVALUATING, Job, JobStoreError
 from core.catalog import resolve_model
 from core.model_folder import read_trained_on
 from core.text import CropRule, can_crop, choose_crop_rule, crop_yield, hold_out

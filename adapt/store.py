@@ -7,14 +7,7 @@ in how a write serialises — SQLite takes the database's write lock (``BEGIN IM
 advisory lock — not in the states. The schema is created and upgraded by Alembic (`adapt/migrations`), under a lock,
 by whichever process opens the store first. Torch-free: the service imports it.
 
-States and the transitions the store allows::
-
-    queued ──▶ running ──▶ evaluating ──▶ succeeded
-      ▲  │        │             │
-      │  │        ├─────────────┴──▶ failed      (reason: corpus | training | export | evaluation | spec |
-      │  │        │                               interrupted | internal)
-      │  └────────┴─────────────┴──▶ cancelled
-      └───────────┴─────────────┘   back to the queue: the worker stopped (drain), or its lease lapsed
+The states and their transitions are `adapt.jobs`; the tables, the clock and the engines `adapt.store_db`.
 
 A worker's claim is a **lease**: its id, the attempt number and an expiry, renewed by its heartbeat. Every write a
 worker makes is fenced by its lease (the row must still name it and its attempt), so a worker that lost its lease —
@@ -25,271 +18,52 @@ purpose (SIGTERM, a rolling update, a node drain) hands its job back to the queu
 counted. No process ever fails a job another live process holds. Timestamps come from the database's clock, so
 leases mean the same to processes on machines whose clocks disagree.
 """
-
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event as sa_event
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.expression import FunctionElement
 
-QUEUED, RUNNING, EVALUATING = "queued", "running", "evaluating"
-SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
-ACTIVE_STATES = (RUNNING, EVALUATING)
-TERMINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
-ALL_STATES = (QUEUED, RUNNING, EVALUATING, SUCCEEDED, FAILED, CANCELLED)
-
-# Allowed transitions; anything else is a programming error (raised, never silently applied).
-TRANSITIONS: dict[str, tuple[str, ...]] = {
-    QUEUED: (RUNNING, CANCELLED, FAILED),
-    RUNNING: (EVALUATING, QUEUED, SUCCEEDED, FAILED, CANCELLED),
-    EVALUATING: (QUEUED, SUCCEEDED, FAILED, CANCELLED),
-    SUCCEEDED: (),
-    FAILED: (),
-    CANCELLED: (),
-}
-
-INTERRUPTED = "interrupted"  # a failure reason, and the outcome of an attempt whose worker died
-HANDED_BACK = "handed_back"  # the outcome of an attempt whose worker stopped on purpose (not counted)
+from adapt.jobs import (
+    ACTIVE_STATES,
+    ALL_STATES,
+    CANCELLED,
+    FAILED,
+    HANDED_BACK,
+    INTERRUPTED,
+    QUEUED,
+    RUNNING,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    Ended,
+    Event,
+    Job,
+    JobNotFound,
+    JobStoreError,
+    Lease,
+    LeaseLost,
+    QueueFullError,
+    StoreUnavailable,
+    new_job_id,
+)
+from adapt.store_db import db_now, engine_url, events_table, jobs_table, make_engine, row_to_job
 
 # PostgreSQL transaction advisory-lock keys: serialise the two checks that count rows (jobs pending, jobs running).
 _CREATE_LOCK, _CLAIM_LOCK, _MIGRATE_LOCK = 0x616470_01, 0x616470_02, 0x616470_03
-
-metadata = sa.MetaData()
-JSON = sa.JSON().with_variant(JSONB(), "postgresql")
-
-jobs_table = sa.Table(
-    "adapt_jobs",
-    metadata,
-    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("id", sa.String(64), nullable=False, unique=True),
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("started_at", sa.Float),
-    sa.Column("finished_at", sa.Float),
-    sa.Column("params", JSON, nullable=False),
-    sa.Column("corpus_dir", sa.Text, nullable=False),
-    sa.Column("n_documents", sa.Integer, nullable=False),
-    sa.Column("progress", JSON, nullable=False),
-    sa.Column("result", JSON, nullable=False),
-    sa.Column("error", JSON),
-    sa.Column("cancel_requested", sa.Boolean, nullable=False),
-    sa.Column("worker_id", sa.String(128)),
-    sa.Column("heartbeat_at", sa.Float),
-    sa.Column("lease_expires_at", sa.Float),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("max_attempts", sa.Integer, nullable=False),
-    sa.Column("attempts", JSON, nullable=False),
-    sa.Column("event_seq", sa.Integer, nullable=False),
-    sa.Index("adapt_jobs_state_seq", "state", "seq"),
-)
-
-events_table = sa.Table(
-    "adapt_events",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("job_id", sa.String(64), nullable=False),
-    sa.Column("seq", sa.Integer, nullable=False),  # per job, in commit order: the SSE event id
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("type", sa.String(32), nullable=False),
-    sa.Column("data", JSON, nullable=False),
-    sa.UniqueConstraint("job_id", "seq", name="adapt_events_job_seq"),
-)
-
-
-class db_now(FunctionElement):
-    """The database's clock in seconds since the epoch (one clock for every process sharing the store)."""
-
-    type = sa.Float()
-    inherit_cache = True
-
-
-@compiles(db_now, "postgresql")
-def _now_postgresql(element: db_now, compiler: Any, **kw: Any) -> str:
-    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
-
-
-@compiles(db_now, "sqlite")
-def _now_sqlite(element: db_now, compiler: Any, **kw: Any) -> str:
-    return "((julianday('now') - 2440587.5) * 86400.0)"
-
-
-class JobStoreError(RuntimeError):
-    """A job that does not exist, or a state change the state machine does not allow."""
-
-
-class JobNotFound(JobStoreError):
-    """No job has this id."""
-
-
-class StoreUnavailable(JobStoreError):
-    """The store cannot be reached or is locked past its timeout (a database restarting, a network outage)."""
-
-
-class LeaseLost(JobStoreError):
-    """This worker no longer holds the job: its lease lapsed and the job was taken back, or it ended."""
-
-
-class QueueFullError(JobStoreError):
-    """The bounded queue of pending jobs is full; the client should retry later."""
-
-    def __init__(self, pending: int, limit: int) -> None:
-        super().__init__(
-            f"the adapt queue is full ({pending} jobs pending, limit {limit}); retry when a job has finished"
-        )
-        self.pending = pending
-        self.limit = limit
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A worker's hold on one attempt of one job; every write the worker makes must match it."""
-
-    job_id: str
-    worker_id: str
-    attempt: int
-
-
-@dataclass
-class Job:
-    """One row of the jobs table."""
-
-    id: str
-    state: str
-    created_at: float
-    params: dict[str, Any]
-    corpus_dir: str
-    n_documents: int
-    started_at: float | None = None
-    finished_at: float | None = None
-    progress: dict[str, Any] = field(default_factory=dict)
-    result: dict[str, Any] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
-    cancel_requested: bool = False
-    worker_id: str | None = None
-    heartbeat_at: float | None = None
-    lease_expires_at: float | None = None
-    attempt: int = 0
-    max_attempts: int = 1
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
-
-    @property
-    def lease(self) -> Lease:
-        if self.worker_id is None:
-            raise JobStoreError(f"adapt job {self.id} is not held by a worker")
-        return Lease(self.id, self.worker_id, self.attempt)
-
-
-@dataclass
-class Event:
-    id: int  # the job's own sequence number (1, 2, ...): what SSE clients resume from
-    job_id: str
-    created_at: float
-    type: str
-    data: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Ended:
-    """A job a rescuer or supervisor took back from a dead worker, and what became of it."""
-
-    job_id: str
-    state: str  # queued (retried), failed (attempts spent) or cancelled (a cancel was pending)
-    corpus_dir: str
-
-
-def new_job_id() -> str:
-    """``adaptjob-`` + 24 hex characters (shape after OpenAI's ``ftjob-...`` ids)."""
-    return "adaptjob-" + secrets.token_hex(12)
-
-
-def engine_url(url: str) -> sa.URL:
-    """``postgresql://`` (and ``postgres://``) use psycopg 3; ``sqlite:///path`` the standard library."""
-    parsed = make_url(url)
-    backend = parsed.get_backend_name()
-    if backend in ("postgresql", "postgres"):
-        return parsed.set(drivername="postgresql+psycopg")
-    if backend == "sqlite" and parsed.database:
-        return parsed
-    raise JobStoreError(
-        f"unsupported adapt store URL scheme {parsed.drivername!r}: use postgresql://user:password@host/db "
-        "or sqlite:////absolute/path/jobs.sqlite3"
-    )
-
-
-def _row_to_job(row: sa.Row[Any]) -> Job:
-    m = row._mapping
-    return Job(
-        id=m["id"],
-        state=m["state"],
-        created_at=m["created_at"],
-        started_at=m["started_at"],
-        finished_at=m["finished_at"],
-        params=m["params"],
-        corpus_dir=m["corpus_dir"],
-        n_documents=m["n_documents"],
-        progress=m["progress"],
-        result=m["result"],
-        error=m["error"],
-        cancel_requested=bool(m["cancel_requested"]),
-        worker_id=m["worker_id"],
-        heartbeat_at=m["heartbeat_at"],
-        lease_expires_at=m["lease_expires_at"],
-        attempt=m["attempt"],
-        max_attempts=m["max_attempts"],
-        attempts=list(m["attempts"]),
-    )
-
-
-def _make_engine(url: sa.URL, timeout_s: float) -> Engine:
-    if url.get_backend_name() == "sqlite":
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
-        engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args={"timeout": timeout_s})
-
-        @sa_event.listens_for(engine, "connect")
-        def _connect(dbapi_connection: Any, _record: Any) -> None:
-            # Transactions are ours to begin (below), so BEGIN IMMEDIATE really takes the write lock before a claim
-            # reads the queue; WAL lets readers (the API) read while a worker writes.
-            dbapi_connection.isolation_level = None
-            dbapi_connection.execute("PRAGMA journal_mode=WAL")
-
-        @sa_event.listens_for(engine, "begin")
-        def _begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
-
-        return engine
-    return sa.create_engine(
-        url,
-        pool_pre_ping=True,  # a restarted server's dead connections are replaced, not handed out
-        pool_size=4,
-        max_overflow=8,
-        pool_timeout=timeout_s,
-        connect_args={"connect_timeout": max(1, int(timeout_s))},
-    )
-
 
 class JobStore:
     """Jobs and their event log, shared by every process that opens the same URL."""
 
     def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
         self.url = engine_url(url)
-        self.engine = _make_engine(self.url, timeout_s)
+        self.engine = make_engine(self.url, timeout_s)
         self.postgresql = self.url.get_backend_name() == "postgresql"
         self._migrate()
 
@@ -427,7 +201,7 @@ class JobStore:
 
     def get(self, job_id: str) -> Job:
         with self._transaction() as conn:
-            return _row_to_job(self._row(conn, job_id))
+            return row_to_job(self._row(conn, job_id))
 
     def list_jobs(self, *, limit: int = 20, after: str | None = None, state: str | None = None) -> list[Job]:
         """Newest first; ``after`` is the id of the last job of the previous page."""
@@ -439,7 +213,7 @@ class JobStore:
             query = query.where(jobs_table.c.state == state)
         with self._transaction() as conn:
             rows = conn.execute(query.order_by(jobs_table.c.seq.desc()).limit(limit)).all()
-        return [_row_to_job(row) for row in rows]
+        return [row_to_job(row) for row in rows]
 
     def count_by_state(self) -> dict[str, int]:
         query = sa.select(jobs_table.c.state, sa.func.count()).group_by(jobs_table.c.state)
@@ -462,7 +236,7 @@ class JobStore:
             elif row.state in ACTIVE_STATES and not row.cancel_requested:
                 conn.execute(sa.update(jobs_table).where(jobs_table.c.id == job_id).values(cancel_requested=True))
                 self._add_event(conn, job_id, "cancel_requested", {}, now)
-            return _row_to_job(self._row(conn, job_id))
+            return row_to_job(self._row(conn, job_id))
 
     def events(self, job_id: str, *, after_id: int = 0, limit: int = 500) -> list[Event]:
         query = (
@@ -506,7 +280,7 @@ class JobStore:
                 started_at=row.started_at or now, worker_id=worker_id, heartbeat_at=now,
                 lease_expires_at=now + lease_s, attempt=attempt, attempts=attempts, progress={}, result={},
             )  # fmt: skip
-            return _row_to_job(self._row(conn, row.id))
+            return row_to_job(self._row(conn, row.id))
 
     def renew(self, lease: Lease, lease_s: float) -> None:
         """The heartbeat: extend the lease by ``lease_s`` from now; `LeaseLost` if it is no longer ours."""

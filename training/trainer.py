@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -38,10 +37,11 @@ from tqdm.auto import tqdm
 
 from core.corpora import CUSTOM_CORPUS
 from core.model_folder import RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
-from core.text import CropRule, choose_crop_rule
+from core.text import CropRule
 from training.config import TrainConfig
-from training.data import ScoredPair, corpus_names, load_corpus, load_scored_pairs, split_documents, text_units
+from training.data import corpus_names
 from training.encoder import Encoder
+from training.inputs import TrainingData, load_training_data
 from training.models import (
     Models,
     build_models,
@@ -53,7 +53,7 @@ from training.models import (
 )
 from training.state import STATE_FILE, TrainState, seed_everything, without_rng_side_effects
 from training.targets import TeacherTargets
-from training.validation import CropPairValidation, ScoredPairValidation, TeacherFidelityValidation, Validation
+from training.validation import TeacherFidelityValidation, Validation
 from training.views import PairStream
 
 Batch = tuple[int, int, list[str], list[str], list[float]]  # (epoch, index, view1 texts, view2 texts, scores)
@@ -97,63 +97,6 @@ def lr_factor(step: int, progress: float, warmup: float, total_steps: int | None
         rise = 1.0
     fall = (1.0 - progress) / (1.0 - (warmup if warmup < 1 else 0.0))
     return max(0.0, min(1.0, rise, fall))
-
-
-# --- data ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainingData:
-    """What the run trains on (documents to crop, whole texts, or scored pairs) and what it validates on."""
-
-    documents: list[str]  # views = "texts": the texts themselves (documents and sentences)
-    scored_pairs: list[ScoredPair] | None
-    rule: CropRule
-    validation: Validation | None
-    held_out_texts: list[str] | None = None  # teacher-fidelity validation: built once the teacher is loaded
-
-
-def load_training_data(config: TrainConfig, crop_rule: CropRule | None = None) -> TrainingData:
-    """The corpus (or scored pairs) of the recipe, split into training data and held-out validation.
-    ``crop_rule`` overrides the recipe's (a caller that evaluates with a rule of its own passes it)."""
-    if config.pairs:
-        all_pairs = load_scored_pairs(config.pairs)
-        random.Random(config.seed).shuffle(all_pairs)
-        n_val = max(2, round(config.validation_fraction * len(all_pairs))) if config.validation else 0
-        validation = ScoredPairValidation(all_pairs[:n_val]) if n_val else None
-        return TrainingData([], all_pairs[n_val:], CropRule(sentences=config.crop_sentences), validation)
-    corpus = list(config.corpus) if isinstance(config.corpus, tuple) else config.corpus
-    all_documents = load_corpus(corpus, max_documents=config.max_documents, seed=config.seed)
-    documents, validation_documents = _validation_source(config, all_documents)
-    rule = crop_rule or (
-        choose_crop_rule(documents, sentences=config.crop_sentences)
-        if config.crop_rule == "auto"
-        else CropRule(sentences=config.crop_sentences)
-    )
-    if config.views == "texts":
-        documents = text_units(documents, config.text_sentences, seed=config.seed)
-    if config.validation_metric == "teacher_fidelity":
-        held_out = (
-            text_units(validation_documents, config.text_sentences, seed=config.seed + 1)
-            if validation_documents
-            else None
-        )
-        return TrainingData(documents, None, rule, None, held_out)
-    crop_validation = CropPairValidation(validation_documents, config.seed) if validation_documents else None
-    return TrainingData(documents, None, rule, crop_validation)
-
-
-def _validation_source(config: TrainConfig, documents: list[str]) -> tuple[list[str], list[str] | None]:
-    """(training documents, validation documents or None)."""
-    if config.validation is None or config.validation == "none":
-        return documents, None
-    if config.validation == "holdout":
-        split = split_documents(
-            documents, config.validation_fraction, seed=config.seed, max_validation=config.max_validation_documents
-        )
-        return split.train, split.validation
-    spec = list(config.validation) if isinstance(config.validation, tuple) else config.validation
-    return documents, load_corpus(spec, max_documents=config.max_validation_documents, seed=config.seed)
 
 
 # --- one session of a run -----------------------------------------------------------------------

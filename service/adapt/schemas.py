@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adapt.store import Job
+from adapt.jobs import Job
 
 Objective = Literal["crop-infonce", "sct", "simcse"]
 PromotePolicy = Literal["auto", "never"]

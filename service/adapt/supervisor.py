@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapt.corpus import remove_ended_jobs
+from adapt.jobs import StoreUnavailable
 from adapt.settings import AdaptConfig
-from adapt.store import JobStore, StoreUnavailable
+from adapt.store import JobStore
 
 log = logging.getLogger(__name__)
 

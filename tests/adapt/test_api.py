@@ -10,8 +10,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from adapt.jobs import RUNNING, SUCCEEDED
 from adapt.settings import AdaptConfig, AdaptSettings
-from adapt.store import RUNNING, SUCCEEDED, JobStore
+from adapt.store import JobStore
 from service.adapt.api_router import build_adapt_router
 from service.auth import ApiKeys
 

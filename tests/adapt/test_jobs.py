@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from adapt.jobs import INTERRUPTED
 from adapt.settings import AdaptConfig
-from adapt.store import INTERRUPTED, JobStore
+from adapt.store import JobStore
 from core import registry
 from service.app import create_app
 from service.settings import ServiceSettings

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adapt.store import (
+from adapt.jobs import (
     CANCELLED,
     EVALUATING,
     FAILED,
@@ -21,12 +21,12 @@ from adapt.store import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
-    JobStore,
     JobStoreError,
     LeaseLost,
     QueueFullError,
     StoreUnavailable,
 )
+from adapt.store import JobStore
 
 LEASE = 30.0
 

@@ -12,9 +12,10 @@ import pytest
 
 from adapt.context import JobContext, JobFailed
 from adapt.corpus import Corpus
+from adapt.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, LeaseLost
 from adapt.pipeline import general_tasks, scratch_dir, split_corpus, stage_failure
 from adapt.settings import AdaptConfig, AdaptSettings
-from adapt.store import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobStore, LeaseLost
+from adapt.store import JobStore
 from adapt.worker import ABANDONED, process_job
 
 DOC = "First sentence here. Second sentence there."

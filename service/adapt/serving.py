@@ -1,0 +1,331 @@
+"""What the /adapt routes do, behind the thin handlers of `service.adapt.api_router`: the shared state (`AdaptAPI`:
+config, job store, supervisor, the rescuer), request parsing and checks, queueing a job, the event stream, and the
+job gauges on /metrics. Torch-free, like the rest of the service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from adapt.corpus import CorpusTooLargeError, check_corpus, parse_upload, remove_ended_jobs
+from adapt.jobs import TERMINAL_STATES, JobNotFound, QueueFullError, StoreUnavailable, new_job_id
+from adapt.settings import AdaptConfig
+from adapt.spec import ADAPT_METHOD, JobSpec
+from adapt.store import JobStore
+from core import registry
+from core.catalog import BUILTIN_MODELS
+from service.adapt.schemas import AdaptJob, AdaptRequest
+from service.adapt.supervisor import WorkerSupervisor
+from service.auth import ApiKeys
+from service.errors import ErrorKind, ServiceError, validation_message
+from service.metrics import NO_MODEL, ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 15.0
+_RETRY = {"Retry-After": "5"}
+T = TypeVar("T")
+
+
+class AdaptCollector:
+    """Prometheus collector read at scrape time: jobs by state, worker restarts."""
+
+    def __init__(self, api: AdaptAPI) -> None:
+        self.api = api
+
+    def describe(self) -> list[Any]:
+        return []  # collected lazily: the store may not be open when the collector is registered
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        if self.api.store is None:
+            return
+        try:
+            counts = self.api.store.count_by_state()
+        except StoreUnavailable:  # a scrape must not fail because the job store is down: the gauge is left out
+            return
+        jobs = GaugeMetricFamily("embed_adapt_jobs", "Adapt jobs by state.", labels=["state"])
+        for state, count in counts.items():
+            jobs.add_metric([state], count)
+        yield jobs
+        if self.api.supervisor is not None:
+            restarts = CounterMetricFamily("embed_adapt_worker_restarts", "Adapt workers restarted after exiting.")
+            restarts.add_metric([], self.api.supervisor.restarts)
+            yield restarts
+
+
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(ErrorKind.invalid_request, message)
+
+
+# CorpusError.code → the error kind it is answered with.
+CORPUS_ERRORS = {
+    kind.code: kind
+    for kind in (
+        ErrorKind.invalid_corpus, ErrorKind.too_many_documents, ErrorKind.document_too_long,
+        ErrorKind.corpus_too_small,
+    )
+}  # fmt: skip
+
+
+class AdaptAPI:
+    """State shared by the routes: the config, the job store and (single-machine mode) the supervisor."""
+
+    def __init__(self, config: AdaptConfig, keys: ApiKeys) -> None:
+        self.config = config
+        self.keys = keys
+        self.store: JobStore | None = None
+        self.supervisor: WorkerSupervisor | None = None
+        self.metrics: ServiceMetrics | None = None  # the service's, when mounted in it: failures are counted there
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.config.jobs_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.store = await asyncio.to_thread(JobStore, self.config.store_url)
+        except StoreUnavailable as err:
+            log.warning("adapt: the job store is unavailable, retrying in the background: %s", err)
+        else:
+            await self._started()
+        self._task = asyncio.create_task(self._maintain(), name="adapt-store")
+
+    async def _started(self) -> None:
+        assert self.store is not None
+        log.info("adapt: job store %s", self.store.describe())
+        settings = self.config.settings
+        if settings.enabled and settings.supervise_worker:
+            self.supervisor = WorkerSupervisor(self.config, self.store)
+            await self.supervisor.start()
+
+    async def _maintain(self) -> None:
+        """Open the store if it was unavailable at start, then rescue lapsed leases every heartbeat."""
+        every = self.config.settings.heartbeat_seconds
+        while True:
+            try:
+                if self.store is None:
+                    self.store = await asyncio.to_thread(JobStore, self.config.store_url)
+                    await self._started()
+                ended = await asyncio.to_thread(self.store.rescue_expired)
+                if ended:
+                    log.warning("adapt: took back %d job(s) whose worker stopped renewing its lease: %s", len(ended),
+                                ", ".join(f"{e.job_id} -> {e.state}" for e in ended))  # fmt: skip
+                    remove_ended_jobs(ended, self.config.settings.keep_uploads)
+            except StoreUnavailable as err:
+                log.warning("adapt: the job store is unavailable: %s", err)
+            await asyncio.sleep(every)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+            self.supervisor = None
+        if self.store is not None:
+            self.store.close()
+
+    def jobs(self) -> JobStore:
+        if self.store is None:
+            raise ServiceError(
+                ErrorKind.adapt_not_ready, "the adapt job store is not open yet; retry shortly", headers=_RETRY
+            )
+        return self.store
+
+    async def call(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A store method off the event loop; an unreachable store answers 503 with Retry-After."""
+        try:
+            return await run_in_threadpool(method, *args, **kwargs)
+        except StoreUnavailable as err:
+            log.warning("adapt: %s", err)
+            raise ServiceError(
+                ErrorKind.adapt_not_ready, "the adapt job store is unavailable; retry shortly", headers=_RETRY
+            ) from err
+
+    def fail(self, request: Request, err: ServiceError) -> Response:
+        """Count the failure like the embedding routes' (route template, error kind) and render it."""
+        if self.metrics is not None:
+            route = getattr(request.scope.get("route"), "path", request.url.path)
+            self.metrics.failures.labels(route, NO_MODEL, err.kind.code).inc()
+        return err.response()
+
+    # ------------------------------------------------------------------ checks
+    def authorize(self, request: Request) -> None:
+        self.keys.check_admin(request.headers.get("authorization"))
+
+    def check_name(self, name: str) -> None:
+        try:
+            registry.validate_name(name)
+        except registry.RegistryError as err:
+            raise ServiceError(ErrorKind.invalid_name, str(err)) from err
+        if name in BUILTIN_MODELS or name in self.config.settings.base_models:
+            raise ServiceError(
+                ErrorKind.reserved_name,
+                f"model name {name!r} is a built-in base model and cannot be overwritten: choose another name",
+            )
+        versions = registry.list_versions(self.config.registry_dir, name)
+        if versions:
+            manifest = registry.read_manifest(self.config.registry_dir / name / versions[-1])
+            method = (manifest.get("method") or {}).get("name")
+            if method != ADAPT_METHOD:
+                raise ServiceError(
+                    ErrorKind.name_taken,
+                    f"model {name!r} already exists in the registry and was not made by /adapt "
+                    f"(method {method!r}): choose a new name",
+                )
+
+    def check_base_model(self, base_model: str) -> None:
+        if base_model in BUILTIN_MODELS or base_model in self.config.settings.base_models:
+            return
+        allowed = sorted({*BUILTIN_MODELS, *self.config.settings.base_models})
+        raise ServiceError(
+            ErrorKind.model_not_found,
+            f"unknown base_model {base_model!r}: adapt one of {allowed} "
+            "(operators add more with EMBED_ADAPT_BASE_MODELS)",
+        )
+
+    def spec_for(self, req: AdaptRequest, *, has_labels: bool, usable: int) -> JobSpec:
+        """The job's typed recipe: the request with the service's defaults filled in, validated once."""
+        return JobSpec.build(
+            self.config.settings,
+            base_model=req.base_model,
+            name=req.name,
+            objective=req.objective,
+            max_steps=req.max_steps,
+            time_budget_s=req.time_budget_s,
+            train_last_layers=req.train_last_layers,
+            anchor_weight=req.anchor_weight,
+            batch_size=req.batch_size,
+            seed=req.seed,
+            promote=req.promote,
+            has_labels=has_labels,
+            usable=usable,
+        )
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise CorpusTooLargeError(f"the request body is {int(declared)} bytes; the limit is {limit}: send less text")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise CorpusTooLargeError(f"the request body is over the {limit}-byte limit: send less text")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse_request(request: Request, limit: int) -> tuple[AdaptRequest, list[str], list[str] | None]:
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise CorpusTooLargeError(f"the upload is {int(declared)} bytes; the limit is {limit}: send less text")
+        form = await request.form(max_files=1, max_fields=32, max_part_size=limit)
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise _invalid("multipart /adapt needs a 'file' part holding the corpus (JSONL or text)")
+        data = await upload.read(limit + 1)
+        if len(data) > limit:
+            raise CorpusTooLargeError(f"the uploaded corpus is over the {limit}-byte limit: send a sample")
+        fields: dict[str, Any] = {k: v for k, v in form.items() if k != "file" and isinstance(v, str)}
+        texts, labels = parse_upload(data, upload.filename)
+        try:
+            req = AdaptRequest.model_validate(fields, strict=False)
+        except ValidationError as err:
+            raise _invalid(validation_message(err.errors(), "/adapt request")) from err
+        if req.texts is not None:
+            raise _invalid("send the corpus either as 'texts' or as an uploaded 'file', not both")
+        return req, texts, labels
+    body = await _read_limited(request, limit)
+    try:
+        payload = json.loads(body or b"null")
+    except json.JSONDecodeError as err:
+        raise _invalid(f"the body is not valid JSON ({err.msg}); send JSON or a multipart upload") from err
+    if not isinstance(payload, dict):
+        raise _invalid("the body must be a JSON object with base_model, name and texts")
+    try:
+        req = AdaptRequest.model_validate(payload)
+    except ValidationError as err:
+        raise _invalid(validation_message(err.errors(), "/adapt request")) from err
+    if req.texts is None:
+        raise _invalid("no corpus: send 'texts' (a list of documents) or upload a JSONL/text 'file'")
+    labels = [str(x) for x in req.labels] if req.labels is not None else None
+    return req, list(req.texts), labels
+
+
+def _sse(event_id: int | None, event: str, data: dict[str, Any]) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def get_or_404(store: JobStore, job_id: str) -> Any:
+    try:
+        return store.get(job_id)
+    except JobNotFound as err:
+        raise ServiceError(ErrorKind.job_not_found, str(err)) from err
+
+
+def queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str], labels: list[str] | None) -> Any:
+    corpus = check_corpus(texts, labels, api.config.settings)
+    job_id = new_job_id()
+    folder = api.config.jobs_dir / job_id
+    corpus.save(folder)
+    spec = api.spec_for(req, has_labels=corpus.labels is not None, usable=corpus.usable)
+    settings = api.config.settings
+    try:
+        return store.create(
+            spec.to_params(),
+            corpus_dir=folder,
+            n_documents=len(corpus.texts),
+            max_pending=settings.max_pending_jobs,
+            max_attempts=settings.max_attempts,
+            job_id=job_id,
+        )
+    except QueueFullError as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ServiceError(ErrorKind.overloaded, str(err), headers={"Retry-After": "60"}) from err
+    except StoreUnavailable:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+async def stream_events(
+    request: Request, store: JobStore, job_id: str, after_id: int, poll_s: float
+) -> AsyncIterator[str]:
+    last_sent = time.monotonic()
+    while True:
+        try:
+            events = await run_in_threadpool(store.events, job_id, after_id=after_id)
+        except StoreUnavailable:  # a database restart: keep the stream open and read on when it is back
+            events = []
+        for event in events:
+            after_id = event.id
+            yield _sse(event.id, event.type, {"job_id": job_id, "created_at": event.created_at, **event.data})
+            last_sent = time.monotonic()
+            if event.type == "state" and event.data.get("state") in TERMINAL_STATES:
+                with contextlib.suppress(StoreUnavailable):
+                    job = await run_in_threadpool(store.get, job_id)
+                    yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
+                return
+        if not events:
+            if await request.is_disconnected():
+                return
+            if time.monotonic() - last_sent > KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                last_sent = time.monotonic()
+            await asyncio.sleep(poll_s)
