@@ -6,7 +6,8 @@ States and the transitions the store allows::
     queued ──▶ running ──▶ evaluating ──▶ succeeded
       ▲  │        │             │
       │  │        ├─────────────┴──▶ failed      (reason: corpus | training | export | evaluation | publish | spec |
-      │  │        │                               interrupted | internal)
+      │  │        │                               student | interrupted | internal;
+      │  ├──────────────────────────▶ failed      dependency: the job it waited for failed)
       │  └────────┴─────────────┴──▶ cancelled
       └───────────┴─────────────┘   back to the queue: the worker stopped (drain), or its lease lapsed
 """
@@ -33,8 +34,13 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     CANCELLED: (),
 }
 
+# What a job does: adapt a model to a corpus (the /adapt request), or build a base student once (`adapt.student`).
+JOB_KIND_ADAPT, JOB_KIND_STUDENT_BUILD = "adapt", "student-build"
+DEPENDENCY_FAILED = "dependency"  # the failure reason of a job whose `after_job` failed or was cancelled
+
 INTERRUPTED = "interrupted"  # a failure reason, and the outcome of an attempt whose worker died
 HANDED_BACK = "handed_back"  # the outcome of an attempt whose worker stopped on purpose (not counted)
+
 
 class JobStoreError(RuntimeError):
     """A job that does not exist, or a state change the state machine does not allow."""
@@ -94,6 +100,8 @@ class Job:
     attempt: int = 0
     max_attempts: int = 1
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    kind: str = JOB_KIND_ADAPT
+    after_job: str | None = None  # a job this one waits for: claimed only once it succeeded
 
     @property
     def terminal(self) -> bool:
@@ -129,3 +137,8 @@ def new_job_id() -> str:
     return "adaptjob-" + secrets.token_hex(12)
 
 
+def close_attempt(attempts: list[dict[str, Any]], now: float, outcome: str) -> list[dict[str, Any]]:
+    """The attempts list with its last (open) entry ended at ``now`` with ``outcome``."""
+    if not attempts or "outcome" in attempts[-1]:
+        return list(attempts)
+    return [*attempts[:-1], {**attempts[-1], "ended_at": now, "outcome": outcome}]

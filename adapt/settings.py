@@ -161,6 +161,31 @@ class AdaptSettings(BaseSettings):
         "are not comparable and the gate means little.",
     )
 
+    # --- compact students (a request's "student" field) ----------------------------------------------
+    student_max_steps: int = Field(
+        default=150,
+        ge=1,
+        description="Distillation steps of the adapted model into its student (batch of the student's recipe).",
+    )
+    student_time_budget_s: float = Field(
+        default=150.0, gt=0, description="Distillation time budget (whichever of steps/time ends first)."
+    )
+    student_general_documents: int = Field(
+        default=1000,
+        ge=0,
+        description="General documents (a seeded sample of the student recipe's corpus) distilled beside the "
+        "customer's, so the student keeps what it knew off the customer's domain; 0 = the customer's only.",
+    )
+    student_build_max_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Steps of the one-time build of a base student; 0 = its recipe's own (sct-tiny: 300, ~25 min on "
+        "2 AVX2 cores). Fewer builds sooner and a weaker student.",
+    )
+    student_build_max_documents: int = Field(
+        default=0, ge=0, description="Documents the base-student build reads; 0 = its recipe's own."
+    )
+
     # --- how workers run -----------------------------------------------------------------------------
     worker_threads: int = Field(
         default=2,

@@ -7,10 +7,15 @@ value (never as a dict read by string keys). Torch-free: the service imports thi
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import tomllib
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from adapt.settings import AdaptSettings
+from core.registry import RegistryError, validate_name
 
 ADAPT_METHOD = "adapt"  # manifest method.name; /adapt publishes new versions only of models it made
 # /adapt objective → (training objective, views): SimCSE is InfoNCE on dropout views (paper 000 §2).
@@ -20,6 +25,83 @@ PROMOTE_POLICIES = ("auto", "never")
 
 class SpecError(ValueError):
     """A job spec that cannot run; the message names the field and what to send."""
+
+
+@functools.cache
+def student_recipes() -> tuple[str, ...]:
+    """The built-in recipes that build a compact student of a teacher (their ``student`` is set): what the /adapt
+    ``student`` field accepts. Read from the recipe files, which are located without importing ``training`` (the
+    API side stays free of it and of torch)."""
+    found = importlib.util.find_spec("training")
+    if found is None or found.origin is None:
+        return ()
+    recipes = Path(found.origin).parent / "recipes"
+    return tuple(sorted(p.stem for p in recipes.glob("*.toml") if tomllib.loads(p.read_text()).get("student")))
+
+
+def base_student_name(base_model: str, recipe: str) -> str:
+    """The registry name of the base student a recipe builds from a base model, built once and kept there
+    (``minilm-l6--sct-tiny``): every /adapt job asking for that student starts from it."""
+    name = f"{base_model}--{recipe}"
+    try:
+        return validate_name(name)
+    except RegistryError as err:
+        raise SpecError(f"base_model {base_model!r} with student {recipe!r}: {err}") from err
+
+
+def check_student(recipe: str) -> str:
+    if recipe not in student_recipes():
+        raise SpecError(f"student must be one of {list(student_recipes())}, got {recipe!r}")
+    return recipe
+
+
+@dataclass(frozen=True)
+class StudentPlan:
+    """How an /adapt job distils the model it adapted into a compact student (`adapt.student`): the base student's
+    recipe (its objective and views are the distillation's), and the distillation's own budget."""
+
+    recipe: str
+    max_steps: int | None
+    time_budget_s: float | None
+    general_documents: int  # general texts (the recipe's corpus, a seeded sample) mixed with the customer's
+
+    def __post_init__(self) -> None:
+        check_student(self.recipe)
+        if self.max_steps is None and self.time_budget_s is None:
+            raise SpecError("give the student's max_steps, time_budget_s or both: a distillation needs an end")
+
+
+@dataclass(frozen=True)
+class StudentBuildSpec:
+    """A one-time job: train a recipe's student of ``base_model`` and publish it as ``name`` (a servable model
+    whose bundle keeps the torch checkpoint every student /adapt job starts from)."""
+
+    base_model: str
+    recipe: str
+    name: str
+    max_steps: int | None = None  # None: the recipe's own
+    max_documents: int | None = None  # None: the recipe's own
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_student(self.recipe)
+
+    @classmethod
+    def build(cls, settings: AdaptSettings, *, base_model: str, recipe: str) -> StudentBuildSpec:
+        return cls(
+            base_model, recipe, base_student_name(base_model, recipe),
+            settings.student_build_max_steps or None, settings.student_build_max_documents or None,
+        )  # fmt: skip
+
+    def to_params(self) -> dict[str, Any]:
+        return {"base_model": self.base_model, "name": self.name, "hyperparameters": asdict(self)}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> StudentBuildSpec:
+        try:
+            return cls(**params["hyperparameters"])
+        except (KeyError, TypeError) as err:
+            raise SpecError(f"stored student-build spec is incomplete or malformed: {err}") from err
 
 
 @dataclass(frozen=True)
@@ -59,6 +141,7 @@ class JobSpec:
     promote: str = "auto"
     has_labels: bool = False
     usable_documents_estimate: int = 0
+    student: StudentPlan | None = None
 
     def __post_init__(self) -> None:
         if self.promote not in PROMOTE_POLICIES:
@@ -81,6 +164,7 @@ class JobSpec:
         promote: str = "auto",
         has_labels: bool = False,
         usable: int = 0,
+        student: str | None = None,
     ) -> JobSpec:
         """A request's fields with the service's defaults filled in, so the job records exactly what it ran."""
         if max_steps is None and time_budget_s is None:
@@ -99,7 +183,12 @@ class JobSpec:
             gate_margin=settings.gate_margin,
             general_tasks=tuple(settings.general_tasks),
         )
-        return cls(base_model, name, hyperparameters, promote, has_labels, usable)
+        plan = None
+        if student is not None:
+            plan = StudentPlan(
+                student, settings.student_max_steps, settings.student_time_budget_s, settings.student_general_documents
+            )
+        return cls(base_model, name, hyperparameters, promote, has_labels, usable, plan)
 
     def to_params(self) -> dict[str, Any]:
         """The JSON stored with the job (and shown by ``GET /adapt/{id}``)."""
@@ -110,6 +199,7 @@ class JobSpec:
             "hyperparameters": asdict(self.hyperparameters)
             | {"general_tasks": list(self.hyperparameters.general_tasks)},
             "corpus": {"has_labels": self.has_labels, "usable_documents_estimate": self.usable_documents_estimate},
+            "student": asdict(self.student) if self.student is not None else None,
         }
 
     @classmethod
@@ -120,6 +210,7 @@ class JobSpec:
             hp = {**_default_hyperparameters(), **params["hyperparameters"]}
             hp["general_tasks"] = tuple(hp["general_tasks"])
             corpus = params.get("corpus", {})
+            student = params.get("student")
             return cls(
                 base_model=params["base_model"],
                 name=params["name"],
@@ -127,6 +218,7 @@ class JobSpec:
                 promote=params.get("promote", "auto"),
                 has_labels=bool(corpus.get("has_labels", False)),
                 usable_documents_estimate=int(corpus.get("usable_documents_estimate", 0)),
+                student=StudentPlan(**student) if student else None,
             )
         except (KeyError, TypeError) as err:
             raise SpecError(f"stored job spec is incomplete or malformed: {err}") from err

@@ -1,4 +1,5 @@
-"""The /adapt job store: one table is the whole state machine, shared by every replica and worker.
+"""The /adapt job store: one table is the whole state machine (`adapt.jobs`; tables, clock and engines in
+`adapt.store_db`), shared by every replica and worker.
 
 One interface, two backends (SQLAlchemy Core, one set of queries): PostgreSQL when scaled out
 (``EMBED_ADAPT_STORE_URL=postgresql://…``), an embedded SQLite file on one machine (the default). They differ only
@@ -7,17 +8,16 @@ in how a write serialises — SQLite takes the database's write lock (``BEGIN IM
 advisory lock — not in the states. The schema is created and upgraded by Alembic (`adapt/migrations`), under a lock,
 by whichever process opens the store first. Torch-free: the service imports it.
 
-The states and their transitions are `adapt.jobs`; the tables, the clock and the engines `adapt.store_db`.
-
 A worker's claim is a **lease**: its id, the attempt number and an expiry, renewed by its heartbeat. Every write a
-worker makes is fenced by its lease (the row must still name it and its attempt), so a worker that lost its lease —
-it paused past the expiry and someone took the job back — can no longer change the job. Whoever sees a lapsed lease
-(any replica's rescuer, any idle worker) takes the job back: it is queued again for a fresh attempt from scratch, or,
-once ``max_attempts`` attempts were interrupted, ends ``failed`` with reason ``interrupted``. A worker that stops on
-purpose (SIGTERM, a rolling update, a node drain) hands its job back to the queue at once; that attempt is not
-counted. No process ever fails a job another live process holds. Timestamps come from the database's clock, so
-leases mean the same to processes on machines whose clocks disagree.
+worker makes is fenced by its lease (the row must still name it and its attempt), so a worker that lost its lease
+can no longer change the job. Whoever sees a lapsed lease (any replica's rescuer, any idle worker) takes the job
+back: it is queued again for a fresh attempt, or, once ``max_attempts`` attempts were interrupted, ends ``failed``
+with reason ``interrupted``. A worker that stops on purpose (SIGTERM, a rolling update, a node drain) hands its job
+back at once; that attempt is not counted. No process ever fails a job another live process holds. Timestamps come
+from the database's clock. A job may wait for another (``after_job``: a student build): it is claimed only once
+that job succeeded, and fails with reason ``dependency`` when it did not.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -35,11 +35,14 @@ from adapt.jobs import (
     ACTIVE_STATES,
     ALL_STATES,
     CANCELLED,
+    DEPENDENCY_FAILED,
     FAILED,
     HANDED_BACK,
     INTERRUPTED,
+    JOB_KIND_ADAPT,
     QUEUED,
     RUNNING,
+    SUCCEEDED,
     TERMINAL_STATES,
     TRANSITIONS,
     Ended,
@@ -51,12 +54,14 @@ from adapt.jobs import (
     LeaseLost,
     QueueFullError,
     StoreUnavailable,
+    close_attempt,
     new_job_id,
 )
 from adapt.store_db import db_now, engine_url, events_table, jobs_table, make_engine, row_to_job
 
 # PostgreSQL transaction advisory-lock keys: serialise the two checks that count rows (jobs pending, jobs running).
 _CREATE_LOCK, _CLAIM_LOCK, _MIGRATE_LOCK = 0x616470_01, 0x616470_02, 0x616470_03
+
 
 class JobStore:
     """Jobs and their event log, shared by every process that opens the same URL."""
@@ -124,9 +129,7 @@ class JobStore:
             .values(event_seq=jobs_table.c.event_seq + 1)
             .returning(jobs_table.c.event_seq)
         ).scalar_one()
-        conn.execute(
-            sa.insert(events_table).values(job_id=job_id, seq=seq, created_at=now, type=type_, data=data)
-        )
+        conn.execute(sa.insert(events_table).values(job_id=job_id, seq=seq, created_at=now, type=type_, data=data))
         return int(seq)
 
     def _transition(
@@ -178,11 +181,27 @@ class JobStore:
         max_pending: int,
         max_attempts: int,
         job_id: str | None = None,
+        kind: str = JOB_KIND_ADAPT,
+        after_job: str | None = None,
+        reuse_active: bool = False,
     ) -> Job:
-        """Queue a job, or raise :class:`QueueFullError` when ``max_pending`` jobs already wait."""
+        """Queue a job, or raise :class:`QueueFullError` when ``max_pending`` jobs already wait.
+
+        ``after_job``: the job is claimed only once that job succeeded, and fails (reason ``dependency``) when it
+        failed or was cancelled. ``reuse_active``: if a queued or running job of the same ``kind`` and
+        ``params["name"]`` exists, return it instead of queueing another (one build of a base student at a time,
+        however many replicas ask for it at once)."""
         job_id = job_id or new_job_id()
         with self._transaction(write=True) as conn:
             self._serialize(conn, _CREATE_LOCK)
+            if reuse_active:
+                for row in conn.execute(
+                    sa.select(jobs_table)
+                    .where(jobs_table.c.kind == kind, jobs_table.c.state.in_((QUEUED, *ACTIVE_STATES)))
+                    .order_by(jobs_table.c.seq)
+                ).all():
+                    if row.params.get("name") == params.get("name"):
+                        return row_to_job(row)
             pending = conn.execute(
                 sa.select(sa.func.count()).select_from(jobs_table).where(jobs_table.c.state == QUEUED)
             ).scalar_one()
@@ -193,7 +212,7 @@ class JobStore:
                 sa.insert(jobs_table).values(
                     id=job_id, state=QUEUED, created_at=now, params=params, corpus_dir=str(corpus_dir),
                     n_documents=n_documents, progress={}, result={}, cancel_requested=False, attempt=0,
-                    max_attempts=max_attempts, attempts=[], event_seq=0,
+                    max_attempts=max_attempts, attempts=[], event_seq=0, kind=kind, after_job=after_job,
                 )
             )  # fmt: skip
             self._add_event(conn, job_id, "state", {"state": QUEUED}, now)
@@ -258,14 +277,20 @@ class JobStore:
         """
         with self._transaction(write=True) as conn:
             self._serialize(conn, _CLAIM_LOCK)
+            self._fail_orphans(conn)
             running = conn.execute(
                 sa.select(sa.func.count()).select_from(jobs_table).where(jobs_table.c.state.in_(ACTIVE_STATES))
             ).scalar_one()
             if running >= max_running:
                 return None
+            dependency = jobs_table.alias("dependency")
+            ready = sa.or_(
+                jobs_table.c.after_job.is_(None),
+                sa.exists().where(dependency.c.id == jobs_table.c.after_job, dependency.c.state == SUCCEEDED),
+            )
             row = conn.execute(
                 sa.select(jobs_table)
-                .where(jobs_table.c.state == QUEUED)
+                .where(jobs_table.c.state == QUEUED, ready)
                 .order_by(jobs_table.c.seq)
                 .limit(1)
                 .with_for_update(skip_locked=True)
@@ -281,6 +306,24 @@ class JobStore:
                 lease_expires_at=now + lease_s, attempt=attempt, attempts=attempts, progress={}, result={},
             )  # fmt: skip
             return row_to_job(self._row(conn, row.id))
+
+    def _fail_orphans(self, conn: Connection) -> None:
+        """End ``failed`` (reason ``dependency``) every queued job whose `after_job` failed or was cancelled."""
+        dependency = jobs_table.alias("dependency")
+        rows = conn.execute(
+            sa.select(jobs_table, dependency.c.state.label("dependency_state"), dependency.c.error.label("dep_error"))
+            .join(dependency, dependency.c.id == jobs_table.c.after_job)
+            .where(jobs_table.c.state == QUEUED, dependency.c.state.in_((FAILED, CANCELLED)))
+            .with_for_update(of=jobs_table, skip_locked=True)
+        ).all()
+        now = self._now(conn) if rows else 0.0
+        for row in rows:
+            why = (row.dep_error or {}).get("message") or row.dependency_state
+            error = {
+                "reason": DEPENDENCY_FAILED,
+                "message": f"job {row.after_job}, which this job waited for, ended {row.dependency_state}: {why}",
+            }
+            self._transition(conn, row, FAILED, now, {"error": error}, error=error)
 
     def renew(self, lease: Lease, lease_s: float) -> None:
         """The heartbeat: extend the lease by ``lease_s`` from now; `LeaseLost` if it is no longer ours."""
@@ -343,7 +386,7 @@ class JobStore:
         with self._transaction(write=True) as conn:
             row = self._held(conn, lease)
             now = self._now(conn)
-            attempts = _close_attempt(row.attempts, now, state)
+            attempts = close_attempt(row.attempts, now, state)
             self._transition(conn, row, state, now, {"error": error} if error else {}, error=error, attempts=attempts)
 
     def hand_back(self, lease: Lease, message: str) -> str:
@@ -353,7 +396,7 @@ class JobStore:
             row = self._held(conn, lease)
             now = self._now(conn)
             data = {"reason": HANDED_BACK, "message": message, "attempt": row.attempt}
-            attempts = _close_attempt(row.attempts, now, HANDED_BACK)
+            attempts = close_attempt(row.attempts, now, HANDED_BACK)
             # a cancel asked for meanwhile is honoured here rather than by whoever claims the job next
             state = CANCELLED if row.cancel_requested else QUEUED
             self._transition(conn, row, state, now, data, attempts=attempts)
@@ -386,7 +429,7 @@ class JobStore:
             return [self._interrupt(conn, row, now, message) for row in rows]
 
     def _interrupt(self, conn: Connection, row: sa.Row[Any], now: float, message: str) -> Ended:
-        attempts = _close_attempt(row.attempts, now, INTERRUPTED)
+        attempts = close_attempt(row.attempts, now, INTERRUPTED)
         interrupted = sum(1 for a in attempts if a.get("outcome") == INTERRUPTED)
         data = {"reason": INTERRUPTED, "message": message, "attempt": row.attempt}
         if row.cancel_requested:
@@ -405,10 +448,3 @@ class JobStore:
             data["error"] = error
         self._transition(conn, row, state, now, data, attempts=attempts, **values)
         return Ended(row.id, state, row.corpus_dir)
-
-
-def _close_attempt(attempts: list[dict[str, Any]], now: float, outcome: str) -> list[dict[str, Any]]:
-    """The attempts list with its last (open) entry ended at ``now`` with ``outcome``."""
-    if not attempts or "outcome" in attempts[-1]:
-        return list(attempts)
-    return [*attempts[:-1], {**attempts[-1], "ended_at": now, "outcome": outcome}]

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from adapt.jobs import Job, JobStoreError
+from adapt.jobs import JOB_KIND_ADAPT, Job, JobStoreError
 
 metadata = sa.MetaData()
 JSON = sa.JSON().with_variant(JSONB(), "postgresql")
@@ -42,6 +42,8 @@ jobs_table = sa.Table(
     sa.Column("max_attempts", sa.Integer, nullable=False),
     sa.Column("attempts", JSON, nullable=False),
     sa.Column("event_seq", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False, server_default=JOB_KIND_ADAPT),
+    sa.Column("after_job", sa.String(64), nullable=True),  # claimed only once this job succeeded
     sa.Index("adapt_jobs_state_seq", "state", "seq"),
 )
 
@@ -110,6 +112,8 @@ def row_to_job(row: sa.Row[Any]) -> Job:
         attempt=m["attempt"],
         max_attempts=m["max_attempts"],
         attempts=list(m["attempts"]),
+        kind=m["kind"],
+        after_job=m["after_job"],
     )
 
 
@@ -138,5 +142,3 @@ def make_engine(url: sa.URL, timeout_s: float) -> Engine:
         pool_timeout=timeout_s,
         connect_args={"connect_timeout": max(1, int(timeout_s))},
     )
-
-

@@ -33,8 +33,9 @@ from pathlib import Path
 from adapt.context import JobCancelled, JobContext, JobFailed, WorkerStopping
 from adapt.corpus import remove_ended_jobs
 from adapt.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Ended, Job, LeaseLost, StoreUnavailable
-from adapt.pipeline import run_job, scratch_dir
+from adapt.pipeline import run_job
 from adapt.settings import AdaptConfig
+from adapt.stages import scratch_dir
 from adapt.store import JobStore
 
 log = logging.getLogger("adapt.worker")

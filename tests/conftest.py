@@ -77,26 +77,36 @@ def _save_tiny(folder: Path, backbone_factory: Callable[[], object], minilm_l6_p
     return folder
 
 
-@pytest.fixture(scope="session")
-def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Path) -> Path:
+def _tiny_bert(folder: Path, minilm_l6_path: Path, layers: int) -> Path:
     from transformers import BertConfig, BertModel
 
     config = BertConfig(
         vocab_size=30522,
         hidden_size=32,
-        num_hidden_layers=4,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=128,
     )
     return _save_tiny(
-        tmp_path_factory.mktemp("tiny-bert"),
+        folder,
         lambda: BertModel(config, add_pooling_layer=False),
         minilm_l6_path,
         pooling="mean",
         normalize=True,
         max_seq_length=128,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Path) -> Path:
+    return _tiny_bert(tmp_path_factory.mktemp("tiny-bert"), minilm_l6_path, layers=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert6_path(tmp_path_factory: pytest.TempPathFactory, minilm_l6_path: Path) -> Path:
+    """Six layers, like minilm-l6: the sct-tiny student keeps its layers [0, 5]."""
+    return _tiny_bert(tmp_path_factory.mktemp("tiny-bert6"), minilm_l6_path, layers=6)
 
 
 @pytest.fixture(scope="session")

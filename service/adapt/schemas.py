@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapt.jobs import Job
+from adapt.spec import check_student
 
 Objective = Literal["crop-infonce", "sct", "simcse"]
 PromotePolicy = Literal["auto", "never"]
@@ -35,6 +36,17 @@ class AdaptRequest(BaseModel):
     objective: Objective = "crop-infonce"
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     promote: PromotePolicy = "auto"
+    student: str | None = Field(
+        default=None,
+        description="a student recipe (sct-tiny, distil-tiny, distil-tiny-pca): after adapting base_model, distil it "
+        "into that compact student and publish the student as `name`. The base student is built once per base model "
+        "and recipe, as a job of its own that this job waits for (`after_job`).",
+    )
+
+    @field_validator("student")
+    @classmethod
+    def _known_student(cls, value: str | None) -> str | None:
+        return None if value is None else check_student(value)
 
     @model_validator(mode="after")
     def _labels_match(self) -> AdaptRequest:
@@ -81,6 +93,8 @@ class AdaptJob(BaseModel):
 
     id: str
     object: Literal["adapt.job"] = "adapt.job"
+    kind: str = Field(description="adapt (a POST /adapt), or student-build (the one-time build of a base student)")
+    after_job: str | None = Field(description="the job this one waits for: it starts once that job succeeded")
     state: str
     created_at: int
     started_at: int | None
@@ -88,6 +102,7 @@ class AdaptJob(BaseModel):
     base_model: str
     name: str
     hyperparameters: dict[str, Any]
+    student: dict[str, Any] | None = Field(description="the student distilled from the adapted model, when asked")
     corpus: dict[str, Any]
     progress: JobProgress
     evaluation: dict[str, Any] | None
@@ -105,6 +120,8 @@ class AdaptJob(BaseModel):
         published = result.get("model")
         return cls(
             id=job.id,
+            kind=job.kind,
+            after_job=job.after_job,
             state=job.state,
             created_at=int(job.created_at),
             started_at=int(job.started_at) if job.started_at else None,
@@ -112,6 +129,7 @@ class AdaptJob(BaseModel):
             base_model=params["base_model"],
             name=params["name"],
             hyperparameters=params.get("hyperparameters", {}),
+            student=params.get("student"),
             corpus={"documents": job.n_documents, **params.get("corpus", {}), **result.get("corpus", {})},
             progress=JobProgress(**{k: v for k, v in job.progress.items() if k in JobProgress.model_fields}),
             evaluation=result.get("evaluation"),

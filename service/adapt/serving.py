@@ -19,9 +19,16 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from adapt.corpus import CorpusTooLargeError, check_corpus, parse_upload, remove_ended_jobs
-from adapt.jobs import TERMINAL_STATES, JobNotFound, QueueFullError, StoreUnavailable, new_job_id
+from adapt.jobs import (
+    JOB_KIND_STUDENT_BUILD,
+    TERMINAL_STATES,
+    JobNotFound,
+    QueueFullError,
+    StoreUnavailable,
+    new_job_id,
+)
 from adapt.settings import AdaptConfig
-from adapt.spec import ADAPT_METHOD, JobSpec
+from adapt.spec import ADAPT_METHOD, JobSpec, StudentBuildSpec, student_recipes
 from adapt.store import JobStore
 from core import registry
 from core.catalog import BUILTIN_MODELS
@@ -176,6 +183,12 @@ class AdaptAPI:
                 ErrorKind.reserved_name,
                 f"model name {name!r} is a built-in base model and cannot be overwritten: choose another name",
             )
+        if any(name.endswith(f"--{recipe}") for recipe in student_recipes()):
+            raise ServiceError(
+                ErrorKind.reserved_name,
+                f"model name {name!r} has the form <base>--<student recipe>, kept for the base students /adapt "
+                "builds: choose another name",
+            )
         versions = registry.list_versions(self.config.registry_dir, name)
         if versions:
             manifest = registry.read_manifest(self.config.registry_dir / name / versions[-1])
@@ -213,6 +226,7 @@ class AdaptAPI:
             promote=req.promote,
             has_labels=has_labels,
             usable=usable,
+            student=req.student,
         )
 
 
@@ -288,6 +302,7 @@ def queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str
     spec = api.spec_for(req, has_labels=corpus.labels is not None, usable=corpus.usable)
     settings = api.config.settings
     try:
+        after = queue_student_build(api, store, spec) if spec.student is not None else None
         return store.create(
             spec.to_params(),
             corpus_dir=folder,
@@ -295,6 +310,7 @@ def queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str
             max_pending=settings.max_pending_jobs,
             max_attempts=settings.max_attempts,
             job_id=job_id,
+            after_job=after,
         )
     except QueueFullError as err:
         shutil.rmtree(folder, ignore_errors=True)
@@ -302,6 +318,37 @@ def queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str
     except StoreUnavailable:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def queue_student_build(api: AdaptAPI, store: JobStore, spec: JobSpec) -> str | None:
+    """The id of the job that builds the base student ``spec`` starts from — queued now unless one is already
+    queued or running (one build per student, however many replicas ask) — or None when the registry has it."""
+    if spec.student is None:
+        raise ValueError("queue_student_build needs a job spec with a student")
+    settings = api.config.settings
+    build = StudentBuildSpec.build(settings, base_model=spec.base_model, recipe=spec.student.recipe)
+    if registry.current_version(api.config.registry_dir, build.name) is not None:
+        return None
+    build_id = new_job_id()
+    folder = api.config.jobs_dir / build_id
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        job = store.create(
+            build.to_params(),
+            corpus_dir=folder,
+            n_documents=0,
+            max_pending=settings.max_pending_jobs,
+            max_attempts=settings.max_attempts,
+            job_id=build_id,
+            kind=JOB_KIND_STUDENT_BUILD,
+            reuse_active=True,
+        )
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if job.id != build_id:  # another request queued it first
+        shutil.rmtree(folder, ignore_errors=True)
+    return job.id
 
 
 async def stream_events(

@@ -18,6 +18,8 @@ from adapt.jobs import (
     FAILED,
     HANDED_BACK,
     INTERRUPTED,
+    JOB_KIND_ADAPT,
+    JOB_KIND_STUDENT_BUILD,
     QUEUED,
     RUNNING,
     SUCCEEDED,
@@ -226,6 +228,48 @@ def test_a_second_process_opening_the_store_sees_the_same_jobs(store_url: str) -
     job = _create(first)
     second = JobStore(store_url)  # migrations already at head: a no-op
     assert second.get(job.id).state == QUEUED and second.count_by_state()[QUEUED] == 1
+
+
+def _build(store: JobStore, name: str = "base--sct-tiny"):
+    return store.create(
+        _params(name), corpus_dir="/b", n_documents=0, max_pending=100, max_attempts=2, kind=JOB_KIND_STUDENT_BUILD,
+        reuse_active=True,
+    )  # fmt: skip
+
+
+def test_a_job_waits_for_its_dependency_and_one_build_serves_every_waiting_job(store_url: str) -> None:
+    store = JobStore(store_url)
+    build = _build(store)
+    assert build.kind == JOB_KIND_STUDENT_BUILD and build.after_job is None
+    assert _build(store).id == build.id  # queued: asked again, the same build
+    assert _build(store, "other--sct-tiny").id != build.id  # another student, another build
+    waiting = store.create(_params("a"), corpus_dir="/c", n_documents=1, max_pending=100, max_attempts=2,
+                           after_job=build.id)  # fmt: skip
+    assert waiting.kind == JOB_KIND_ADAPT and waiting.after_job == build.id
+    first = store.claim_next("w1", max_running=3, lease_s=LEASE)
+    assert first is not None and first.id == build.id
+    assert _build(store).id == build.id  # running: still the same build
+    second = store.claim_next("w2", max_running=3, lease_s=LEASE)
+    assert second is not None and second.id != waiting.id  # the other build; the waiting job is skipped
+    assert store.claim_next("w3", max_running=3, lease_s=LEASE) is None
+    store.finish(first.lease, SUCCEEDED)
+    third = store.claim_next("w3", max_running=3, lease_s=LEASE)
+    assert third is not None and third.id == waiting.id
+    assert _build(store).id != build.id  # ended: asking again queues a new build
+
+
+def test_a_job_whose_dependency_failed_fails_with_the_reason(store_url: str) -> None:
+    store = JobStore(store_url)
+    build = _build(store)
+    waiting = store.create(_params("a"), corpus_dir="/c", n_documents=1, max_pending=100, max_attempts=2,
+                           after_job=build.id)  # fmt: skip
+    claimed = store.claim_next("w1", max_running=1, lease_s=LEASE)
+    store.finish(claimed.lease, FAILED, reason="training", message="training failed: the loss diverged")
+    assert store.claim_next("w1", max_running=1, lease_s=LEASE) is None
+    failed = store.get(waiting.id)
+    assert failed.state == FAILED and failed.error["reason"] == "dependency"
+    assert build.id in failed.error["message"] and "the loss diverged" in failed.error["message"]
+    assert [e.data["state"] for e in store.events(waiting.id) if e.type == "state"] == [QUEUED, FAILED]
 
 
 def test_a_database_restart_is_unavailable_then_usable_again(postgres) -> None:

@@ -13,8 +13,9 @@ import pytest
 from adapt.context import JobContext, JobFailed
 from adapt.corpus import Corpus
 from adapt.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, LeaseLost
-from adapt.pipeline import general_tasks, scratch_dir, split_corpus, stage_failure
+from adapt.pipeline import split_corpus
 from adapt.settings import AdaptConfig, AdaptSettings
+from adapt.stages import general_tasks, scratch_dir, stage_failure
 from adapt.store import JobStore
 from adapt.worker import ABANDONED, process_job
 

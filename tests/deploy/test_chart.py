@@ -235,7 +235,8 @@ def test_production_adapt_workers_are_a_keda_scaled_job_on_the_shared_store(depl
 
 
 def test_the_scalers_query_counts_the_queued_jobs_of_a_real_store(deploy, postgres) -> None:
-    """KEDA runs the trigger's SQL against the job store: run it against a real one."""
+    """KEDA runs the trigger's SQL against the job store: run it against a real one. A job waiting for a student
+    build counts once the build ended (a worker then runs it, or fails it with reason "dependency")."""
     import psycopg
 
     from adapt.store import JobStore
@@ -246,8 +247,17 @@ def test_the_scalers_query_counts_the_queued_jobs_of_a_real_store(deploy, postgr
     for _ in range(3):
         store.create({"base_model": "b", "name": "n"}, corpus_dir="/c", n_documents=1, max_pending=9, max_attempts=2)
     store.claim_next("w", max_running=9, lease_s=30)  # running: no longer waiting for a pod
+    build = store.create({"base_model": "b", "name": "b--sct-tiny"}, corpus_dir="/b", n_documents=0, max_pending=9,
+                         max_attempts=2, kind="student-build")  # fmt: skip
+    store.create({"base_model": "b", "name": "s"}, corpus_dir="/c", n_documents=1, max_pending=9, max_attempts=2,
+                 after_job=build.id)  # fmt: skip
     with psycopg.connect(url) as conn:
-        assert conn.execute(query).fetchone()[0] == 2
+        assert conn.execute(query).fetchone()[0] == 3  # two adapt jobs and the build; not the job waiting for it
+    claimed = [store.claim_next("w", max_running=9, lease_s=30) for _ in range(3)]
+    assert claimed[-1].id == build.id and store.claim_next("w", max_running=9, lease_s=30) is None
+    store.finish(claimed[-1].lease, "succeeded")
+    with psycopg.connect(url) as conn:
+        assert conn.execute(query).fetchone()[0] == 1  # the waiting job can run now
 
 
 @pytest.mark.parametrize(

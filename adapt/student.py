@@ -1,0 +1,230 @@
+"""Compact students for /adapt: a job that asks for ``"student": "<recipe>"`` publishes a 2-layer model for the
+customer's corpus instead of the adapted teacher — what no embedding server offers.
+
+Two kinds of work, two kinds of job:
+
+* **The base student, built once** (job kind ``student-build``): the student recipe (``sct-tiny``: layers [0, 5] of
+  the teacher, SCT's distillation with the MSE term, papers/001 §3.4; or ``distil-tiny``, ``distil-tiny-pca``) run
+  with its own defaults against the base model, published and promoted in the registry as
+  ``<base>--<recipe>`` (``minilm-l6--sct-tiny``: servable itself), its bundle keeping the torch checkpoint
+  (``checkpoint/``) every student job starts from. The service queues it the first time a job asks for that
+  student, as a job of its own; the asking job waits for it (`adapt.store.JobStore.create`, ``after_job``).
+* **The adapted student** (inside the /adapt job, after the teacher was adapted as always): the adapted teacher is
+  distilled into a copy of the base student with the recipe's objective and whole-text views, on the customer's
+  training documents plus a seeded sample of the recipe's general corpus (so the student keeps what it knew off the
+  customer's domain), for ``student_max_steps`` steps. The teacher's embeddings are computed once per job.
+
+The gate (`student_gate`) decides on the adapted student against the base student — the held-out in-domain task
+must improve, each general task may drop at most ``gate_margin`` points — and reports the same comparison against
+the base teacher (never deciding: a 2-layer student is not expected to keep every point of a 6-layer teacher).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapt.context import JobContext, JobFailed
+from adapt.jobs import Job
+from adapt.settings import AdaptConfig
+from adapt.spec import JobSpec, SpecError, StudentBuildSpec, base_student_name
+from adapt.stages import (
+    CACHE_VOLUME,
+    SCRATCH_VOLUME,
+    general_tasks,
+    guarded,
+    publish_stage,
+    run_training,
+    score_models,
+    scratch_dir,
+)
+from core import registry as reg
+from core.catalog import resolve_model
+from core.model_folder import RECIPE_FILE, read_trained_on
+from evaluation.gate import adapt_gate
+from evaluation.models import EmbeddingModel, load_model
+from evaluation.tasks import CropPairRetrieval
+from export.api import build_bundle
+from training.config import TrainConfig, load_config
+from training.data import load_corpus
+from training.encoder import Encoder
+from training.torch_model import TorchModel
+
+STUDENT_CHECKPOINT = "checkpoint"  # the folder of a base student's bundle that keeps its torch checkpoint
+STUDENT_METHOD = "student"  # manifest method.name of a base student
+# The roles a student job scores; the first two are the gate's (base → adapted), the teacher's is reported.
+BASE_TEACHER, ADAPTED_TEACHER, BASE_STUDENT, ADAPTED_STUDENT = (
+    "base_teacher", "adapted_teacher", "base_student", "adapted_student",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DistilledStudent:
+    name: str  # the base student's registry name (<base>--<recipe>)
+    checkpoint: Path  # the adapted student (best checkpoint of the distillation)
+    base_checkpoint: Path  # the base student it started from
+    trained_on: list[str]  # the corpora the base student was trained on
+
+
+def base_student_checkpoint(registry: Path, name: str) -> Path:
+    """The torch checkpoint kept in the promoted bundle of the base student ``name``."""
+    try:
+        bundle = reg.current_bundle(registry, name)
+    except reg.RegistryError as err:
+        raise JobFailed("student", f"the base student {name!r} is not in the registry ({err})") from err
+    checkpoint = bundle / STUDENT_CHECKPOINT
+    if not (checkpoint / "config.json").is_file():
+        raise JobFailed(
+            "student", f"{bundle} keeps no torch checkpoint ({STUDENT_CHECKPOINT}/): it was not built by a "
+            "student-build job; remove it (or promote another version) and ask again to rebuild it",
+        )  # fmt: skip
+    return checkpoint
+
+
+def build_student(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
+    """A ``student-build`` job: train the recipe's student of the base model once, publish and promote it (a
+    no-op when a promoted version already exists: whoever asked first built it)."""
+    try:
+        spec = StudentBuildSpec.from_params(job.params)
+    except SpecError as err:
+        raise JobFailed("spec", str(err)) from err
+    settings = config.settings
+    current = reg.current_version(config.registry_dir, spec.name)
+    if current is not None:
+        ctx.result({"model": {"name": spec.name, "version": current, "promoted": True, "already_built": True}},
+                   event="published")  # fmt: skip
+        ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))
+        return
+    work = scratch_dir(job)
+    shutil.rmtree(work, ignore_errors=True)
+    ctx.stage("preparing", attempt=job.attempt)
+    teacher = resolve_model(settings.base_models.get(spec.base_model, spec.base_model), config.cache_dir)
+    recipe = load_config(spec.recipe)
+    limits = {"max_steps": spec.max_steps, "max_documents": spec.max_documents}
+    train_config = dataclasses.replace(
+        recipe, name=spec.name, model=str(teacher), seed=spec.seed, num_threads=settings.worker_threads,
+        output_dir=str(work / "train"), progress_bar=False, **{k: v for k, v in limits.items() if v is not None},
+    )  # fmt: skip
+    result = run_training(ctx, train_config, cache_dir=config.cache_dir)
+    ctx.check()
+
+    ctx.stage("exporting")
+    staging = work / "bundle"
+    staging.mkdir(parents=True, exist_ok=True)
+    with guarded("export", SCRATCH_VOLUME):
+        encoder = Encoder.from_pretrained(result.best_dir)
+        encoder.source = spec.base_model
+        method = {"name": STUDENT_METHOD, "hyperparameters": {**train_config.to_dict(), "job": job.id}}
+        trained_on = read_trained_on(result.best_dir)
+        manifest = build_bundle(encoder, staging, spec.name, method=method, trained_on=trained_on)
+        shutil.copytree(result.best_dir, staging / STUDENT_CHECKPOINT)
+        shutil.copy2(result.output_dir / RECIPE_FILE, staging / STUDENT_CHECKPOINT / RECIPE_FILE)
+    ctx.check()
+
+    ctx.set_state("evaluating")
+    with guarded("evaluation", CACHE_VOLUME):
+        models = {"teacher": TorchModel(Encoder.from_pretrained(teacher)), "student": load_model(staging)}
+        general = general_tasks(settings.general_tasks, trained_on)
+        evaluation = score_models(ctx, config, models, None, general, general_roles=models)
+    gate = {"passed": True, "gated": False, "reasons": [], "note": "a base student is published as built; its "
+            "general scores against its teacher are reported, not gated"}  # fmt: skip
+    ctx.result({"evaluation": evaluation, "gate": gate}, event="evaluation")
+    ctx.check()
+    publish_stage(job, ctx, config, staging, manifest, evaluation, gate, promote=True)
+
+
+def distil_stage(
+    spec: JobSpec, ctx: JobContext, config: AdaptConfig, teacher: Path, documents: list[str], work: Path
+) -> DistilledStudent:
+    """Distil the adapted teacher into a copy of the base student: the recipe's objective on whole texts of the
+    customer's training documents plus ``general_documents`` of the recipe's corpus (never the held-out ones)."""
+    plan = spec.student
+    if plan is None:
+        raise ValueError("distil_stage needs a job spec with a student")
+    hp = spec.hyperparameters
+    name = base_student_name(spec.base_model, plan.recipe)
+    base = base_student_checkpoint(config.registry_dir, name)
+    recipe = load_config(plan.recipe)
+    ctx.stage("distilling", detail="reading general text")
+    with guarded("distillation", SCRATCH_VOLUME):
+        general = load_corpus(recipe.corpus, max_documents=plan.general_documents, seed=hp.seed)
+    train_config = TrainConfig(
+        name=spec.name,
+        model=str(base),
+        teacher=str(teacher),
+        max_seq_length=recipe.max_seq_length,
+        objective=recipe.objective,
+        objective_params=recipe.objective_params,
+        views=recipe.views,
+        text_sentences=recipe.text_sentences,
+        corpus=tuple(documents) + tuple(general[: plan.general_documents]),
+        validation=None,
+        max_steps=plan.max_steps,
+        epochs=None,
+        time_budget_s=plan.time_budget_s,
+        batch_size=recipe.batch_size,
+        lr=recipe.lr,
+        warmup=recipe.warmup,
+        grad_clip=recipe.grad_clip,
+        seed=hp.seed,
+        num_threads=config.settings.worker_threads,
+        output_dir=str(work / "student"),
+        progress_bar=False,
+        log_every=10,
+    )
+    result = run_training(ctx, train_config, stage="distilling", done="distilled", reason="distillation")
+    return DistilledStudent(name, result.best_dir, base, read_trained_on(base))
+
+
+def evaluate_student(
+    ctx: JobContext,
+    config: AdaptConfig,
+    spec: JobSpec,
+    base_path: Path,
+    adapted_teacher: Path,
+    student: DistilledStudent,
+    bundle: Path,
+    held_out: CropPairRetrieval,
+    knn: tuple[list[str], list[str] | None, int],
+) -> dict[str, Any]:
+    """Score the base and adapted teacher and the base and adapted student (the ONNX bundle that will be served) on
+    the held-out documents; the base teacher and both students also on the general tasks out-of-domain for the
+    student (and on kNN when labels were given)."""
+    with guarded("evaluation", CACHE_VOLUME):
+        models: dict[str, EmbeddingModel] = {
+            BASE_TEACHER: TorchModel(Encoder.from_pretrained(base_path)),
+            ADAPTED_TEACHER: TorchModel(Encoder.from_pretrained(adapted_teacher)),
+            BASE_STUDENT: TorchModel(Encoder.from_pretrained(student.base_checkpoint)),
+            ADAPTED_STUDENT: load_model(bundle),
+        }
+        general = general_tasks(spec.hyperparameters.general_tasks, student.trained_on)
+        roles = (BASE_TEACHER, BASE_STUDENT, ADAPTED_STUDENT)
+        return score_models(ctx, config, models, held_out, general, general_roles=roles, knn=knn)
+
+
+def student_gate(evaluation: Mapping[str, Any], *, margin: float) -> dict[str, Any]:
+    """The adapted student against the base student (decides promotion) and against the base teacher (reported)."""
+
+    def pair(scores: Mapping[str, Any] | None, base: str) -> dict[str, Any] | None:
+        return None if scores is None else {"base": scores[base], "adapted": scores[ADAPTED_STUDENT]}
+
+    def against(base: str) -> dict[str, Any]:
+        return adapt_gate(
+            pair(evaluation["in_domain"], base),
+            pair(evaluation.get("general_tasks"), base),
+            pair(evaluation.get("knn"), base),
+            margin=margin,
+        )
+
+    decides, reported = against(BASE_STUDENT), against(BASE_TEACHER)
+    return {
+        **decides,
+        "compared_with": {
+            BASE_STUDENT: {**decides, "decides": True},
+            BASE_TEACHER: {**reported, "decides": False},
+        },
+    }

@@ -1,0 +1,156 @@
+"""`embedder adapt`: submit a corpus to a running server's ``POST /adapt`` and follow the job to its end.
+
+    embedder adapt docs.jsonl --base-model minilm-l6 --name support-docs
+    embedder adapt docs.jsonl --base-model minilm-l6 --name support-docs-fast --student sct-tiny
+    embedder adapt --job adaptjob-…          # follow a job already queued
+
+The corpus file goes up as the multipart ``file`` (JSONL, JSON, Parquet or text: the server reads it, docs/ADAPT.md).
+A job asking for a ``--student`` may first wait for the one-time build of its base student, a job of its own: it is
+followed too. Progress goes to stderr; the final job (JSON) to stdout with ``--json``. Exit code: 0 when the job
+succeeded and its model was promoted (or ``--promote never``), 1 when it failed or was cancelled, 3 when it
+succeeded but the gate kept the model from being promoted (the reasons are printed). HTTP only: no torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="embedder adapt", description=__doc__.split("\n\n")[0])
+    p.add_argument("corpus", nargs="?", type=Path, help="the corpus file (omit with --job)")
+    p.add_argument("--job", default=None, help="follow this job instead of submitting one")
+    p.add_argument("--base-model", default="minilm-l6", help="the model to adapt (default: minilm-l6)")
+    p.add_argument("--name", default=None, help="name the adapted model is published under (required to submit)")
+    p.add_argument("--student", default=None, help="publish a compact student instead (sct-tiny, distil-tiny, ...)")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--time-budget-s", type=float, default=None)
+    p.add_argument("--objective", default=None, help="crop-infonce (default), sct or simcse")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--promote", choices=("auto", "never"), default=None)
+    p.add_argument("--url", default=os.environ.get("EMBED_URL", "http://127.0.0.1:8080"),
+                   help="the server (default: $EMBED_URL or http://127.0.0.1:8080)")  # fmt: skip
+    p.add_argument("--api-key", default=os.environ.get("EMBED_ADMIN_API_KEY"),
+                   help="an admin key (default: $EMBED_ADMIN_API_KEY)")  # fmt: skip
+    p.add_argument("--no-follow", action="store_true", help="print the queued job and exit")
+    p.add_argument("--json", action="store_true", help="print the final job as JSON on stdout")
+    args = p.parse_args(argv)
+    if (args.corpus is None) == (args.job is None):
+        p.error("give a corpus file to submit, or --job ID to follow")
+    if args.corpus is not None and not args.name:
+        p.error("--name is required to submit a corpus")
+    return args
+
+
+def _fail(response: httpx.Response) -> int:
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text
+    print(f"embedder adapt: the server answered {response.status_code}: {message}", file=sys.stderr)
+    return 1
+
+
+def submit(client: httpx.Client, args: argparse.Namespace) -> httpx.Response:
+    fields = {
+        "base_model": args.base_model, "name": args.name, "student": args.student, "max_steps": args.max_steps,
+        "time_budget_s": args.time_budget_s, "objective": args.objective, "seed": args.seed, "promote": args.promote,
+    }  # fmt: skip
+    data = {k: str(v) for k, v in fields.items() if v is not None}
+    with args.corpus.open("rb") as corpus:
+        return client.post("/adapt", data=data, files={"file": (args.corpus.name, corpus)})
+
+
+def follow(client: httpx.Client, job_id: str, label: str) -> dict[str, Any]:
+    """Print the job's stage changes and training steps (stderr) until it ends; return the final job."""
+    shown = None
+    with client.stream("GET", f"/adapt/{job_id}/events", timeout=None) as events:
+        kind = None
+        for line in events.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+                continue
+            if not line.startswith("data: "):
+                continue
+            data = json.loads(line.removeprefix("data: "))
+            if kind == "done":
+                return data
+            if kind == "state":
+                print(f"[{label}] {data['state']}" + (f" ({data['reason']})" if data.get("reason") else ""),
+                      file=sys.stderr)  # fmt: skip
+            elif kind == "progress" and data.get("stage"):
+                step = f" {data['step']}/{data.get('total') or '?'}" if data.get("step") else ""
+                line_out = f"[{label}] {data['stage']}{step}" + (f" — {data['detail']}" if data.get("detail") else "")
+                if line_out != shown:
+                    print(line_out, file=sys.stderr)
+                    shown = line_out
+    return client.get(f"/adapt/{job_id}").json()
+
+
+def summary(job: dict[str, Any]) -> str:
+    lines = [f"job {job['id']}: {job['state']}"]
+    if job.get("error"):
+        lines.append(f"  error ({job['error']['reason']}): {job['error']['message']}")
+    evaluation = job.get("evaluation") or {}
+    for key in ("in_domain", "general", "knn"):
+        if evaluation.get(key):
+            scores = ", ".join(f"{role} {value:.2f}" for role, value in evaluation[key].items())
+            lines.append(f"  {key.replace('_', '-')}: {scores}")
+    gate = job.get("gate") or {}
+    if gate:
+        lines.append(f"  gate: {'passed' if gate.get('passed') else 'failed'}")
+        lines += [f"    {reason}" for reason in gate.get("reasons") or []]
+    if job.get("model"):
+        model = job["model"]
+        lines.append(f"  model: {model['name']} version {model['version']}, "
+                     f"{'promoted (served now)' if model['promoted'] else 'not promoted'}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run(client: httpx.Client, args: argparse.Namespace) -> int:
+    """Submit (or find) the job, follow it and its student build, print the outcome; the exit code."""
+    try:
+        if args.job is not None:
+            found = client.get(f"/adapt/{args.job}")
+            if found.status_code != 200:
+                return _fail(found)
+            queued = found.json()
+        else:
+            answer = submit(client, args)
+            if answer.status_code != 202:
+                return _fail(answer)
+            queued = answer.json()
+            print(f"queued {queued['id']}", file=sys.stderr)
+        if args.no_follow:
+            print(json.dumps(queued, indent=2))
+            return 0
+        if queued.get("after_job"):
+            print(f"waiting for {queued['after_job']}, the one-time build of the base student", file=sys.stderr)
+            print(summary(follow(client, queued["after_job"], "student build")), file=sys.stderr)
+        job = follow(client, queued["id"], queued["name"])
+    except httpx.TransportError as err:
+        print(f"embedder adapt: cannot reach {client.base_url}: {err}", file=sys.stderr)
+        return 1
+    print(summary(job), file=sys.stderr)
+    if args.json:
+        print(json.dumps(job, indent=2))
+    if job["state"] != "succeeded":
+        return 1
+    promoted = (job.get("model") or {}).get("promoted")
+    return 0 if promoted or args.promote == "never" else 3
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    with httpx.Client(base_url=args.url, headers=headers, timeout=60) as client:
+        return run(client, args)

@@ -1,0 +1,135 @@
+"""/adapt with ``"student"``: the job waits for the one-time build of its base student (a job of its own), adapts the
+teacher, distils it into a copy of that student and publishes the 2-layer student; a second job reuses the built
+student. Teacher: a tiny 6-layer BERT (sct-tiny keeps its layers [0, 5]); every budget is a few steps, so this tests
+the machinery, not the quality (docs/BENCHMARKS.md "Adapt: a compact student" has the figures)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from core import registry
+from embedder import adapt_cli
+from service.app import create_app
+from service.settings import ServiceSettings
+from tests.adapt.cluster import ADMIN, AUTH, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def service(
+    tmp_path_factory: pytest.TempPathFactory, base_registry: Path, tiny_bert6_path: Path
+) -> Iterator[tuple[TestClient, ServiceSettings]]:
+    root = tmp_path_factory.mktemp("adapt-student")
+    shutil.copytree(base_registry, root / "registry", symlinks=True)
+    settings = ServiceSettings.from_flat(
+        registry_dir=root / "registry", default_model="tiny-base", registry_poll_seconds=0.3, warmup=False,
+        admin_api_keys=[ADMIN], adapt_dir=root / "adapt", adapt_base_models={"tiny6": str(tiny_bert6_path)},
+        adapt_min_documents=16, adapt_batch_size=8, adapt_max_steps=6, adapt_lr=5e-3, adapt_train_last_layers=0,
+        adapt_worker_threads=1, adapt_general_tasks=["LeeDocSTS", "PyDocModuleClustering"], adapt_general_fast=True,
+        adapt_lease_seconds=5.0, adapt_student_max_steps=4, adapt_student_general_documents=16,
+        adapt_student_build_max_steps=3, adapt_student_build_max_documents=48,
+    )  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        yield client, settings
+
+
+def _job(client: TestClient, job_id: str) -> dict[str, Any]:
+    r = client.get(f"/adapt/{job_id}", headers=AUTH)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _finished(client: TestClient, job_id: str) -> dict[str, Any]:
+    active = ("queued", "running", "evaluating")
+    return wait_for(lambda: (j := _job(client, job_id))["state"] not in active and j, timeout_s=300)
+
+
+def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_layer_student(
+    service: tuple[TestClient, ServiceSettings], corpus: list[str]
+) -> None:
+    client, settings = service
+    body = {"base_model": "tiny6", "name": "news-tiny", "texts": corpus, "student": "sct-tiny"}
+    r = client.post("/adapt", json=body, headers=AUTH)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["kind"] == "adapt" and job["student"]["recipe"] == "sct-tiny"
+    build_id = job["after_job"]
+    assert build_id is not None
+    listed = {j["id"]: j for j in client.get("/adapt", headers=AUTH).json()["data"]}
+    assert listed[build_id]["kind"] == "student-build" and listed[build_id]["name"] == "tiny6--sct-tiny"
+    # a second request while the build is pending waits for the same build, not a new one
+    again = client.post("/adapt", json={**body, "name": "news-tiny-2", "promote": "never"}, headers=AUTH).json()
+    assert again["after_job"] == build_id
+
+    build = _finished(client, build_id)
+    assert build["state"] == "succeeded", build["error"]
+    assert build["model"] == {"name": "tiny6--sct-tiny", "version": "1", "promoted": True}
+    student_bundle = registry.current_bundle(settings.registry_dir, "tiny6--sct-tiny")
+    manifest = json.loads((student_bundle / registry.MANIFEST).read_text())
+    assert manifest["layers"] == 2 and manifest["method"]["name"] == "student"
+    assert (student_bundle / "checkpoint" / "config.json").is_file()
+
+    done = _finished(client, job["id"])
+    assert done["state"] == "succeeded", done["error"]
+    roles = {"base_teacher", "adapted_teacher", "base_student", "adapted_student"}
+    assert set(done["evaluation"]["in_domain"]) == roles
+    # the general tasks the student trained on (Lee's news) are left out for every role; the rest score all but
+    # the adapted teacher, which is not served
+    assert done["evaluation"]["general_in_domain"] == ["LeeDocSTS"]
+    assert set(done["evaluation"]["general"]) == roles - {"adapted_teacher"}
+    gate = done["gate"]
+    assert gate["compared_with"]["base_student"]["decides"] is True
+    assert gate["compared_with"]["base_teacher"]["decides"] is False
+    assert gate["passed"] == gate["compared_with"]["base_student"]["passed"]
+    published = registry.read_manifest(settings.registry_dir / "news-tiny" / done["model"]["version"])
+    assert published["layers"] == 2 and published["method"]["hyperparameters"]["student"]["recipe"] == "sct-tiny"
+    assert published["base_model"] == "tiny6--sct-tiny"  # distilled into that student, from the adapted tiny6
+    assert "adapt:news-tiny" in published["trained_on"] and "lee_background" in published["trained_on"]
+    assert _finished(client, again["id"])["state"] == "succeeded"
+
+    # built once: the next job starts at once
+    third = client.post("/adapt", json={**body, "name": "news-tiny-3", "promote": "never"}, headers=AUTH).json()
+    assert third["after_job"] is None
+    assert _finished(client, third["id"])["state"] == "succeeded"
+
+
+def test_the_cli_submits_a_corpus_file_follows_the_job_and_says_how_it_ended(
+    service: tuple[TestClient, ServiceSettings], corpus: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    client, _ = service
+    path = tmp_path / "news.jsonl"
+    path.write_text("".join(json.dumps(text) + "\n" for text in corpus))
+    argv = [str(path), "--base-model", "tiny6", "--name", "news-cli", "--student", "sct-tiny", "--max-steps", "3"]
+    args = adapt_cli.parse_args([*argv, "--json"])
+    client.headers.update(AUTH)  # what `embedder adapt --api-key` sets on its client
+    try:
+        code = adapt_cli.run(client, args)
+        out, err = capsys.readouterr()
+        assert out, err
+        job = json.loads(out)
+        assert job["state"] == "succeeded" and job["student"]["recipe"] == "sct-tiny"
+        assert code == (0 if job["model"]["promoted"] else 3)  # 3: succeeded, but the gate kept the model back
+        assert f"queued {job['id']}" in err and "distilling" in err and "gate:" in err
+        assert adapt_cli.run(client, adapt_cli.parse_args(["--job", "adaptjob-nope"])) == 1
+        assert "404" in capsys.readouterr().err
+    finally:
+        del client.headers["Authorization"]
+
+
+def test_unknown_students_and_reserved_names_are_refused(
+    service: tuple[TestClient, ServiceSettings], corpus: list[str]
+) -> None:
+    client, _ = service
+    body = {"base_model": "tiny6", "name": "news-x", "texts": corpus}
+    r = client.post("/adapt", json={**body, "student": "bert-huge"}, headers=AUTH)
+    assert r.status_code == 422 and "sct-tiny" in r.text
+    r = client.post("/adapt", json={**body, "name": "mine--distil-tiny"}, headers=AUTH)
+    assert r.status_code == 422 and "base students" in r.text
