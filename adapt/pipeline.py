@@ -38,9 +38,10 @@ from adapt.context import JobContext, JobFailed
 from adapt.corpus import read_job_corpus
 from adapt.jobs import EVALUATING, JOB_KIND_STUDENT_BUILD, Job
 from adapt.settings import AdaptConfig
-from adapt.spec import OBJECTIVES, JobSpec, SpecError
+from adapt.spec import JobSpec, SpecError
 from adapt.stages import (
     CACHE_VOLUME,
+    adapt_config,
     export_stage,
     general_tasks,
     guarded,
@@ -56,7 +57,6 @@ from core.text import CropRule, can_crop, choose_crop_rule, crop_yield, hold_out
 from evaluation.gate import IN_DOMAIN_TASK, adapt_gate
 from evaluation.models import load_model
 from evaluation.tasks import CropPairRetrieval
-from training.config import TrainConfig
 from training.encoder import Encoder
 from training.torch_model import TorchModel
 
@@ -132,7 +132,7 @@ def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
                                              rule=rule)  # fmt: skip
     knn = (texts, labels, spec.hyperparameters.seed)
     if spec.student is not None:
-        student = distil_stage(spec, ctx, config, trained, split.train, work)
+        student = distil_stage(spec, ctx, config, trained, split.train, rule, work)
         ctx.check()
         staging, manifest = export_stage(
             spec, job.id, student.checkpoint, rule, work, student.trained_on, source=student.name
@@ -196,30 +196,7 @@ def train_stage(
     work: Path,
 ) -> Path:
     """Fine-tune the base model on the training documents, cropped with the job's rule; the best checkpoint."""
-    hp = spec.hyperparameters
-    objective, views = OBJECTIVES[hp.objective]
-    config = TrainConfig(
-        name=spec.name,
-        model=str(base_path),
-        max_seq_length=hp.max_seq_length,
-        train_last_layers=hp.train_last_layers,
-        anchor_weight=hp.anchor_weight,
-        objective=objective,
-        views=views,
-        corpus=tuple(documents),
-        validation=None,
-        max_steps=hp.max_steps,
-        epochs=None,
-        time_budget_s=hp.time_budget_s,
-        batch_size=min(hp.batch_size, max(2, len(documents))),
-        lr=hp.lr,
-        warmup=0.1,
-        seed=hp.seed,
-        num_threads=threads,
-        output_dir=str(work / "train"),
-        progress_bar=False,
-        log_every=10,
-    )
+    config = adapt_config(spec, base_path, documents, work / "train", threads=threads)
     return run_training(ctx, config, crop_rule=rule).best_dir
 
 

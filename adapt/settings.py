@@ -168,13 +168,25 @@ class AdaptSettings(BaseSettings):
         description="Distillation steps of the adapted model into its student (batch of the student's recipe).",
     )
     student_time_budget_s: float = Field(
-        default=150.0, gt=0, description="Distillation time budget (whichever of steps/time ends first)."
+        default=120.0, gt=0, description="Distillation time budget (whichever of steps/time ends first)."
     )
     student_general_documents: int = Field(
         default=1000,
         ge=0,
         description="General documents (a seeded sample of the student recipe's corpus) distilled beside the "
         "customer's, so the student keeps what it knew off the customer's domain; 0 = the customer's only.",
+    )
+    student_adapt_steps: int = Field(
+        default=60,
+        ge=0,
+        description="Steps of the job's own recipe (crop InfoNCE with the MSE anchor) on the distilled student, every "
+        "layer trained: what distillation alone leaves of the in-domain gain; 0 = distillation only.",
+    )
+    student_adapt_lr: float = Field(
+        default=1e-4, gt=0, description="Peak learning rate of that step (a 2-layer student takes more than 2e-5)."
+    )
+    student_adapt_time_budget_s: float = Field(
+        default=90.0, gt=0, description="Time budget of that step (whichever of steps/time ends first)."
     )
     student_build_max_steps: int = Field(
         default=0,

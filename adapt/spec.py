@@ -64,6 +64,9 @@ class StudentPlan:
     max_steps: int | None
     time_budget_s: float | None
     general_documents: int  # general texts (the recipe's corpus, a seeded sample) mixed with the customer's
+    adapt_steps: int  # then the job's crop recipe on the student itself (0: distillation only)
+    adapt_lr: float
+    adapt_time_budget_s: float
 
     def __post_init__(self) -> None:
         check_student(self.recipe)
@@ -186,8 +189,10 @@ class JobSpec:
         plan = None
         if student is not None:
             plan = StudentPlan(
-                student, settings.student_max_steps, settings.student_time_budget_s, settings.student_general_documents
-            )
+                student, settings.student_max_steps, settings.student_time_budget_s,
+                settings.student_general_documents, settings.student_adapt_steps, settings.student_adapt_lr,
+                settings.student_adapt_time_budget_s,
+            )  # fmt: skip
         return cls(base_model, name, hyperparameters, promote, has_labels, usable, plan)
 
     def to_params(self) -> dict[str, Any]:

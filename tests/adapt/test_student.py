@@ -35,7 +35,7 @@ def service(
         adapt_min_documents=16, adapt_batch_size=8, adapt_max_steps=6, adapt_lr=5e-3, adapt_train_last_layers=0,
         adapt_worker_threads=1, adapt_general_tasks=["LeeDocSTS", "PyDocModuleClustering"], adapt_general_fast=True,
         adapt_lease_seconds=5.0, adapt_student_max_steps=4, adapt_student_general_documents=16,
-        adapt_student_build_max_steps=3, adapt_student_build_max_documents=48,
+        adapt_student_adapt_steps=3, adapt_student_build_max_steps=3, adapt_student_build_max_documents=48,
     )  # fmt: skip
     with TestClient(create_app(settings)) as client:
         yield client, settings
@@ -117,7 +117,7 @@ def test_the_cli_submits_a_corpus_file_follows_the_job_and_says_how_it_ended(
         job = json.loads(out)
         assert job["state"] == "succeeded" and job["student"]["recipe"] == "sct-tiny"
         assert code == (0 if job["model"]["promoted"] else 3)  # 3: succeeded, but the gate kept the model back
-        assert f"queued {job['id']}" in err and "distilling" in err and "gate:" in err
+        assert f"queued {job['id']}" in err and "distilling" in err and "adapting student" in err and "gate:" in err
         assert adapt_cli.run(client, adapt_cli.parse_args(["--job", "adaptjob-nope"])) == 1
         assert "404" in capsys.readouterr().err
     finally:
