@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from adapt.context import JobContext, JobFailed
-from adapt.jobs import Job
+from adapt.jobs import EVALUATING, Job
 from adapt.settings import AdaptConfig
 from adapt.spec import JobSpec, SpecError, StudentBuildSpec, base_student_name
 from adapt.stages import (
@@ -128,7 +128,7 @@ def build_student(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
         shutil.copy2(result.output_dir / RECIPE_FILE, staging / STUDENT_CHECKPOINT / RECIPE_FILE)
     ctx.check()
 
-    ctx.set_state("evaluating")
+    ctx.set_state(EVALUATING)
     with guarded("evaluation", CACHE_VOLUME):
         models = {"teacher": TorchModel(Encoder.from_pretrained(teacher)), "student": load_model(staging)}
         general = general_tasks(settings.general_tasks, trained_on)
