@@ -171,7 +171,7 @@ class AdaptSettings(BaseSettings):
         default=120.0, gt=0, description="Distillation time budget (whichever of steps/time ends first)."
     )
     student_general_documents: int = Field(
-        default=1000,
+        default=2000,
         ge=0,
         description="General documents (a seeded sample of the student recipe's corpus) distilled beside the "
         "customer's, so the student keeps what it knew off the customer's domain; 0 = the customer's only.",
