@@ -191,8 +191,8 @@ class AdaptSettings(BaseSettings):
     student_build_max_steps: int = Field(
         default=0,
         ge=0,
-        description="Steps of the one-time build of a base student; 0 = its recipe's own (sct-tiny: 300, ~25 min on "
-        "2 AVX2 cores). Fewer builds sooner and a weaker student.",
+        description="Steps of the one-time build of a base student; 0 = its recipe's own (sct-tiny: 300, ~28 min on "
+        "2 AVX2 cores, the teacher's pass included). Fewer builds sooner and a weaker student.",
     )
     student_build_max_documents: int = Field(
         default=0, ge=0, description="Documents the base-student build reads; 0 = its recipe's own."
