@@ -4,6 +4,7 @@ psycopg 3 with a pool that replaces connections a restarted server broke. Used b
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -92,29 +93,9 @@ def engine_url(url: str) -> sa.URL:
 
 
 def row_to_job(row: sa.Row[Any]) -> Job:
-    m = row._mapping
-    return Job(
-        id=m["id"],
-        state=m["state"],
-        created_at=m["created_at"],
-        started_at=m["started_at"],
-        finished_at=m["finished_at"],
-        params=m["params"],
-        corpus_dir=m["corpus_dir"],
-        n_documents=m["n_documents"],
-        progress=m["progress"],
-        result=m["result"],
-        error=m["error"],
-        cancel_requested=bool(m["cancel_requested"]),
-        worker_id=m["worker_id"],
-        heartbeat_at=m["heartbeat_at"],
-        lease_expires_at=m["lease_expires_at"],
-        attempt=m["attempt"],
-        max_attempts=m["max_attempts"],
-        attempts=list(m["attempts"]),
-        kind=m["kind"],
-        after_job=m["after_job"],
-    )
+    """Every `Job` field is the column of the same name (SQLite hands back integers for booleans)."""
+    values = {f.name: row._mapping[f.name] for f in dataclasses.fields(Job)}
+    return Job(**values | {"cancel_requested": bool(values["cancel_requested"]), "attempts": list(values["attempts"])})
 
 
 def make_engine(url: sa.URL, timeout_s: float) -> Engine:
