@@ -87,6 +87,9 @@ class TrainConfig:
     crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
     crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
     text_sentences: int = 1  # views = "texts": sentences drawn from each document besides the document itself
+    # views = "texts": a file of precomputed targets (training.targets.write_vectors: text SHA-256 → vector) used
+    # for its texts instead of the teacher's own embedding (/adapt's students: the base teacher's of general text)
+    teacher_vectors: str | None = None
 
     # --- data ---------------------------------------------------------------------------------
     corpus: str | tuple[str, ...] = "aclsum"  # built-in corpus name, a file/folder path, or the texts
@@ -175,6 +178,9 @@ class TrainConfig:
             problems.append(f"text_sentences must be >= 0, got {self.text_sentences}")
         if self.objective == "simcse" and self.views != "dropout":
             problems.append("objective 'simcse' is InfoNCE on dropout views: set views = 'dropout'")
+        if self.teacher_vectors is not None and (self.views != "texts" or self.objective not in TEACHER_OBJECTIVES):
+            problems.append("teacher_vectors are the targets of whole texts: use views = 'texts' with a teacher "
+                            f"objective {TEACHER_OBJECTIVES}")  # fmt: skip
         if problems:
             raise ConfigError("invalid training config: " + "; ".join(problems))
 

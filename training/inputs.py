@@ -3,11 +3,14 @@ validation, the crop rule, and the whole-text units of ``views = "texts"``."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
+from core.model_folder import TRAINED_ON_KEY
 from core.text import CropRule, choose_crop_rule
-from training.config import TrainConfig
+from training.config import TrainConfig, from_dict
 from training.data import ScoredPair, load_corpus, load_scored_pairs, split_documents, text_units
 from training.validation import CropPairValidation, ScoredPairValidation, Validation
 
@@ -64,3 +67,14 @@ def _validation_source(config: TrainConfig, documents: list[str]) -> tuple[list[
         return split.train, split.validation
     spec = list(config.validation) if isinstance(config.validation, tuple) else config.validation
     return documents, load_corpus(spec, max_documents=config.max_validation_documents, seed=config.seed)
+
+
+def recipe_training_texts(recipe_file: Path) -> list[str]:
+    """The whole texts a ``views = "texts"`` run trained on (validation held out), rebuilt from the ``recipe.json``
+    it wrote: its corpus, documents, seed and split are all there, so the same texts come back."""
+    values = json.loads(Path(recipe_file).read_text())
+    values.pop(TRAINED_ON_KEY, None)
+    config = from_dict(values)
+    if config.views != "texts":
+        raise ValueError(f"{recipe_file} is not a whole-text run (views = {config.views!r})")
+    return load_training_data(config).documents

@@ -75,13 +75,20 @@ def pick_layer(scores: Sequence[float], *, max_layers: int | None = None, tolera
     return max(i for i, score in enumerate(candidates, start=1) if score >= best - tolerance)
 
 
+def cut_texts(encoder: Encoder, max_seq_length: int | None) -> Encoder:
+    """``encoder`` with its inputs cut to ``max_seq_length`` tokens (a run's limit), never beyond its own limit;
+    how a run loads its start model, and so the teacher whose embeddings a teacher-embedding store keeps."""
+    if max_seq_length is not None:
+        encoder.max_seq_length = min(max_seq_length, encoder.max_seq_length)
+    return encoder
+
+
 def build_models(config: TrainConfig, device: torch.device, validation: Validation | None) -> Models:
     """The trained encoder and, for SCT and MSE distillation, the frozen reference encoder (teacher or initial
     copy). ``validation`` is needed only by ``truncate = 'probe'``, which scores every layer on it."""
     base = Encoder.from_pretrained(config.model, pooling=config.pooling, device=device)
     saved_max_seq_length = base.max_seq_length
-    if config.max_seq_length is not None:  # training texts are cut shorter; students copy this from base
-        base.max_seq_length = min(config.max_seq_length, saved_max_seq_length)
+    base = cut_texts(base, config.max_seq_length)  # training texts are cut shorter; students copy this from base
     if config.student == "layer_subset":
         student = layer_subset_student(base, config.student_layers)
     elif config.student == "tiny_bert":

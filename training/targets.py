@@ -10,6 +10,12 @@ outlive the run: they are kept in ``<store>/<teacher fingerprint>.npz`` (text SH
 the start of the next run of the same teacher and saved with every checkpoint, so a second seed, another objective
 or a resumed run pays the teacher only for texts no run embedded before. The fingerprint covers the teacher's
 weights, pooling, normalisation, output layer and token limit: a different teacher never reads another's vectors.
+
+With ``preset`` (a file `write_vectors` wrote; ``TrainConfig.teacher_vectors``) the vectors it holds are the targets of
+their texts, whoever computed them — /adapt's student distillation gives the *base* teacher's embeddings of general
+text and the adapted teacher's of the customer's (`adapt.student`). Preset vectors are never written to the store:
+it holds only this teacher's own. `fill` embeds a list of texts up front, longest first so that each batch pads to
+texts of like length — the cheapest way to pay for texts known before training starts.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,74 +31,113 @@ import torch
 
 from training.encoder import Encoder
 
+TEACHER_EMBEDDINGS = "teacher-embeddings"  # the store's folder under a cache directory (EMBED_CACHE_DIR)
+
 
 def teacher_fingerprint(teacher: Encoder) -> str:
     """SHA-256 (hex, 24 characters) of what decides the teacher's embedding of a text: its weights (the output layer
-    included), pooling, normalisation, token limit and vocabulary size."""
+    included; not BERT's unused pooler head, which a folder without it gets at random on every load), pooling,
+    normalisation, token limit and vocabulary size."""
     digest = hashlib.sha256()
     digest.update(f"{teacher.pooling}|{teacher.normalize}|{teacher.max_seq_length}|{len(teacher.tokenizer)}".encode())
     for name, tensor in sorted(teacher.state_dict().items()):
+        if "pooler" in name.split("."):  # BERT's pooler head: unused here, and randomly initialised when not saved
+            continue
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().float().numpy().tobytes())
     return digest.hexdigest()[:24]
 
 
-def _text_key(text: str) -> str:
+def text_key(text: str) -> str:
+    """The key of a text's vector in a store or preset file: the SHA-256 of its UTF-8 bytes."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def read_vectors(path: Path) -> dict[str, torch.Tensor]:
+    """A file of `write_vectors`: text SHA-256 → ``(D,)`` float32 vector."""
+    with np.load(path, allow_pickle=False) as stored:
+        vectors = torch.from_numpy(stored["vectors"].astype(np.float32))
+        return dict(zip(stored["keys"].tolist(), vectors, strict=True))
+
+
+def write_vectors(path: Path, vectors: Mapping[str, torch.Tensor]) -> None:
+    """Write ``vectors`` (text SHA-256 → vector) to ``path`` atomically: a reader sees the old file or the new one."""
+    if not vectors:
+        raise ValueError(f"no vectors to write to {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = list(vectors)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            np.savez(out, keys=np.array(keys), vectors=torch.stack([vectors[k] for k in keys]).float().numpy())
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; the cache is shared like the rest of EMBED_CACHE_DIR
+        os.replace(temporary, path)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
 
 
 class TeacherTargets:
     """``targets(texts)`` → ``(B, D_t)`` the teacher's embeddings of ``texts``; each distinct text is embedded once.
 
     ``store``: a folder where the vectors persist between runs of the same teacher (None: this run only).
+    ``preset``: a `write_vectors` file whose vectors are the targets of their texts (never saved to the store).
     """
 
-    def __init__(self, teacher: Encoder, store: Path | None = None) -> None:
+    def __init__(self, teacher: Encoder, store: Path | None = None, preset: Path | None = None) -> None:
         self.teacher = teacher
-        self.vectors: dict[str, torch.Tensor] = {}  # text SHA-256 → (D_t,)
+        self.vectors: dict[str, torch.Tensor] = {}  # text SHA-256 → (D_t,): this teacher's own
+        self.preset = read_vectors(Path(preset)) if preset is not None else {}
         self.path = Path(store) / f"{teacher_fingerprint(teacher)}.npz" if store is not None else None
         self.loaded = 0  # vectors read from the store at the start
         self.computed = 0  # texts this run embedded with the teacher
         self._unsaved = False
         if self.path is not None and self.path.is_file():
-            self.vectors = self._read(self.path)
+            self.vectors = read_vectors(self.path)
             self.loaded = len(self.vectors)
 
     def __len__(self) -> int:
         return len(self.vectors)
 
+    def _known(self, key: str) -> torch.Tensor | None:
+        return self.preset.get(key, self.vectors.get(key))
+
     @torch.no_grad()
+    def _embed(self, missing: Sequence[tuple[str, str]]) -> None:
+        new = self.teacher(**self.teacher.tokenize([t for _k, t in missing])).float().cpu()  # (M, D_t)
+        self.vectors.update(zip((k for k, _t in missing), new, strict=True))
+        self.computed += len(missing)
+        self._unsaved = True
+
     def __call__(self, texts: Sequence[str]) -> torch.Tensor:
-        keys = [_text_key(t) for t in texts]
-        missing = list(dict.fromkeys((k, t) for k, t in zip(keys, texts, strict=True) if k not in self.vectors))
+        keys = [text_key(t) for t in texts]
+        missing = list(dict.fromkeys((k, t) for k, t in zip(keys, texts, strict=True) if self._known(k) is None))
         if missing:
-            new = self.teacher(**self.teacher.tokenize([t for _k, t in missing])).float().cpu()  # (M, D_t)
-            self.vectors.update(zip((k for k, _t in missing), new, strict=True))
-            self.computed += len(missing)
-            self._unsaved = True
+            self._embed(missing)
         device = self.teacher.device
-        return torch.stack([self.vectors[k] for k in keys]).to(device)  # (B, D_t)
+        return torch.stack([self._known(k) for k in keys]).to(device)  # (B, D_t)
+
+    def fill(
+        self, texts: Sequence[str], *, batch_size: int = 64, progress: Callable[[int, int], None] | None = None
+    ) -> int:
+        """Embed every text of ``texts`` that has no vector yet, longest first in batches of ``batch_size``;
+        ``progress(done, total)`` after each batch. Returns how many texts the teacher embedded."""
+        pending = {text_key(t): t for t in texts}
+        missing = sorted(((k, t) for k, t in pending.items() if self._known(k) is None), key=lambda kt: -len(kt[1]))
+        for start in range(0, len(missing), batch_size):
+            self._embed(missing[start : start + batch_size])
+            if progress is not None:
+                progress(min(start + batch_size, len(missing)), len(missing))
+        return len(missing)
+
+    def of(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """The known vectors of ``texts`` (text SHA-256 → vector), e.g. to `write_vectors` them for another run."""
+        return {k: v for k in map(text_key, texts) if (v := self._known(k)) is not None}
 
     def save(self) -> None:
         """Write the vectors to the store (merged with what another run saved meanwhile), atomically."""
         if self.path is None or not self._unsaved:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        merged = self._read(self.path) if self.path.is_file() else {}
+        merged = read_vectors(self.path) if self.path.is_file() else {}
         merged.update(self.vectors)
-        keys = list(merged)
-        handle, temporary = tempfile.mkstemp(dir=self.path.parent, suffix=".npz.tmp")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                np.savez(out, keys=np.array(keys), vectors=torch.stack([merged[k] for k in keys]).numpy())
-            os.chmod(temporary, 0o644)  # mkstemp makes it private; the cache is shared like the rest of EMBED_CACHE_DIR
-            os.replace(temporary, self.path)  # readers see the old file or the new one, never half of one
-        finally:
-            Path(temporary).unlink(missing_ok=True)
+        write_vectors(self.path, merged)
         self._unsaved = False
-
-    @staticmethod
-    def _read(path: Path) -> dict[str, torch.Tensor]:
-        with np.load(path, allow_pickle=False) as stored:
-            vectors = torch.from_numpy(stored["vectors"].astype(np.float32))
-            return dict(zip(stored["keys"].tolist(), vectors, strict=True))

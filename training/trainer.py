@@ -52,7 +52,7 @@ from training.models import (
     save_model,
 )
 from training.state import STATE_FILE, TrainState, seed_everything, without_rng_side_effects
-from training.targets import TeacherTargets
+from training.targets import TEACHER_EMBEDDINGS, TeacherTargets
 from training.validation import TeacherFidelityValidation, Validation
 from training.views import PairStream
 
@@ -375,7 +375,9 @@ def _teacher_side(
         validation = TeacherFidelityValidation(data.held_out_texts, reference, seed=config.seed)
         setup["fidelity_setup_s"] = round(time.perf_counter() - tick, 1)
     if config.views == "texts":
-        targets = TeacherTargets(reference, cache_dir / "teacher-embeddings" if cache_dir is not None else None)
+        store = cache_dir / TEACHER_EMBEDDINGS if cache_dir is not None else None
+        preset = Path(config.teacher_vectors) if config.teacher_vectors else None
+        targets = TeacherTargets(reference, store, preset)
     return validation, targets, setup
 
 

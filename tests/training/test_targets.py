@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from training.encoder import Encoder
-from training.targets import TeacherTargets
+from training.targets import TeacherTargets, read_vectors, teacher_fingerprint, text_key, write_vectors
 
 
 def test_memoised_targets_equal_the_teacher_run_on_the_batch(tiny_bert_path: Path) -> None:
@@ -38,3 +38,39 @@ def test_the_store_keeps_vectors_for_the_next_run_of_the_same_teacher(tiny_bert_
     assert TeacherTargets(teacher, tmp_path).loaded == 3
     other = Encoder.from_pretrained(tiny_bert_path, max_seq_length=16).eval()  # another token limit: another teacher
     assert TeacherTargets(other, tmp_path).loaded == 0
+
+
+def test_fill_embeds_longest_first_in_batches_what_the_teacher_gives_one_by_one(tiny_bert_path: Path) -> None:
+    teacher = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    texts = ["short.", "a text of middling length here.", "tiny", "the longest text of all, " * 4, "short."]
+    targets, seen = TeacherTargets(teacher), []
+    assert targets.fill(texts, batch_size=2, progress=lambda done, total: seen.append((done, total))) == 4
+    assert seen == [(2, 4), (4, 4)] and targets.fill(texts) == 0  # the duplicate once; nothing twice
+    with torch.no_grad():
+        one_by_one = torch.cat([teacher(**teacher.tokenize([t])) for t in texts])
+    torch.testing.assert_close(targets(texts), one_by_one, atol=1e-5, rtol=0)  # padding to like lengths changes nothing
+    assert set(targets.of([*texts, "never embedded"])) == {text_key(t) for t in texts}
+
+
+def test_preset_vectors_are_the_targets_of_their_texts_and_never_enter_the_store(
+    tiny_bert_path: Path, tmp_path: Path
+) -> None:
+    teacher = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    given = torch.arange(teacher.dim, dtype=torch.float32)
+    write_vectors(tmp_path / "preset.npz", {text_key("general text."): given})
+    targets = TeacherTargets(teacher, tmp_path / "store", preset=tmp_path / "preset.npz")
+    out = targets(["general text.", "customer text."])
+    torch.testing.assert_close(out[0], given)  # not the teacher's embedding of it
+    assert targets.computed == 1  # only the customer's text asked the teacher
+    targets.save()
+    stored = read_vectors(next((tmp_path / "store").glob("*.npz")))
+    assert set(stored) == {text_key("customer text.")}
+
+
+def test_the_fingerprint_of_a_folder_is_the_same_on_every_load(tiny_bert_path: Path) -> None:
+    """A folder saved without BERT's (unused) pooler head gets it at random on each load: the fingerprint ignores it,
+    or a store written by one process would never be found by the next."""
+    first, second = (Encoder.from_pretrained(tiny_bert_path, max_seq_length=32) for _ in range(2))
+    assert teacher_fingerprint(first) == teacher_fingerprint(second)
+    first.backbone.embeddings.word_embeddings.weight.data[0, 0] += 1.0  # a weight that is used
+    assert teacher_fingerprint(first) != teacher_fingerprint(second)

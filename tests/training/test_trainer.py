@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.model_folder import RECIPE_FILE
 from core.text import CorpusError
 from training.config import ConfigError, TrainConfig
 from training.data import MIN_SENTENCE_CHARS, load_corpus, load_scored_pairs, text_units
 from training.encoder import Encoder
+from training.inputs import load_training_data, recipe_training_texts
 from training.students import layer_subset_student, tiny_bert_student
+from training.targets import text_key, write_vectors
 from training.trainer import lr_factor, train
 from training.validation import CropPairValidation, TeacherFidelityValidation
 
@@ -342,6 +345,20 @@ def test_whole_text_distillation_selects_best_by_fidelity_and_approaches_the_tea
     assert result.best_score == max(scores) and result.best_step == result.evaluations[best]["step"]
     assert max(scores[1:]) > scores[0]  # training brings the student closer to the teacher on held-out texts
     assert all(r["texts_per_s"] > 0 and "cosine" in r for r in result.history)
+
+    # the run's recipe.json rebuilds exactly the texts it trained on (/adapt samples a base student's general texts)
+    texts = recipe_training_texts(result.output_dir / RECIPE_FILE)
+    assert len(texts) == result.extra["training_texts"] and texts == load_training_data(config).documents
+    # with every text's target given, the teacher embeds none of them
+    write_vectors(tmp_path / "given.npz", {text_key(t): torch.zeros(32) for t in texts})
+    given = train(config.replace(teacher_vectors=str(tmp_path / "given.npz"), max_steps=2, eval_every=0,
+                                 output_dir=str(tmp_path / "given")))  # fmt: skip
+    assert given.extra["teacher_embedded_texts"] == 0
+
+
+def test_teacher_vectors_need_whole_texts_and_a_teacher() -> None:
+    with pytest.raises(ConfigError, match="teacher_vectors are the targets of whole texts"):
+        TrainConfig(objective="infonce", views="crop", teacher_vectors="given.npz")
 
 
 def test_teacher_fidelity_needs_a_teacher_objective() -> None:
