@@ -132,7 +132,7 @@ def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
                                              rule=rule)  # fmt: skip
     knn = (texts, labels, spec.hyperparameters.seed)
     if spec.student is not None:
-        student = distil_stage(spec, ctx, config, trained, split.train, rule, work)
+        student = distil_stage(spec, ctx, config, base_path, trained, split.train, rule, work)
         ctx.check()
         staging, manifest = export_stage(
             spec, job.id, student.checkpoint, rule, work, student.trained_on, source=student.name

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, SerializationInfo, field_serializer, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -170,11 +170,19 @@ class AdaptSettings(BaseSettings):
     student_time_budget_s: float = Field(
         default=120.0, gt=0, description="Distillation time budget (whichever of steps/time ends first)."
     )
-    student_general_documents: int = Field(
-        default=2000,
+    student_general_texts: int = Field(
+        default=4000,
         ge=0,
-        description="General documents (a seeded sample of the student recipe's corpus) distilled beside the "
-        "customer's, so the student keeps what it knew off the customer's domain; 0 = the customer's only.",
+        description="General texts (a seeded sample of the base student's own training texts, with the base "
+        "teacher's embeddings as targets) distilled beside the customer's, so the student keeps what it was built "
+        "to be off the customer's domain; 0 = the customer's only.",
+    )
+    student_general_targets: Literal["adapted_teacher", "base_student", "base_teacher"] = Field(
+        default="adapted_teacher",
+        description="Whose embeddings of the general texts the student is distilled toward: the adapted teacher's "
+        "(as the customer's texts; embedded when first drawn, inside the time budget), or a frozen model's, embedded "
+        "before the clock starts and kept in the cache for the next job: its own before the job (base_student) or the "
+        "base teacher's (base_teacher). On IMDB the adapted teacher's kept the most out of domain (docs/BENCHMARKS).",
     )
     student_adapt_steps: int = Field(
         default=60,

@@ -49,6 +49,12 @@ def base_student_name(base_model: str, recipe: str) -> str:
         raise SpecError(f"base_model {base_model!r} with student {recipe!r}: {err}") from err
 
 
+# The models of a student job (also its evaluation roles); the first three can give the general texts' targets
+# (AdaptSettings.student_general_targets).
+BASE_STUDENT, BASE_TEACHER, ADAPTED_TEACHER = "base_student", "base_teacher", "adapted_teacher"
+GENERAL_TARGETS = (BASE_STUDENT, BASE_TEACHER, ADAPTED_TEACHER)
+
+
 def check_student(recipe: str) -> str:
     if recipe not in student_recipes():
         raise SpecError(f"student must be one of {list(student_recipes())}, got {recipe!r}")
@@ -63,13 +69,16 @@ class StudentPlan:
     recipe: str
     max_steps: int | None
     time_budget_s: float | None
-    general_documents: int  # general texts (the recipe's corpus, a seeded sample) mixed with the customer's
+    general_texts: int  # general texts (of the base student's own, a seeded sample) mixed with the customer's
+    general_targets: str  # whose embeddings of them are the targets: base_student, base_teacher or adapted_teacher
     adapt_steps: int  # then the job's crop recipe on the student itself (0: distillation only)
     adapt_lr: float
     adapt_time_budget_s: float
 
     def __post_init__(self) -> None:
         check_student(self.recipe)
+        if self.general_targets not in GENERAL_TARGETS:
+            raise SpecError(f"general_targets must be one of {list(GENERAL_TARGETS)}, got {self.general_targets!r}")
         if self.max_steps is None and self.time_budget_s is None:
             raise SpecError("give the student's max_steps, time_budget_s or both: a distillation needs an end")
 
@@ -190,8 +199,8 @@ class JobSpec:
         if student is not None:
             plan = StudentPlan(
                 student, settings.student_max_steps, settings.student_time_budget_s,
-                settings.student_general_documents, settings.student_adapt_steps, settings.student_adapt_lr,
-                settings.student_adapt_time_budget_s,
+                settings.student_general_texts, settings.student_general_targets, settings.student_adapt_steps,
+                settings.student_adapt_lr, settings.student_adapt_time_budget_s,
             )  # fmt: skip
         return cls(base_model, name, hyperparameters, promote, has_labels, usable, plan)
 
@@ -216,6 +225,11 @@ class JobSpec:
             hp["general_tasks"] = tuple(hp["general_tasks"])
             corpus = params.get("corpus", {})
             student = params.get("student")
+            if student and "general_documents" in student:  # stored before the general texts became the student's own
+                student = {**student, "general_texts": student["general_documents"], "general_targets": ADAPTED_TEACHER}
+                del student["general_documents"]
+            if student and "general_targets" not in student:
+                student = {**student, "general_targets": AdaptSettings.model_fields["student_general_targets"].default}
             return cls(
                 base_model=params["base_model"],
                 name=params["name"],

@@ -9,11 +9,12 @@ Two kinds of work, two kinds of job:
   ``<base>--<recipe>`` (``minilm-l6--sct-tiny``: servable itself), its bundle keeping the torch checkpoint
   (``checkpoint/``) every student job starts from. The service queues it the first time a job asks for that
   student, as a job of its own; the asking job waits for it (`adapt.store.JobStore.create`, ``after_job``).
-* **The adapted student** (inside the /adapt job, after the teacher was adapted as always): the adapted teacher is
-  distilled into a copy of the base student with the recipe's objective and whole-text views, on the customer's
-  training documents plus a seeded sample of the recipe's general corpus (so the student keeps what it knew off the
-  customer's domain), for ``student_max_steps`` steps (the teacher's embeddings computed once per job); then the
-  job's own crop recipe runs on the student, every layer trained (``student_adapt_steps``).
+* **The adapted student** (inside the /adapt job, after the teacher was adapted as always): distilled into a copy of
+  the base student with the recipe's objective and whole-text views — on the customer's training documents toward
+  the adapted teacher's embeddings, and on a seeded sample of the base student's own training texts toward the base
+  teacher's, the ones it was built on (so the student keeps what it was off the customer's domain) — for
+  ``student_max_steps`` steps, every target computed before the first step (`distil_stage`); then the job's own crop
+  recipe runs on the student, every layer trained (``student_adapt_steps``).
 
 The gate (`student_gate`) decides on the adapted student against the base student — the held-out in-domain task
 must improve, each general task may drop at most ``gate_margin`` points — and reports the same comparison against
@@ -23,7 +24,9 @@ the base teacher (never deciding: a 2-layer student is not expected to keep ever
 from __future__ import annotations
 
 import dataclasses
+import random
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,16 @@ from typing import Any
 from adapt.context import JobContext, JobFailed
 from adapt.jobs import EVALUATING, Job
 from adapt.settings import AdaptConfig
-from adapt.spec import JobSpec, SpecError, StudentBuildSpec, base_student_name
+from adapt.spec import (
+    ADAPTED_TEACHER,
+    BASE_STUDENT,
+    BASE_TEACHER,
+    JobSpec,
+    SpecError,
+    StudentBuildSpec,
+    StudentPlan,
+    base_student_name,
+)
 from adapt.stages import (
     CACHE_VOLUME,
     SCRATCH_VOLUME,
@@ -53,16 +65,16 @@ from evaluation.models import EmbeddingModel, load_model
 from evaluation.tasks import CropPairRetrieval
 from export.api import build_bundle
 from training.config import TrainConfig, load_config
-from training.data import load_corpus
+from training.data import text_units
 from training.encoder import Encoder
+from training.inputs import recipe_training_texts
+from training.models import cut_texts
+from training.targets import TEACHER_EMBEDDINGS, TeacherTargets, write_vectors
 from training.torch_model import TorchModel
 
 STUDENT_CHECKPOINT = "checkpoint"  # the folder of a base student's bundle that keeps its torch checkpoint
 STUDENT_METHOD = "student"  # manifest method.name of a base student
-# The roles a student job scores; the first two are the gate's (base → adapted), the teacher's is reported.
-BASE_TEACHER, ADAPTED_TEACHER, BASE_STUDENT, ADAPTED_STUDENT = (
-    "base_teacher", "adapted_teacher", "base_student", "adapted_student",
-)  # fmt: skip
+ADAPTED_STUDENT = "adapted_student"  # with adapt.spec's three: the roles a student job scores
 
 
 @dataclass(frozen=True)
@@ -144,16 +156,23 @@ def distil_stage(
     spec: JobSpec,
     ctx: JobContext,
     config: AdaptConfig,
+    base_teacher: Path,
     teacher: Path,
     documents: list[str],
     rule: CropRule,
     work: Path,
 ) -> DistilledStudent:
-    """Distil the adapted teacher into a copy of the base student — the recipe's objective on whole texts of the
-    customer's training documents plus ``general_documents`` of the recipe's corpus (never the held-out ones) — then
-    run the job's own crop recipe on the student for ``adapt_steps``, every layer trained (on IMDB, distillation alone
-    carried the student about half-way from the base student to the adapted teacher on held-out crops, the crop step
-    most of the rest; docs/BENCHMARKS.md, "Adapt: a compact student")."""
+    """Distil the adapted teacher into a copy of the base student, then run the job's own crop recipe on the student
+    for ``adapt_steps``, every layer trained (on IMDB, distillation alone carried the student about half-way from the
+    base student to the adapted teacher on held-out crops, the crop step most of the rest; docs/BENCHMARKS.md, "Adapt:
+    a compact student").
+
+    The distillation runs the recipe's objective on whole texts of two kinds: the customer's training documents (and
+    a sentence of each; never the held-out ones), toward the adapted teacher's embeddings, and ``general_texts``
+    drawn from the base student's own training texts (so it keeps what it was off the customer's domain), toward the
+    embeddings of ``general_targets``: the adapted teacher's too (the default), or a frozen model's — the base
+    student's own or the base teacher's — given to the trainer as precomputed targets (`distillation_targets`). On
+    IMDB the adapted teacher's kept the most out of domain (docs/BENCHMARKS.md, "Adapt: a compact student")."""
     plan = spec.student
     if plan is None:
         raise ValueError("distil_stage needs a job spec with a student")
@@ -161,9 +180,9 @@ def distil_stage(
     name = base_student_name(spec.base_model, plan.recipe)
     base = base_student_checkpoint(config.registry_dir, name)
     recipe = load_config(plan.recipe)
-    ctx.stage("distilling", detail="reading general text")
     with guarded("distillation", SCRATCH_VOLUME):
-        general = load_corpus(recipe.corpus, max_documents=plan.general_documents, seed=hp.seed)
+        models = {BASE_STUDENT: base, BASE_TEACHER: base_teacher, ADAPTED_TEACHER: teacher}
+        targets = distillation_targets(ctx, config, plan, models, documents, recipe, hp.seed, work)
     train_config = TrainConfig(
         name=spec.name,
         model=str(base),
@@ -172,8 +191,9 @@ def distil_stage(
         objective=recipe.objective,
         objective_params=recipe.objective_params,
         views=recipe.views,
-        text_sentences=recipe.text_sentences,
-        corpus=tuple(documents) + tuple(general[: plan.general_documents]),
+        text_sentences=0,  # the texts are already whole-text units
+        teacher_vectors=str(targets.path) if targets.path else None,
+        corpus=targets.texts,
         validation=None,
         max_steps=plan.max_steps,
         epochs=None,
@@ -200,6 +220,49 @@ def distil_stage(
         ctx, adapt, stage="adapting student", done="student adapted", reason="student_adaptation", crop_rule=rule
     )
     return DistilledStudent(name, adapted.best_dir, base, read_trained_on(base))
+
+
+@dataclass(frozen=True)
+class DistillationTargets:
+    texts: tuple[str, ...]  # the customer's text units, then the general ones
+    path: Path | None  # the general texts' targets (training.targets.write_vectors); None: the adapted teacher's
+
+
+def distillation_targets(
+    ctx: JobContext,
+    config: AdaptConfig,
+    plan: StudentPlan,
+    models: Mapping[str, Path],
+    documents: list[str],
+    recipe: TrainConfig,
+    seed: int,
+    work: Path,
+) -> DistillationTargets:
+    """The distillation's texts (see `distil_stage`) and, when the general texts' targets come from a frozen model
+    (``models`` by role: base_student, base_teacher), a file of those: that model embeds them once, longest first,
+    and keeps its vectors in the cache's teacher-embedding store for the next job. Texts without a given target —
+    the customer's, and with ``adapted_teacher`` every text — are embedded by the adapted teacher the first time a
+    batch draws them, inside the distillation's time budget. What the targets are and how many texts a frozen model
+    embedded (and its seconds) go to the job's result (``distillation_targets``)."""
+    customer = text_units(documents, recipe.text_sentences, seed=seed)
+    own = recipe_training_texts(models[BASE_STUDENT] / RECIPE_FILE)
+    general = random.Random(seed).sample(own, min(plan.general_texts, len(own)))
+    report: dict[str, Any] = {"customer_texts": len(customer), "general_texts": len(general),
+                              "general_targets": plan.general_targets}  # fmt: skip
+    path = None
+    if general and plan.general_targets != ADAPTED_TEACHER:
+        role = plan.general_targets
+        ctx.stage("distilling", detail=f"the {role.replace('_', ' ')} embeds {len(general)} general texts")
+        tick = time.perf_counter()
+        model = cut_texts(Encoder.from_pretrained(models[role]), recipe.max_seq_length).eval()
+        targets = TeacherTargets(model, config.cache_dir / TEACHER_EMBEDDINGS)
+        embedded = targets.fill(general, batch_size=recipe.batch_size)
+        targets.save()
+        path = work / "general-targets.npz"
+        write_vectors(path, targets.of(general))
+        report[role] = {"embedded": embedded, "seconds": round(time.perf_counter() - tick, 2)}
+    ctx.result({"distillation_targets": report}, event="distillation_targets")
+    return DistillationTargets(tuple(customer) + tuple(general), path)
 
 
 def evaluate_student(

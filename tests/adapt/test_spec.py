@@ -52,3 +52,16 @@ def test_a_stored_spec_missing_fields_gets_the_declared_defaults_not_this_enviro
     spec = JobSpec.from_params(params)
     assert spec.hyperparameters.anchor_weight == AdaptSettings.model_fields["anchor_weight"].default
     assert asdict(spec.hyperparameters).keys() == {f for f in asdict(_hp())}
+
+
+def test_a_student_job_stored_before_general_targets_reads_back_as_it_ran() -> None:
+    spec = JobSpec.build(_settings(), base_model="minilm-l6", name="acme", student="sct-tiny")
+    params = spec.to_params()
+    assert params["student"]["general_texts"] == AdaptSettings().student_general_texts
+    assert params["student"]["general_targets"] == AdaptSettings().student_general_targets
+    old = {k: v for k, v in params["student"].items() if k not in ("general_texts", "general_targets")}
+    params["student"] = {**old, "general_documents": 2000}  # as an older service stored it
+    student = JobSpec.from_params(params).student
+    assert student is not None and (student.general_texts, student.general_targets) == (2000, "adapted_teacher")
+    with pytest.raises(SpecError, match="general_targets must be one of"):
+        replace(student, general_targets="the crowd")

@@ -12,13 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
+from adapt.settings import AdaptConfig, AdaptSettings
+from adapt.spec import StudentPlan
+from adapt.student import base_student_checkpoint, distillation_targets
 from core import registry
 from embedder import adapt_cli
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.adapt.cluster import ADMIN, AUTH, wait_for
+from training.config import load_config
+from training.encoder import Encoder
+from training.models import cut_texts
+from training.targets import read_vectors, text_key
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +42,7 @@ def service(
         admin_api_keys=[ADMIN], adapt_dir=root / "adapt", adapt_base_models={"tiny6": str(tiny_bert6_path)},
         adapt_min_documents=16, adapt_batch_size=8, adapt_max_steps=6, adapt_lr=5e-3, adapt_train_last_layers=0,
         adapt_worker_threads=1, adapt_general_tasks=["LeeDocSTS", "PyDocModuleClustering"], adapt_general_fast=True,
-        adapt_lease_seconds=5.0, adapt_student_max_steps=4, adapt_student_general_documents=16,
+        adapt_lease_seconds=5.0, adapt_student_max_steps=4, adapt_student_general_texts=16,
         adapt_student_adapt_steps=3, adapt_student_build_max_steps=3, adapt_student_build_max_documents=48,
     )  # fmt: skip
     with TestClient(create_app(settings)) as client:
@@ -50,6 +58,18 @@ def _job(client: TestClient, job_id: str) -> dict[str, Any]:
 def _finished(client: TestClient, job_id: str) -> dict[str, Any]:
     active = ("queued", "running", "evaluating")
     return wait_for(lambda: (j := _job(client, job_id))["state"] not in active and j, timeout_s=300)
+
+
+def _events(client: TestClient, job_id: str, kind: str) -> list[dict[str, Any]]:
+    """The data of a finished job's events of ``kind``."""
+    found, current = [], None
+    with client.stream("GET", f"/adapt/{job_id}/events", headers=AUTH) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                current = line.removeprefix("event: ")
+            elif line.startswith("data: ") and current == kind:
+                found.append(json.loads(line.removeprefix("data: ")))
+    return found
 
 
 def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_layer_student(
@@ -93,12 +113,61 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     assert published["layers"] == 2 and published["method"]["hyperparameters"]["student"]["recipe"] == "sct-tiny"
     assert published["base_model"] == "tiny6--sct-tiny"  # distilled into that student, from the adapted tiny6
     assert "adapt:news-tiny" in published["trained_on"] and "lee_background" in published["trained_on"]
+    # the distillation's texts: the customer's and 16 of those the base student was built on, all toward the adapted
+    # teacher's embeddings (the default; a frozen model's targets: the next test)
+    targets = _events(client, job["id"], "distillation_targets")[0]["distillation_targets"]
+    assert targets["general_texts"] == 16 and targets["customer_texts"] > 0
+    assert targets["general_targets"] == "adapted_teacher" and "base_student" not in targets
     assert _finished(client, again["id"])["state"] == "succeeded"
 
     # built once: the next job starts at once
     third = client.post("/adapt", json={**body, "name": "news-tiny-3", "promote": "never"}, headers=AUTH).json()
     assert third["after_job"] is None
     assert _finished(client, third["id"])["state"] == "succeeded"
+
+
+class _Recorder:
+    """A job context that keeps what the job reports."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, Any] = {}
+
+    def stage(self, name: str, **data: Any) -> None:
+        pass
+
+    def result(self, data: dict[str, Any], **_: Any) -> None:
+        self.results.update(data)
+
+
+def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_for_the_next_job(
+    service: tuple[TestClient, ServiceSettings], corpus: list[str], tiny_bert6_path: Path, tmp_path: Path
+) -> None:
+    """With ``student_general_targets = base_student`` the general texts' targets are the base student's own
+    embeddings, computed before the clock and kept in the cache's store; the customer's are left to the adapted
+    teacher. Runs after the build of the first test (the registry holds tiny6--sct-tiny)."""
+    _, settings = service
+    base = base_student_checkpoint(settings.registry_dir, "tiny6--sct-tiny")
+    config = AdaptConfig(registry_dir=settings.registry_dir, cache_dir=tmp_path / "cache", settings=AdaptSettings())
+    models = {"base_student": base, "base_teacher": tiny_bert6_path, "adapted_teacher": tiny_bert6_path}
+
+    def targets(general_targets: str) -> tuple[Any, dict[str, Any]]:
+        plan = StudentPlan("sct-tiny", 4, None, 16, general_targets, 0, 1e-4, 90.0)
+        ctx = _Recorder()
+        got = distillation_targets(ctx, config, plan, models, corpus[:8], load_config("sct-tiny"), 0, tmp_path)
+        return got, ctx.results["distillation_targets"]
+
+    first, report = targets("base_student")
+    assert report["base_student"]["embedded"] == 16 and report["customer_texts"] == len(first.texts) - 16
+    given = read_vectors(first.path)
+    assert set(given) == {text_key(t) for t in first.texts[-16:]}  # the general texts only
+    student = cut_texts(Encoder.from_pretrained(base), 128).eval()
+    with torch.no_grad():
+        own = student(**student.tokenize([first.texts[-1]]))[0]
+    torch.testing.assert_close(given[text_key(first.texts[-1])], own, atol=1e-5, rtol=0)  # its own embedding
+    again, report = targets("base_student")
+    assert report["base_student"]["embedded"] == 0 and again.texts == first.texts  # every vector from the store
+    lazily, report = targets("adapted_teacher")
+    assert lazily.path is None and "adapted_teacher" not in report  # the trainer's teacher embeds them when drawn
 
 
 def test_the_cli_submits_a_corpus_file_follows_the_job_and_says_how_it_ended(
