@@ -173,9 +173,8 @@ class AdaptSettings(BaseSettings):
     student_general_texts: int = Field(
         default=4000,
         ge=0,
-        description="General texts (a seeded sample of the base student's own training texts, with the base "
-        "teacher's embeddings as targets) distilled beside the customer's, so the student keeps what it was built "
-        "to be off the customer's domain; 0 = the customer's only.",
+        description="General texts (a seeded sample of the texts the base student was built on) distilled beside "
+        "the customer's, so the student keeps what it knew off the customer's domain; 0 = the customer's only.",
     )
     student_general_targets: Literal["adapted_teacher", "base_student", "base_teacher"] = Field(
         default="adapted_teacher",

@@ -9,12 +9,11 @@ Two kinds of work, two kinds of job:
   ``<base>--<recipe>`` (``minilm-l6--sct-tiny``: servable itself), its bundle keeping the torch checkpoint
   (``checkpoint/``) every student job starts from. The service queues it the first time a job asks for that
   student, as a job of its own; the asking job waits for it (`adapt.store.JobStore.create`, ``after_job``).
-* **The adapted student** (inside the /adapt job, after the teacher was adapted as always): distilled into a copy of
-  the base student with the recipe's objective and whole-text views — on the customer's training documents toward
-  the adapted teacher's embeddings, and on a seeded sample of the base student's own training texts toward the base
-  teacher's, the ones it was built on (so the student keeps what it was off the customer's domain) — for
-  ``student_max_steps`` steps, every target computed before the first step (`distil_stage`); then the job's own crop
-  recipe runs on the student, every layer trained (``student_adapt_steps``).
+* **The adapted student** (inside the /adapt job, after the teacher was adapted as always): the adapted teacher is
+  distilled into a copy of the base student with the recipe's objective and whole-text views, on the customer's
+  training documents plus a seeded sample of the base student's own training texts (so the student keeps what it
+  knew off the customer's domain; their targets: `distil_stage`), for ``student_max_steps`` steps; then the job's
+  own crop recipe runs on the student, every layer trained (``student_adapt_steps``).
 
 The gate (`student_gate`) decides on the adapted student against the base student — the held-out in-domain task
 must improve, each general task may drop at most ``gate_margin`` points — and reports the same comparison against

@@ -88,7 +88,7 @@ class TrainConfig:
     crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
     text_sentences: int = 1  # views = "texts": sentences drawn from each document besides the document itself
     # views = "texts": a file of precomputed targets (training.targets.write_vectors: text SHA-256 → vector) used
-    # for its texts instead of the teacher's own embedding (/adapt's students: the base teacher's of general text)
+    # for its texts instead of the teacher's own embedding (/adapt's students: a frozen model's, of general text)
     teacher_vectors: str | None = None
 
     # --- data ---------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ or a resumed run pays the teacher only for texts no run embedded before. The fin
 weights, pooling, normalisation, output layer and token limit: a different teacher never reads another's vectors.
 
 With ``preset`` (a file `write_vectors` wrote; ``TrainConfig.teacher_vectors``) the vectors it holds are the targets of
-their texts, whoever computed them — /adapt's student distillation gives the *base* teacher's embeddings of general
-text and the adapted teacher's of the customer's (`adapt.student`). Preset vectors are never written to the store:
+their texts, whoever computed them — /adapt's student distillation can give a frozen model's embeddings of general
+text while the adapted teacher embeds the customer's (`adapt.student`). Preset vectors are never written to the store:
 it holds only this teacher's own. `fill` embeds a list of texts up front, longest first so that each batch pads to
 texts of like length — the cheapest way to pay for texts known before training starts.
 """
