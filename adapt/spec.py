@@ -228,8 +228,6 @@ class JobSpec:
             if student and "general_documents" in student:  # stored before the general texts became the student's own
                 student = {**student, "general_texts": student["general_documents"], "general_targets": ADAPTED_TEACHER}
                 del student["general_documents"]
-            if student and "general_targets" not in student:
-                student = {**student, "general_targets": AdaptSettings.model_fields["student_general_targets"].default}
             return cls(
                 base_model=params["base_model"],
                 name=params["name"],

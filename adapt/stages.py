@@ -87,38 +87,26 @@ class _TrainingProgress:
         self.ctx.progress({"stage": self.stage, **progress, "eta_s": record.get("eta")})
 
 
-def adapt_config(
-    spec: JobSpec,
-    model: Path,
-    documents: list[str],
-    out: Path,
-    *,
-    threads: int,
-    lr: float | None = None,
-    train_last_layers: int | None = -1,
-    max_steps: int | None = -1,
-    time_budget_s: float | None = -1.0,
-) -> TrainConfig:
+def adapt_config(spec: JobSpec, model: Path, documents: list[str], out: Path, *, threads: int) -> TrainConfig:
     """The job's crop recipe (``papers/000`` §2: two crops of a document, InfoNCE, the MSE anchor to the start model)
-    on ``model``: the job's hyperparameters, or the given ``lr``, ``train_last_layers`` (None = every layer),
-    ``max_steps`` and ``time_budget_s`` (-1 = the job's) — how a student is adapted after its distillation."""
+    on ``model`` with the job's hyperparameters (a student's adaptation `TrainConfig.replace`s its own budget)."""
     hp = spec.hyperparameters
     objective, views = OBJECTIVES[hp.objective]
     return TrainConfig(
         name=spec.name,
         model=str(model),
         max_seq_length=hp.max_seq_length,
-        train_last_layers=hp.train_last_layers if train_last_layers == -1 else train_last_layers,
+        train_last_layers=hp.train_last_layers,
         anchor_weight=hp.anchor_weight,
         objective=objective,
         views=views,
         corpus=tuple(documents),
         validation=None,
-        max_steps=hp.max_steps if max_steps == -1 else max_steps,
+        max_steps=hp.max_steps,
         epochs=None,
-        time_budget_s=hp.time_budget_s if time_budget_s == -1 else time_budget_s,
+        time_budget_s=hp.time_budget_s,
         batch_size=min(hp.batch_size, max(2, len(documents))),
-        lr=hp.lr if lr is None else lr,
+        lr=hp.lr,
         warmup=0.1,
         seed=hp.seed,
         num_threads=threads,

@@ -211,9 +211,9 @@ def distil_stage(
     if not plan.adapt_steps:
         return DistilledStudent(name, result.best_dir, base, read_trained_on(base))
     ctx.check()
-    adapt = adapt_config(
-        spec, result.best_dir, documents, work / "student-adapt", threads=config.settings.worker_threads,
-        lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s,
+    adapt = adapt_config(spec, result.best_dir, documents, work / "student-adapt",
+                         threads=config.settings.worker_threads).replace(
+        lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s
     )  # fmt: skip
     adapted = run_training(
         ctx, adapt, stage="adapting student", done="student adapted", reason="student_adaptation", crop_rule=rule
