@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from report_file import write_report
 
 ADMIN_KEY = "bench-admin-key"
 PROBE_TEXT = "How do I reset the password of my account?"
@@ -283,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             f"knn {evaluation.get('knn')}; gate {job['job'].get('gate', {}) and job['job']['gate']['passed']}; "
             f"model {job['job']['model']}; served dim {job['served_dim']}; load avg {job['load_average_1m']}"
         )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
+    write_report(args.out, results)
     return 0 if all(j["job"]["state"] == "succeeded" for j in results["jobs"]) else 1
 
 

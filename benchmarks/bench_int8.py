@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _stop, _wait_ready, workloads
+from report_file import write_report
 
 from core.runtime import cosines, cpu_features
 
@@ -116,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quality:
         report["suite"] = _suite_scores(registry / MODEL / "current")
     print(json.dumps(report, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return 0
 
 

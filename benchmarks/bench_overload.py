@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 from bench_service import MODEL, ROOT, _free_port, _pct, _stop, _wait_ready, workloads
+from report_file import write_report
 
 from core.runtime import cpu_features
 
@@ -334,9 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {report['cpu']['model']} ({', '.join(report['cpu']['flags'])}); graphs served: {graphs}")
     print(markdown(rows))
     print("\n".join(checks(rows, limits)))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return 0
 
 

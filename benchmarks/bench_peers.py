@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 from bench_overload import scrape, start_server
 from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _post_one, _stop, workloads
+from report_file import write_report
 
 from core.runtime import OnnxBundle, cpu_features
 
@@ -156,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"cpu": cpu_features(), "threads": args.threads, "rounds": args.rounds, "rows": rows}
     print(f"CPU: {report['cpu']['model']} ({', '.join(report['cpu']['flags'])}), {args.threads} threads")
     print(summary(rows, loads))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return 0
 
 

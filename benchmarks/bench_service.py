@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from report_file import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "minilm-l6"
@@ -329,9 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     report["finished"] = time.strftime("%H:%M")
     print(markdown(report))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))
+    write_report(args.out, report)
     return 0
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report_file import write_report
 
 from core.runtime import cpu_features
 from evaluation.suite import run_suite
@@ -92,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{task:32s} {base[task]:8.2f} {swing[task]:28.2f}")
     print("lowest probe cosine of a copy:", min(r["probe_cosine"] for r in rows.values()))
     report = {"cpu": cpu_features(), "model": str(args.model), "rows": rows, "largest_change": swing}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     return 0
 
 

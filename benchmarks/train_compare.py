@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from report_file import write_report
+
 
 def heldout_task(recipe_json: Path) -> Any:
     """`CropPairRetrieval` over the validation documents a training run held out (same split, same seed)."""
@@ -131,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         domains = row["domains"]
         declared = ", ".join(domains["trained_on"]) or "none declared (every task out-of-domain)"
         print(f"- `{spec}` trained on {declared}; in-domain: {', '.join(domains['in_domain']['tasks']) or '-'}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"tasks": names, "baseline": baseline, "rows": rows}, indent=2))
+    write_report(args.out, {"tasks": names, "baseline": baseline, "rows": rows})
     return 0
 
 
