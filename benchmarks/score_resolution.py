@@ -83,16 +83,20 @@ def main(argv: list[str] | None = None) -> int:
         reference = vectors if reference is None else reference
         cosine = float(np.mean(np.sum(vectors * reference, axis=1)))
         scores = run_suite(model, args.tasks, progress=False)["scores"]
-        rows[name] = {"probe_cosine": round(cosine, 5), **{t: round(v, 2) for t, v in scores.items()}}
+        average = float(np.mean([scores[t] for t in args.tasks]))
+        rows[name] = {"probe_cosine": round(cosine, 5), **{t: round(v, 2) for t, v in scores.items()},
+                      "average": round(average, 2)}  # fmt: skip
         print(name, json.dumps(rows[name]), flush=True)
 
     base = rows["model"]
-    swing = {t: round(max(abs(r[t] - base[t]) for r in rows.values()), 2) for t in args.tasks}
-    print(f"\n{'task':32s} {'model':>8s} {'largest |change| of a copy':>28s}")
-    for task in args.tasks:
+    swing = {t: round(max(abs(r[t] - base[t]) for r in rows.values()), 2) for t in [*args.tasks, "average"]}
+    cpu = cpu_features()
+    print(f"\nCPU: {cpu['model']} ({', '.join(cpu['flags'])})")
+    print(f"{'task':32s} {'model':>8s} {'largest |change| of a copy':>28s}")
+    for task in swing:
         print(f"{task:32s} {base[task]:8.2f} {swing[task]:28.2f}")
     print("lowest probe cosine of a copy:", min(r["probe_cosine"] for r in rows.values()))
-    report = {"cpu": cpu_features(), "model": str(args.model), "rows": rows, "largest_change": swing}
+    report = {"cpu": cpu, "model": str(args.model), "rows": rows, "largest_change": swing}
     write_report(args.out, report)
     return 0
 
