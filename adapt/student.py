@@ -208,8 +208,9 @@ def distil_stage(
         log_every=10,
     )
     result = run_training(ctx, train_config, stage="distilling", done="distilled", reason="distillation")
+    trained_on = read_trained_on(base)
     if not plan.adapt_steps:
-        return DistilledStudent(name, result.best_dir, base, read_trained_on(base))
+        return DistilledStudent(name, result.best_dir, base, trained_on)
     ctx.check()
     adapt = adapt_config(spec, result.best_dir, documents, work / "student-adapt",
                          threads=config.settings.worker_threads).replace(
@@ -218,7 +219,7 @@ def distil_stage(
     adapted = run_training(
         ctx, adapt, stage="adapting student", done="student adapted", reason="student_adaptation", crop_rule=rule
     )
-    return DistilledStudent(name, adapted.best_dir, base, read_trained_on(base))
+    return DistilledStudent(name, adapted.best_dir, base, trained_on)
 
 
 @dataclass(frozen=True)
