@@ -12,11 +12,12 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+
+from tests.ports import free_port
 
 
 def _binaries() -> Path:
@@ -41,12 +42,6 @@ def _server_user() -> str | None:
     return "embedder-pg"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class PostgresServer:
     """One throwaway cluster on 127.0.0.1 (trust auth), stopped and deleted by `close`."""
 
@@ -55,7 +50,7 @@ class PostgresServer:
         self.user = _server_user()
         self.root = Path(tempfile.mkdtemp(prefix="embedder-pg-"))  # not under pytest's 0700 tmp: the server's user
         self.data = self.root / "data"                           # must reach it
-        self.port = _free_port()
+        self.port = free_port()
         if self.user is not None:
             shutil.chown(self.root, self.user)
         self._run("initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync")

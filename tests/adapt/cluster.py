@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,12 @@ from typing import Any
 
 import httpx
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "admin-key"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 ACTIVE = ("queued", "running", "evaluating")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 120.0, every_s: float = 0.2, what: str = "") -> Any:

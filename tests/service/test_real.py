@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.runtime import OnnxBundle, read_probes, write_probes
 from service.app import create_app
 from service.settings import ServiceSettings
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,14 +153,8 @@ print("LEAKED", leaked)
     assert "LEAKED []" in result.stdout, result.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_embedder_serve_end_to_end_and_sigterm(tiny_registry, tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "EMBED_API_KEYS": "s3cret", "HF_HUB_OFFLINE": "1"}
     command = [
         sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(tiny_registry), "--port", str(port),
