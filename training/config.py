@@ -84,6 +84,14 @@ class TrainConfig:
     # weight of an MSE anchor to the frozen starting model's embedding of each batch's first view (forgets less
     # off the training domain; /adapt uses 3, issue 13); 0 disables it
     anchor_weight: float = 0.0
+    # weight of a similarity rehearsal (training.objectives.rehearsal): each step, `rehearsal_batch_size` texts of
+    # `rehearsal_texts` (a corpus spec as `corpus`, or the texts) keep the similarity structure `rehearsal_model`
+    # gives them (None: the frozen starting model; /adapt's students: the adapted teacher); 0 disables it
+    rehearsal_weight: float = 0.0
+    rehearsal_texts: str | tuple[str, ...] | None = None
+    rehearsal_model: str | None = None
+    rehearsal_batch_size: int = 64
+    rehearsal_temperature: float = 0.05
     crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
     crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
     text_sentences: int = 1  # views = "texts": sentences drawn from each document besides the document itself
@@ -145,6 +153,14 @@ class TrainConfig:
             problems.append(f"truncate must be a layer count or 'probe', got {self.truncate!r}")
         if self.anchor_weight < 0:
             problems.append(f"anchor_weight must be >= 0 (0 = no anchor), got {self.anchor_weight}")
+        if self.rehearsal_weight < 0:
+            problems.append(f"rehearsal_weight must be >= 0 (0 = no rehearsal), got {self.rehearsal_weight}")
+        if self.rehearsal_weight > 0 and not self.rehearsal_texts:
+            problems.append("rehearsal_weight > 0 needs rehearsal_texts: the general texts whose structure is kept")
+        if self.rehearsal_batch_size < 3:
+            problems.append(f"rehearsal_batch_size must be >= 3, got {self.rehearsal_batch_size}")
+        if self.rehearsal_temperature <= 0:
+            problems.append(f"rehearsal_temperature must be > 0, got {self.rehearsal_temperature}")
         if self.probe_tolerance < 0:
             problems.append(f"probe_tolerance must be >= 0 points, got {self.probe_tolerance}")
         if self.crop_rule not in ("paper", "auto"):

@@ -21,11 +21,13 @@ import torch
 from torch import nn
 
 from training.config import TEACHER_OBJECTIVES, TrainConfig
+from training.data import load_corpus
 from training.encoder import Encoder
 from training.objectives import OBJECTIVES
 from training.objectives.cosent import CoSENT
 from training.objectives.mse_distillation import EmbeddingAnchor
 from training.objectives.rank_reduction import RankReduction
+from training.objectives.rehearsal import SimilarityRehearsal
 from training.students import layer_subset_student, tiny_bert_student
 from training.validation import Validation
 
@@ -169,12 +171,24 @@ def build_objective(
 def build_regularisers(config: TrainConfig, student: Encoder) -> dict[str, nn.Module]:
     """Terms added to the objective, by the prefix of their metrics: paper 002's rank reduction (``rr``, when
     ``rank_reduction`` ≠ 0) and the MSE anchor to a frozen copy of ``student`` as it is now (``anchor``, when
-    ``anchor_weight`` > 0). Each is called as ``term(z1, z2, first=texts1, second=texts2)``."""
+    ``anchor_weight`` > 0) and the similarity rehearsal on general texts (``rehearsal``, when ``rehearsal_weight`` > 0).
+    Each is called as ``term(z1, z2, first=texts1, second=texts2)``."""
     terms: dict[str, nn.Module] = {}
     if config.rank_reduction != 0:
         terms["rr"] = RankReduction(gamma=config.rank_reduction)
     if config.anchor_weight > 0:
         terms["anchor"] = EmbeddingAnchor(student.clone(), config.anchor_weight)
+    if config.rehearsal_weight > 0 and config.rehearsal_texts:
+        device = next(student.parameters()).device
+        reference = (
+            student.clone()
+            if config.rehearsal_model is None
+            else Encoder.from_pretrained(config.rehearsal_model, max_seq_length=config.max_seq_length, device=device)
+        )
+        terms["rehearsal"] = SimilarityRehearsal(
+            student, reference, load_corpus(config.rehearsal_texts), weight=config.rehearsal_weight,
+            batch_size=config.rehearsal_batch_size, temperature=config.rehearsal_temperature, seed=config.seed,
+        )  # fmt: skip
     return terms
 
 

@@ -394,6 +394,9 @@ def _prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:
 
 def trained_on(config: TrainConfig) -> list[str]:
     """The corpora the run's weights are trained on: those the start model's recipe declares, then the run's own
-    (built-in names, or ``custom`` for scored pairs, a path or texts). Evaluation judges domains by them."""
+    (built-in names, or ``custom`` for scored pairs, a path or texts), the rehearsal's texts included. Evaluation
+    judges domains by them."""
     own = [CUSTOM_CORPUS] if config.pairs else corpus_names(config.corpus)
+    if config.rehearsal_weight > 0 and config.rehearsal_texts:
+        own += corpus_names(config.rehearsal_texts)
     return list(dict.fromkeys(read_trained_on(config.model) + own))

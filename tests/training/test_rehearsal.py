@@ -1,0 +1,102 @@
+"""The similarity rehearsal: its loss, what it holds in place during training, its settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from core.model_folder import RECIPE_FILE, TRAINED_ON_KEY
+from training.config import ConfigError, TrainConfig
+from training.encoder import Encoder
+from training.objectives.rehearsal import SimilarityRehearsal
+from training.trainer import train
+
+GENERAL = [
+    f"A general sentence number {i} about {topic}, written to be rehearsed."
+    for i, topic in enumerate(
+        ["tides", "bread", "chess", "glaciers", "opera", "bees", "tax law", "volcanoes", "sailing", "orchids"]
+    )
+]
+
+
+def crop_corpus(n: int = 16) -> list[str]:
+    topics = ["river ecology", "jazz history", "compiler design", "volcanic soils"]
+    return [
+        " ".join(
+            f"Document {i} is about {topics[i % 4]}, sentence {j}, with enough words to make a crop of two "
+            f"sentences about {topics[i % 4]} and its details."
+            for j in range(4)
+        )
+        for i in range(n)
+    ]
+
+
+def config(tmp_path: Path, model: Path, name: str, **changes: object) -> TrainConfig:
+    values: dict[str, object] = {
+        "name": name, "model": str(model), "corpus": tuple(crop_corpus()), "validation": None, "max_seq_length": 32,
+        "batch_size": 4, "max_steps": 6, "lr": 3e-3, "seed": 3, "log_every": 1, "progress_bar": False,
+        "output_dir": str(tmp_path / name), **changes,
+    }  # fmt: skip
+    return TrainConfig(**values)  # type: ignore[arg-type]
+
+
+def structure(encoder: Encoder, texts: list[str]) -> np.ndarray:
+    z = encoder.encode(texts)
+    return z @ z.T
+
+
+def test_loss_is_zero_for_the_reference_itself_and_trains_only_the_student(tiny_bert_path: Path) -> None:
+    student = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    same = SimilarityRehearsal(student, student.clone(), GENERAL, weight=2.0, batch_size=8)
+    loss, metrics = same(torch.zeros(1), torch.zeros(1))
+    assert float(loss.detach()) == pytest.approx(0.0, abs=1e-5) and metrics["loss"] == pytest.approx(0.0, abs=1e-5)
+
+    other = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32)
+    with torch.no_grad():
+        for param in other.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    term = SimilarityRehearsal(student, other, GENERAL, weight=2.0, batch_size=8)
+    loss, metrics = term(torch.zeros(1), torch.zeros(1))
+    assert float(loss.detach()) == pytest.approx(2.0 * metrics["loss"]) and metrics["loss"] > 0
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.parameters())
+    assert all(p.grad is None and not p.requires_grad for p in other.parameters())
+    assert all(not p.requires_grad for p in term.parameters())  # the student is held, not registered
+
+
+def test_bad_settings_are_refused(tmp_path: Path, tiny_bert_path: Path) -> None:
+    student = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32)
+    with pytest.raises(ValueError, match="at least 3 distinct"):
+        SimilarityRehearsal(student, student.clone(), ["one", "one", " "], weight=1.0)
+    with pytest.raises(ValueError, match="weight must be > 0"):
+        SimilarityRehearsal(student, student.clone(), GENERAL, weight=0.0)
+    with pytest.raises(ConfigError, match="needs rehearsal_texts"):
+        config(tmp_path, tiny_bert_path, "x", rehearsal_weight=1.0)
+    with pytest.raises(ConfigError, match="rehearsal_weight must be >= 0"):
+        config(tmp_path, tiny_bert_path, "x", rehearsal_weight=-1.0, rehearsal_texts=tuple(GENERAL))
+    with pytest.raises(ConfigError, match="rehearsal_temperature must be > 0"):
+        config(tmp_path, tiny_bert_path, "x", rehearsal_temperature=0.0)
+
+
+def test_rehearsal_holds_the_structure_of_its_texts(tmp_path: Path, tiny_bert_path: Path) -> None:
+    """A heavy rehearsal ends with the general texts' similarities closer to the start's than no rehearsal, logs
+    rehearsal_loss every step, and its texts count among what the model was trained on."""
+    start = structure(Encoder.from_pretrained(tiny_bert_path), GENERAL)
+
+    def drift(name: str, **changes: object) -> tuple[float, Path, list[dict]]:
+        result = train(config(tmp_path, tiny_bert_path, name, **changes))
+        moved = structure(Encoder.from_pretrained(result.final_dir), GENERAL)
+        return float(np.abs(moved - start).mean()), result.output_dir, result.history
+
+    free, _, _ = drift("free")
+    held, out, history = drift(
+        "rehearsed", rehearsal_weight=50.0, rehearsal_texts=tuple(GENERAL), rehearsal_batch_size=6
+    )
+    assert held < free
+    assert all(record["rehearsal_loss"] >= 0 for record in history)
+    recipe = json.loads((out / RECIPE_FILE).read_text())
+    assert recipe["rehearsal_texts"] == GENERAL and "custom" in recipe[TRAINED_ON_KEY]
