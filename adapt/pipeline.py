@@ -50,7 +50,7 @@ from adapt.stages import (
     score_models,
     scratch_dir,
 )
-from adapt.student import build_student, distil_stage, evaluate_student, student_gate
+from adapt.student import build_student, evaluate_student, student_gate, student_stage
 from core.catalog import resolve_model
 from core.model_folder import read_trained_on
 from core.text import CropRule, can_crop, choose_crop_rule, crop_yield, hold_out
@@ -132,7 +132,7 @@ def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
                                              rule=rule)  # fmt: skip
     knn = (texts, labels, spec.hyperparameters.seed)
     if spec.student is not None:
-        student = distil_stage(spec, ctx, config, base_path, trained, split.train, rule, work)
+        student = student_stage(spec, ctx, config, base_path, trained, split.train, rule, work)
         ctx.check()
         staging, manifest = export_stage(
             spec, job.id, student.checkpoint, rule, work, student.trained_on, source=student.name

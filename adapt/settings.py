@@ -163,9 +163,11 @@ class AdaptSettings(BaseSettings):
 
     # --- compact students (a request's "student" field) ----------------------------------------------
     student_max_steps: int = Field(
-        default=150,
-        ge=1,
-        description="Distillation steps of the adapted model into its student (batch of the student's recipe).",
+        default=0,
+        ge=0,
+        description="Distillation steps of the adapted model into its student (batch of the student's recipe) before "
+        "the crop step; 0 = none, the crop step starts from the base student (on IMDB distilling first lost more out "
+        "of domain and gained nothing in domain the crop step did not: docs/BENCHMARKS.md).",
     )
     student_time_budget_s: float = Field(
         default=120.0, gt=0, description="Distillation time budget (whichever of steps/time ends first)."
@@ -173,27 +175,35 @@ class AdaptSettings(BaseSettings):
     student_general_texts: int = Field(
         default=4000,
         ge=0,
-        description="General texts (a seeded sample of the texts the base student was built on) distilled beside "
-        "the customer's, so the student keeps what it knew off the customer's domain; 0 = the customer's only.",
+        description="General texts (a seeded sample of the texts the base student was built on) the student keeps "
+        "its view of off the customer's domain: rehearsed in the crop step and distilled beside the customer's texts; "
+        "0 = none.",
     )
     student_general_targets: Literal["adapted_teacher", "base_student", "base_teacher"] = Field(
         default="adapted_teacher",
-        description="Whose embeddings of the general texts the student is distilled toward: the adapted teacher's "
-        "(as the customer's texts; embedded when first drawn, inside the time budget), or a frozen model's, embedded "
-        "before the clock starts and kept in the cache for the next job: its own before the job (base_student) or the "
-        "base teacher's (base_teacher). On IMDB the adapted teacher's kept the most out of domain (docs/BENCHMARKS).",
+        description="Whose view of the general texts the student keeps: the crop step's rehearsal holds that model's "
+        "similarities of them, a distillation its embeddings (the adapted teacher's are computed when first drawn, "
+        "inside the time budget; a frozen model's before the clock starts and kept in the cache): the adapted "
+        "teacher, the base student itself or the base teacher. On IMDB the adapted teacher's kept the most out of "
+        "domain (docs/BENCHMARKS.md).",
     )
     student_adapt_steps: int = Field(
-        default=60,
+        default=120,
         ge=0,
-        description="Steps of the job's own recipe (crop InfoNCE with the MSE anchor) on the distilled student, every "
-        "layer trained: what distillation alone leaves of the in-domain gain; 0 = distillation only.",
+        description="Steps of the job's own recipe (crop InfoNCE with the MSE anchor) on the student, every layer "
+        "trained, with the rehearsal of the general texts; 0 = distillation only.",
     )
     student_adapt_lr: float = Field(
-        default=1e-4, gt=0, description="Peak learning rate of that step (a 2-layer student takes more than 2e-5)."
+        default=2e-4, gt=0, description="Peak learning rate of that step (a 2-layer student takes more than 2e-5)."
     )
     student_adapt_time_budget_s: float = Field(
-        default=90.0, gt=0, description="Time budget of that step (whichever of steps/time ends first)."
+        default=300.0, gt=0, description="Time budget of that step (whichever of steps/time ends first)."
+    )
+    student_rehearsal_weight: float = Field(
+        default=1.0,
+        ge=0,
+        description="Weight of the crop step's similarity rehearsal: each step 64 general texts keep the similarities "
+        "the general-targets model gives them (SCT's KL between similarity distributions, papers/001 §3.4); 0 = none.",
     )
     student_build_max_steps: int = Field(
         default=0,

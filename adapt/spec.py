@@ -63,17 +63,19 @@ def check_student(recipe: str) -> str:
 
 @dataclass(frozen=True)
 class StudentPlan:
-    """How an /adapt job distils the model it adapted into a compact student (`adapt.student`): the base student's
-    recipe (its objective and views are the distillation's), and the distillation's own budget."""
+    """How an /adapt job turns the model it adapted into a compact student (`adapt.student`): the base student's
+    recipe (its objective and views are the distillation's, when there is one), the distillation's budget, and the
+    crop step on the student with its rehearsal of general texts."""
 
     recipe: str
-    max_steps: int | None
+    max_steps: int | None  # distillation steps (0: none, the crop step starts from the base student)
     time_budget_s: float | None
-    general_texts: int  # general texts (of the base student's own, a seeded sample) mixed with the customer's
-    general_targets: str  # whose embeddings of them are the targets: base_student, base_teacher or adapted_teacher
-    adapt_steps: int  # then the job's crop recipe on the student itself (0: distillation only)
+    general_texts: int  # general texts (of the base student's own, a seeded sample) distilled and rehearsed
+    general_targets: str  # whose view of them the student keeps: base_student, base_teacher or adapted_teacher
+    adapt_steps: int  # the job's crop recipe on the student itself (0: distillation only)
     adapt_lr: float
     adapt_time_budget_s: float
+    rehearsal_weight: float = 0.0  # of the similarity rehearsal in the crop step (stored before it existed: none)
 
     def __post_init__(self) -> None:
         check_student(self.recipe)
@@ -81,6 +83,15 @@ class StudentPlan:
             raise SpecError(f"general_targets must be one of {list(GENERAL_TARGETS)}, got {self.general_targets!r}")
         if self.max_steps is None and self.time_budget_s is None:
             raise SpecError("give the student's max_steps, time_budget_s or both: a distillation needs an end")
+        if not self.max_steps and not self.adapt_steps:
+            raise SpecError("the student needs distillation steps, crop steps or both: with neither it is the base "
+                            "student unchanged")  # fmt: skip
+        if self.rehearsal_weight < 0:
+            raise SpecError(f"the student's rehearsal_weight must be >= 0, got {self.rehearsal_weight}")
+
+    @property
+    def distils(self) -> bool:
+        return bool(self.max_steps)
 
 
 @dataclass(frozen=True)
@@ -200,7 +211,7 @@ class JobSpec:
             plan = StudentPlan(
                 student, settings.student_max_steps, settings.student_time_budget_s,
                 settings.student_general_texts, settings.student_general_targets, settings.student_adapt_steps,
-                settings.student_adapt_lr, settings.student_adapt_time_budget_s,
+                settings.student_adapt_lr, settings.student_adapt_time_budget_s, settings.student_rehearsal_weight,
             )  # fmt: skip
         return cls(base_model, name, hyperparameters, promote, has_labels, usable, plan)
 

@@ -9,11 +9,13 @@ Two kinds of work, two kinds of job:
   ``<base>--<recipe>`` (``minilm-l6--sct-tiny``: servable itself), its bundle keeping the torch checkpoint
   (``checkpoint/``) every student job starts from. The service queues it the first time a job asks for that
   student, as a job of its own; the asking job waits for it (`adapt.store.JobStore.create`, ``after_job``).
-* **The adapted student** (inside the /adapt job, after the teacher was adapted as always): the adapted teacher is
-  distilled into a copy of the base student with the recipe's objective and whole-text views, on the customer's
-  training documents plus a seeded sample of the base student's own training texts (so the student keeps what it
-  knew off the customer's domain; their targets: `distil_stage`), for ``student_max_steps`` steps; then the job's
-  own crop recipe runs on the student, every layer trained (``student_adapt_steps``).
+* **The adapted student** (inside the /adapt job, after the teacher was adapted as always): a copy of the base
+  student trained on the customer's crops with the job's own crop recipe, every layer trained
+  (``student_adapt_steps``), while a similarity rehearsal keeps the adapted teacher's structure of a seeded sample of
+  the base student's own training texts (so the student keeps what it knew off the customer's domain and takes the
+  adapted teacher's view of it: `student_stage`). ``student_max_steps`` > 0 first distils the adapted teacher into
+  it with the recipe's objective and whole-text views, on the customer's training documents plus those general
+  texts (off by default: on IMDB it cost out-of-domain quality and added nothing in domain).
 
 The gate (`student_gate`) decides on the adapted student against the base student — the held-out in-domain task
 must improve, each general task may drop at most ``gate_margin`` points — and reports the same comparison against
@@ -77,9 +79,9 @@ ADAPTED_STUDENT = "adapted_student"  # with adapt.spec's three: the roles a stud
 
 
 @dataclass(frozen=True)
-class DistilledStudent:
+class StudentRun:
     name: str  # the base student's registry name (<base>--<recipe>)
-    checkpoint: Path  # the adapted student (best checkpoint of the distillation)
+    checkpoint: Path  # the adapted student (best checkpoint of its last training step)
     base_checkpoint: Path  # the base student it started from
     trained_on: list[str]  # the corpora the base student was trained on
 
@@ -151,7 +153,7 @@ def build_student(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
     publish_stage(job, ctx, config, staging, manifest, evaluation, gate, promote=True)
 
 
-def distil_stage(
+def student_stage(
     spec: JobSpec,
     ctx: JobContext,
     config: AdaptConfig,
@@ -160,66 +162,81 @@ def distil_stage(
     documents: list[str],
     rule: CropRule,
     work: Path,
-) -> DistilledStudent:
-    """Distil the adapted teacher into a copy of the base student, then run the job's own crop recipe on the student
-    for ``adapt_steps``, every layer trained (on IMDB, distillation alone carried the student about half-way from the
-    base student to the adapted teacher on held-out crops, the crop step most of the rest; docs/BENCHMARKS.md, "Adapt:
-    a compact student").
+) -> StudentRun:
+    """Make the adapted student from a copy of the base student: distil the adapted teacher into it when the plan
+    has distillation steps (off by default), then run the job's own crop recipe on it for ``adapt_steps``, every
+    layer trained, with the similarity rehearsal of general texts (`training.objectives.rehearsal`): a seeded sample
+    of the base student's own training texts keeps the similarities the ``general_targets`` model — the adapted
+    teacher by default — gives them, while the crops train the student on the customer's documents.
 
-    The distillation runs the recipe's objective on whole texts of two kinds: the customer's training documents (and
-    a sentence of each; never the held-out ones), toward the adapted teacher's embeddings, and ``general_texts``
-    drawn from the base student's own training texts (so it keeps what it was off the customer's domain), toward the
-    embeddings of ``general_targets``: the adapted teacher's too (the default), or a frozen model's — the base
-    student's own or the base teacher's — given to the trainer as precomputed targets (`distillation_targets`). On
-    IMDB the adapted teacher's kept the most out of domain (docs/BENCHMARKS.md, "Adapt: a compact student")."""
+    On IMDB (docs/BENCHMARKS.md, "Adapt: a compact student"): the crop step carries the student past the unadapted
+    teacher in domain; the rehearsal keeps more out of domain at the same in-domain gain than the MSE anchor alone;
+    distilling first cost out-of-domain quality without adding in domain, so it is off unless asked for.
+
+    The distillation, when on, runs the recipe's objective on whole texts of two kinds: the customer's training
+    documents (and a sentence of each; never the held-out ones), toward the adapted teacher's embeddings, and the
+    general texts toward the embeddings of ``general_targets`` (`distillation_targets`)."""
     plan = spec.student
     if plan is None:
-        raise ValueError("distil_stage needs a job spec with a student")
+        raise ValueError("student_stage needs a job spec with a student")
     hp = spec.hyperparameters
     name = base_student_name(spec.base_model, plan.recipe)
     base = base_student_checkpoint(config.registry_dir, name)
-    recipe = load_config(plan.recipe)
-    with guarded("distillation", SCRATCH_VOLUME):
-        models = {BASE_STUDENT: base, BASE_TEACHER: base_teacher, ADAPTED_TEACHER: teacher}
-        targets = distillation_targets(ctx, config, plan, models, documents, recipe, hp.seed, work)
-    train_config = TrainConfig(
-        name=spec.name,
-        model=str(base),
-        teacher=str(teacher),
-        max_seq_length=recipe.max_seq_length,
-        objective=recipe.objective,
-        objective_params=recipe.objective_params,
-        views=recipe.views,
-        text_sentences=0,  # the texts are already whole-text units
-        teacher_vectors=str(targets.path) if targets.path else None,
-        corpus=targets.texts,
-        validation=None,
-        max_steps=plan.max_steps,
-        epochs=None,
-        time_budget_s=plan.time_budget_s,
-        batch_size=recipe.batch_size,
-        lr=recipe.lr,
-        warmup=recipe.warmup,
-        grad_clip=recipe.grad_clip,
-        seed=hp.seed,
-        num_threads=config.settings.worker_threads,
-        output_dir=str(work / "student"),
-        progress_bar=False,
-        log_every=10,
-    )
-    result = run_training(ctx, train_config, stage="distilling", done="distilled", reason="distillation")
     trained_on = read_trained_on(base)
-    if not plan.adapt_steps:
-        return DistilledStudent(name, result.best_dir, base, trained_on)
-    ctx.check()
-    adapt = adapt_config(spec, result.best_dir, documents, work / "student-adapt",
+    models = {BASE_STUDENT: base, BASE_TEACHER: base_teacher, ADAPTED_TEACHER: teacher}
+    own = recipe_training_texts(base / RECIPE_FILE)
+    general = random.Random(hp.seed).sample(own, min(plan.general_texts, len(own)))
+    start = base
+    if plan.distils:
+        recipe = load_config(plan.recipe)
+        with guarded("distillation", SCRATCH_VOLUME):
+            targets = distillation_targets(ctx, config, plan, models, documents, general, recipe, hp.seed, work)
+        train_config = TrainConfig(
+            name=spec.name,
+            model=str(base),
+            teacher=str(teacher),
+            max_seq_length=recipe.max_seq_length,
+            objective=recipe.objective,
+            objective_params=recipe.objective_params,
+            views=recipe.views,
+            text_sentences=0,  # the texts are already whole-text units
+            teacher_vectors=str(targets.path) if targets.path else None,
+            corpus=targets.texts,
+            validation=None,
+            max_steps=plan.max_steps,
+            epochs=None,
+            time_budget_s=plan.time_budget_s,
+            batch_size=recipe.batch_size,
+            lr=recipe.lr,
+            warmup=recipe.warmup,
+            grad_clip=recipe.grad_clip,
+            seed=hp.seed,
+            num_threads=config.settings.worker_threads,
+            output_dir=str(work / "student"),
+            progress_bar=False,
+            log_every=10,
+        )
+        result = run_training(ctx, train_config, stage="distilling", done="distilled", reason="distillation")
+        start = result.best_dir
+        if not plan.adapt_steps:
+            return StudentRun(name, start, base, trained_on)
+        ctx.check()
+    rehearsal: dict[str, Any] = {}
+    if plan.rehearsal_weight > 0 and general:
+        rehearsal = {"rehearsal_weight": plan.rehearsal_weight, "rehearsal_texts": tuple(general),
+                     "rehearsal_model": str(models[plan.general_targets])}  # fmt: skip
+    adapt = adapt_config(spec, start, documents, work / "student-adapt",
                          threads=config.settings.worker_threads).replace(
-        lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s
+        lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s,
+        **rehearsal,
     )  # fmt: skip
+    ctx.result({"student_rehearsal": {"general_texts": len(general), "reference": plan.general_targets,
+                                      "weight": plan.rehearsal_weight} if rehearsal else None},
+               event="student_rehearsal")  # fmt: skip
     adapted = run_training(
         ctx, adapt, stage="adapting student", done="student adapted", reason="student_adaptation", crop_rule=rule
     )
-    return DistilledStudent(name, adapted.best_dir, base, trained_on)
+    return StudentRun(name, adapted.best_dir, base, trained_on)
 
 
 @dataclass(frozen=True)
@@ -234,19 +251,19 @@ def distillation_targets(
     plan: StudentPlan,
     models: Mapping[str, Path],
     documents: list[str],
+    general: list[str],
     recipe: TrainConfig,
     seed: int,
     work: Path,
 ) -> DistillationTargets:
-    """The distillation's texts (see `distil_stage`) and, when the general texts' targets come from a frozen model
-    (``models`` by role: base_student, base_teacher), a file of those: that model embeds them once, longest first,
-    and keeps its vectors in the cache's teacher-embedding store for the next job. Texts without a given target —
-    the customer's, and with ``adapted_teacher`` every text — are embedded by the adapted teacher the first time a
-    batch draws them, inside the distillation's time budget. What the targets are and how many texts a frozen model
-    embedded (and its seconds) go to the job's result (``distillation_targets``)."""
+    """The distillation's texts (see `student_stage`: the customer's text units, then ``general``) and, when the
+    general texts' targets come from a frozen model (``models`` by role: base_student, base_teacher), a file of
+    those: that model embeds them once, longest first, and keeps its vectors in the cache's teacher-embedding store
+    for the next job. Texts without a given target — the customer's, and with ``adapted_teacher`` every text — are
+    embedded by the adapted teacher the first time a batch draws them, inside the distillation's time budget. What
+    the targets are and how many texts a frozen model embedded (and its seconds) go to the job's result
+    (``distillation_targets``)."""
     customer = text_units(documents, recipe.text_sentences, seed=seed)
-    own = recipe_training_texts(models[BASE_STUDENT] / RECIPE_FILE)
-    general = random.Random(seed).sample(own, min(plan.general_texts, len(own)))
     report: dict[str, Any] = {"customer_texts": len(customer), "general_texts": len(general),
                               "general_targets": plan.general_targets}  # fmt: skip
     path = None
@@ -271,7 +288,7 @@ def evaluate_student(
     spec: JobSpec,
     base_path: Path,
     adapted_teacher: Path,
-    student: DistilledStudent,
+    student: StudentRun,
     bundle: Path,
     held_out: CropPairRetrieval,
     knn: tuple[list[str], list[str] | None, int],

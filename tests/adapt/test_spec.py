@@ -65,3 +65,17 @@ def test_a_student_job_stored_before_general_targets_reads_back_as_it_ran() -> N
     assert student is not None and (student.general_texts, student.general_targets) == (2000, "adapted_teacher")
     with pytest.raises(SpecError, match="general_targets must be one of"):
         replace(student, general_targets="the crowd")
+
+
+def test_a_student_job_stored_before_the_rehearsal_reads_back_without_one() -> None:
+    spec = JobSpec.build(_settings(), base_model="minilm-l6", name="acme", student="sct-tiny")
+    params = spec.to_params()
+    assert params["student"]["rehearsal_weight"] == AdaptSettings().student_rehearsal_weight > 0
+    assert params["student"]["max_steps"] == 0 and spec.student is not None and not spec.student.distils
+    params["student"] = {k: v for k, v in params["student"].items() if k != "rehearsal_weight"}
+    student = JobSpec.from_params(params).student
+    assert student is not None and student.rehearsal_weight == 0.0  # what that job ran
+    with pytest.raises(SpecError, match="distillation steps, crop steps or both"):
+        replace(student, max_steps=0, adapt_steps=0)
+    with pytest.raises(SpecError, match="rehearsal_weight must be >= 0"):
+        replace(student, rehearsal_weight=-1.0)

@@ -19,12 +19,14 @@ from adapt.settings import AdaptConfig, AdaptSettings
 from adapt.spec import StudentPlan
 from adapt.student import base_student_checkpoint, distillation_targets
 from core import registry
+from core.model_folder import RECIPE_FILE
 from embedder import adapt_cli
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.adapt.cluster import ADMIN, AUTH, wait_for
 from training.config import load_config
 from training.encoder import Encoder
+from training.inputs import recipe_training_texts
 from training.models import cut_texts
 from training.targets import read_vectors, text_key
 
@@ -118,6 +120,9 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     targets = _events(client, job["id"], "distillation_targets")[0]["distillation_targets"]
     assert targets["general_texts"] == 16 and targets["customer_texts"] > 0
     assert targets["general_targets"] == "adapted_teacher" and "base_student" not in targets
+    # then the crop step, rehearsing the same 16 general texts under the adapted teacher's similarities
+    rehearsal = _events(client, job["id"], "student_rehearsal")[0]["student_rehearsal"]
+    assert rehearsal == {"general_texts": 16, "reference": "adapted_teacher", "weight": 1.0}
     assert _finished(client, again["id"])["state"] == "succeeded"
 
     # built once: the next job starts at once
@@ -153,7 +158,9 @@ def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_f
     def targets(general_targets: str) -> tuple[Any, dict[str, Any]]:
         plan = StudentPlan("sct-tiny", 4, None, 16, general_targets, 0, 1e-4, 90.0)
         ctx = _Recorder()
-        got = distillation_targets(ctx, config, plan, models, corpus[:8], load_config("sct-tiny"), 0, tmp_path)
+        general = recipe_training_texts(base / RECIPE_FILE)[:16]
+        recipe = load_config("sct-tiny")
+        got = distillation_targets(ctx, config, plan, models, corpus[:8], general, recipe, 0, tmp_path)
         return got, ctx.results["distillation_targets"]
 
     first, report = targets("base_student")
