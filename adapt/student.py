@@ -170,8 +170,8 @@ def student_stage(
     teacher by default — gives them, while the crops train the student on the customer's documents.
 
     On IMDB (docs/BENCHMARKS.md, "Adapt: a compact student"): the crop step carries the student past the unadapted
-    teacher in domain; the rehearsal keeps more out of domain at the same in-domain gain than the MSE anchor alone;
-    distilling first cost out-of-domain quality without adding in domain, so it is off unless asked for.
+    teacher in domain; the rehearsal keeps a little more out of domain at the same in-domain gain than the MSE
+    anchor alone; distilling first cost out-of-domain quality without adding in domain, so it is off unless asked.
 
     The distillation, when on, runs the recipe's objective on whole texts of two kinds: the customer's training
     documents (and a sentence of each; never the held-out ones), toward the adapted teacher's embeddings, and the

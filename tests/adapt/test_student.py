@@ -39,16 +39,21 @@ def service(
 ) -> Iterator[tuple[TestClient, ServiceSettings]]:
     root = tmp_path_factory.mktemp("adapt-student")
     shutil.copytree(base_registry, root / "registry", symlinks=True)
-    settings = ServiceSettings.from_flat(
-        registry_dir=root / "registry", default_model="tiny-base", registry_poll_seconds=0.3, warmup=False,
-        admin_api_keys=[ADMIN], adapt_dir=root / "adapt", adapt_base_models={"tiny6": str(tiny_bert6_path)},
-        adapt_min_documents=16, adapt_batch_size=8, adapt_max_steps=6, adapt_lr=5e-3, adapt_train_last_layers=0,
-        adapt_worker_threads=1, adapt_general_tasks=["LeeDocSTS", "PyDocModuleClustering"], adapt_general_fast=True,
-        adapt_lease_seconds=5.0, adapt_student_max_steps=4, adapt_student_general_texts=16,
-        adapt_student_adapt_steps=3, adapt_student_build_max_steps=3, adapt_student_build_max_documents=48,
-    )  # fmt: skip
+    settings = ServiceSettings.from_flat(**_flat_settings(root, tiny_bert6_path), adapt_student_max_steps=4)
     with TestClient(create_app(settings)) as client:
         yield client, settings
+
+
+def _flat_settings(root: Path, teacher: Path) -> dict[str, Any]:
+    """Every budget a few steps; the distillation before the crop step is the default (off) unless added."""
+    return dict(
+        registry_dir=root / "registry", default_model="tiny-base", registry_poll_seconds=0.3, warmup=False,
+        admin_api_keys=[ADMIN], adapt_dir=root / "adapt", adapt_base_models={"tiny6": str(teacher)},
+        adapt_min_documents=16, adapt_batch_size=8, adapt_max_steps=6, adapt_lr=5e-3, adapt_train_last_layers=0,
+        adapt_worker_threads=1, adapt_general_tasks=["LeeDocSTS", "PyDocModuleClustering"], adapt_general_fast=True,
+        adapt_lease_seconds=5.0, adapt_student_general_texts=16, adapt_student_adapt_steps=3,
+        adapt_student_build_max_steps=3, adapt_student_build_max_documents=48,
+    )  # fmt: skip
 
 
 def _job(client: TestClient, job_id: str) -> dict[str, Any]:
@@ -129,6 +134,31 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     third = client.post("/adapt", json={**body, "name": "news-tiny-3", "promote": "never"}, headers=AUTH).json()
     assert third["after_job"] is None
     assert _finished(client, third["id"])["state"] == "succeeded"
+
+
+def test_by_default_the_student_is_crop_tuned_from_the_base_student_without_distillation(
+    service: tuple[TestClient, ServiceSettings], corpus: list[str], tiny_bert6_path: Path
+) -> None:
+    """A second replica with the default ``student_max_steps`` (0) over the same registry and job store: its job
+    skips the distillation and crop-tunes the base student, rehearsing the general texts. Runs after the build of
+    the first test (the registry holds tiny6--sct-tiny)."""
+    _, first = service
+    root = first.registry_dir.parent
+    settings = ServiceSettings.from_flat(**_flat_settings(root, tiny_bert6_path))
+    assert settings.adapt.student_max_steps == 0
+    with TestClient(create_app(settings)) as client:
+        body = {"base_model": "tiny6", "name": "news-crop", "texts": corpus, "student": "sct-tiny", "promote": "never"}
+        job = client.post("/adapt", json=body, headers=AUTH).json()
+        assert job["after_job"] is None and job["student"]["max_steps"] == 0
+        done = _finished(client, job["id"])
+        assert done["state"] == "succeeded", done["error"]
+        stages = {e.get("stage") for e in _events(client, job["id"], "progress")}
+        assert {"trained", "adapting student", "student adapted"} <= stages and "distilling" not in stages
+        assert not _events(client, job["id"], "distillation_targets")
+        rehearsal = _events(client, job["id"], "student_rehearsal")[0]["student_rehearsal"]
+        assert rehearsal == {"general_texts": 16, "reference": "adapted_teacher", "weight": 1.0}
+        assert set(done["evaluation"]["in_domain"]) == {"base_teacher", "adapted_teacher", "base_student",
+                                                        "adapted_student"}  # fmt: skip
 
 
 class _Recorder:
