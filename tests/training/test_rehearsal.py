@@ -68,6 +68,25 @@ def test_loss_is_zero_for_the_reference_itself_and_trains_only_the_student(tiny_
     assert all(not p.requires_grad for p in term.parameters())  # the student is held, not registered
 
 
+def test_the_reference_embeds_each_text_once(tiny_bert_path: Path) -> None:
+    student = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    reference = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32)
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    embedded: list[int] = []
+    reference.register_forward_hook(lambda _module, _args, output: embedded.append(len(output)))
+    term = SimilarityRehearsal(student, reference, GENERAL, weight=1.0, batch_size=6, seed=1)
+    losses = [float(term(torch.zeros(1), torch.zeros(1))[0].detach()) for _ in range(5)]
+    assert sum(embedded) == len(term._reference_vectors) <= len(GENERAL) < 5 * 6  # each drawn text embedded once
+
+    # the kept vectors are the ones a fresh reference pass gives: the same losses as without a cache
+    fresh = SimilarityRehearsal(student, reference, GENERAL, weight=1.0, batch_size=6, seed=1)
+    for loss in losses:
+        fresh._reference_vectors.clear()
+        assert float(fresh(torch.zeros(1), torch.zeros(1))[0].detach()) == pytest.approx(loss, rel=1e-4, abs=1e-6)
+
+
 def test_bad_settings_are_refused(tmp_path: Path, tiny_bert_path: Path) -> None:
     student = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32)
     with pytest.raises(ValueError, match="at least 3 distinct"):
