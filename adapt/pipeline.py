@@ -126,8 +126,14 @@ def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
     split, rule = prepare(spec, ctx, texts)
     ctx.check()
 
-    trained = train_stage(spec, ctx, settings.worker_threads, base_path, split.train, rule, work)
-    ctx.check()
+    trained: Path | None = None
+    if spec.student is None or spec.student.uses_adapted_teacher:
+        trained = train_stage(spec, ctx, settings.worker_threads, base_path, split.train, rule, work)
+        ctx.check()
+    else:  # the student trains from the base student alone: adapting the teacher would only cost time
+        ctx.result({"teacher_adaptation": {"skipped": True, "why": "the student neither distils the adapted teacher "
+                    f"nor rehearses its view (general_targets {spec.student.general_targets})"}},
+                   event="teacher_adaptation")  # fmt: skip
     held_out = CropPairRetrieval.from_corpus(split.held_out, seed=spec.hyperparameters.seed, name=IN_DOMAIN_TASK,
                                              rule=rule)  # fmt: skip
     knn = (texts, labels, spec.hyperparameters.seed)
@@ -142,6 +148,7 @@ def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
         evaluation = evaluate_student(ctx, config, spec, base_path, trained, student, staging, held_out, knn)
         gate = student_gate(evaluation, margin=spec.hyperparameters.gate_margin)
     else:
+        assert trained is not None  # adapted whenever no student is asked for
         base_trained_on = read_trained_on(base_path)  # none for a built-in base: its training data is unknown
         staging, manifest = export_stage(spec, job.id, trained, rule, work, base_trained_on)
         ctx.check()

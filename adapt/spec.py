@@ -93,6 +93,13 @@ class StudentPlan:
     def distils(self) -> bool:
         return bool(self.max_steps)
 
+    @property
+    def uses_adapted_teacher(self) -> bool:
+        """Whether the student learns from the adapted teacher (a distillation, or the adapted teacher's view of the
+        general texts rehearsed): when not, the job does not adapt the teacher."""
+        rehearses = bool(self.adapt_steps) and self.rehearsal_weight > 0 and self.general_texts > 0
+        return self.distils or (rehearses and self.general_targets == ADAPTED_TEACHER)
+
 
 @dataclass(frozen=True)
 class StudentBuildSpec:

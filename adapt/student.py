@@ -9,13 +9,14 @@ Two kinds of work, two kinds of job:
   ``<base>--<recipe>`` (``minilm-l6--sct-tiny``: servable itself), its bundle keeping the torch checkpoint
   (``checkpoint/``) every student job starts from. The service queues it the first time a job asks for that
   student, as a job of its own; the asking job waits for it (`adapt.store.JobStore.create`, ``after_job``).
-* **The adapted student** (inside the /adapt job, after the teacher was adapted as always): a copy of the base
-  student trained on the customer's crops with the job's own crop recipe, every layer trained
-  (``student_adapt_steps``), while a similarity rehearsal keeps the adapted teacher's structure of a seeded sample of
-  the base student's own training texts (so the student keeps what it knew off the customer's domain and takes the
-  adapted teacher's view of it: `student_stage`). ``student_max_steps`` > 0 first distils the adapted teacher into
-  it with the recipe's objective and whole-text views, on the customer's training documents plus those general
-  texts (off by default: on IMDB it lost more out of domain than it gained in domain).
+* **The adapted student** (inside the /adapt job): a copy of the base student trained on the customer's crops with
+  the job's own crop recipe, every layer trained (``student_adapt_steps``), while a similarity rehearsal keeps the
+  base student's own structure of a seeded sample of its training texts (``student_general_targets``; so it keeps
+  what it knew off the customer's domain: `student_stage`). The job adapts the teacher first only when the student
+  learns from it (`adapt.spec.StudentPlan.uses_adapted_teacher`): its view rehearsed instead, or
+  ``student_max_steps`` > 0, a distillation of the adapted teacher with the recipe's objective and whole-text
+  views, on the customer's training documents plus those general texts (off by default: on IMDB both lost more
+  out of domain than they gained in domain).
 
 The gate (`student_gate`) decides on the adapted student against the base student — the held-out in-domain task
 must improve, each general task may drop at most ``gate_margin`` points — and reports the same comparison against
@@ -158,7 +159,7 @@ def student_stage(
     ctx: JobContext,
     config: AdaptConfig,
     base_teacher: Path,
-    teacher: Path,
+    teacher: Path | None,
     documents: list[str],
     rule: CropRule,
     work: Path,
@@ -166,12 +167,14 @@ def student_stage(
     """Make the adapted student from a copy of the base student: distil the adapted teacher into it when the plan
     has distillation steps (off by default), then run the job's own crop recipe on it for ``adapt_steps``, every
     layer trained, with the similarity rehearsal of general texts (`training.objectives.rehearsal`): a seeded sample
-    of the base student's own training texts keeps the similarities the ``general_targets`` model — the adapted
-    teacher by default — gives them, while the crops train the student on the customer's documents.
+    of the base student's own training texts keeps the similarities the ``general_targets`` model — the base
+    student itself by default — gives them, while the crops train the student on the customer's documents.
+    ``teacher`` (the adapted teacher) is None when the plan does not use it.
 
     On IMDB (docs/BENCHMARKS.md, "Adapt: a compact student"): the crop step carries the student past the unadapted
-    teacher in domain; the rehearsal keeps a little more out of domain at the same in-domain gain than the MSE
-    anchor alone; distilling first gained 0.4 in domain and lost 0.65 more out of domain: off unless asked.
+    teacher in domain; the rehearsal of its own view keeps 0.4–0.5 more out of domain than the adapted teacher's
+    at the same in-domain score; distilling first gained 0.4 in domain and lost 0.65 more out of domain: off unless
+    asked.
 
     The distillation, when on, runs the recipe's objective on whole texts of two kinds: the customer's training
     documents (and a sentence of each; never the held-out ones), toward the adapted teacher's embeddings, and the
@@ -179,11 +182,13 @@ def student_stage(
     plan = spec.student
     if plan is None:
         raise ValueError("student_stage needs a job spec with a student")
+    if plan.uses_adapted_teacher and teacher is None:
+        raise ValueError("this student's plan learns from the adapted teacher: adapt it first")
     hp = spec.hyperparameters
     name = base_student_name(spec.base_model, plan.recipe)
     base = base_student_checkpoint(config.registry_dir, name)
     trained_on = read_trained_on(base)
-    models = {BASE_STUDENT: base, BASE_TEACHER: base_teacher, ADAPTED_TEACHER: teacher}
+    models = {BASE_STUDENT: base, BASE_TEACHER: base_teacher, **({ADAPTED_TEACHER: teacher} if teacher else {})}
     own = recipe_training_texts(base / RECIPE_FILE)
     general = random.Random(hp.seed).sample(own, min(plan.general_texts, len(own)))
     start = base
@@ -287,22 +292,21 @@ def evaluate_student(
     config: AdaptConfig,
     spec: JobSpec,
     base_path: Path,
-    adapted_teacher: Path,
+    adapted_teacher: Path | None,
     student: StudentRun,
     bundle: Path,
     held_out: CropPairRetrieval,
     knn: tuple[list[str], list[str] | None, int],
 ) -> dict[str, Any]:
-    """Score the base and adapted teacher and the base and adapted student (the ONNX bundle that will be served) on
-    the held-out documents; the base teacher and both students also on the general tasks out-of-domain for the
-    student (and on kNN when labels were given)."""
+    """Score the base teacher, the adapted teacher (when the job adapted it) and the base and adapted student (the
+    ONNX bundle that will be served) on the held-out documents; the base teacher and both students also on the
+    general tasks out-of-domain for the student (and on kNN when labels were given)."""
     with guarded("evaluation", CACHE_VOLUME):
-        models: dict[str, EmbeddingModel] = {
-            BASE_TEACHER: TorchModel(Encoder.from_pretrained(base_path)),
-            ADAPTED_TEACHER: TorchModel(Encoder.from_pretrained(adapted_teacher)),
-            BASE_STUDENT: TorchModel(Encoder.from_pretrained(student.base_checkpoint)),
-            ADAPTED_STUDENT: load_model(bundle),
-        }
+        models: dict[str, EmbeddingModel] = {BASE_TEACHER: TorchModel(Encoder.from_pretrained(base_path))}
+        if adapted_teacher is not None:
+            models[ADAPTED_TEACHER] = TorchModel(Encoder.from_pretrained(adapted_teacher))
+        models[BASE_STUDENT] = TorchModel(Encoder.from_pretrained(student.base_checkpoint))
+        models[ADAPTED_STUDENT] = load_model(bundle)
         general = general_tasks(spec.hyperparameters.general_tasks, student.trained_on)
         roles = (BASE_TEACHER, BASE_STUDENT, ADAPTED_STUDENT)
         return score_models(ctx, config, models, held_out, general, general_roles=roles, knn=knn)

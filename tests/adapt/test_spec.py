@@ -79,3 +79,11 @@ def test_a_student_job_stored_before_the_rehearsal_reads_back_without_one() -> N
         replace(student, max_steps=0, adapt_steps=0)
     with pytest.raises(SpecError, match="rehearsal_weight must be >= 0"):
         replace(student, rehearsal_weight=-1.0)
+
+
+def test_the_job_adapts_the_teacher_only_when_its_student_learns_from_it() -> None:
+    plan = JobSpec.build(AdaptSettings(), base_model="minilm-l6", name="x", student="sct-tiny").student
+    assert plan is not None and plan.general_targets == "base_student" and not plan.uses_adapted_teacher
+    assert replace(plan, general_targets="adapted_teacher").uses_adapted_teacher  # its view rehearsed
+    assert not replace(plan, general_targets="adapted_teacher", rehearsal_weight=0.0).uses_adapted_teacher
+    assert replace(plan, max_steps=10).uses_adapted_teacher  # a distillation toward it

@@ -39,7 +39,9 @@ def service(
 ) -> Iterator[tuple[TestClient, ServiceSettings]]:
     root = tmp_path_factory.mktemp("adapt-student")
     shutil.copytree(base_registry, root / "registry", symlinks=True)
-    settings = ServiceSettings.from_flat(**_flat_settings(root, tiny_bert6_path), adapt_student_max_steps=4)
+    # the teacher's route, not the default: distil the adapted teacher, and keep its view of the general texts
+    settings = ServiceSettings.from_flat(**_flat_settings(root, tiny_bert6_path), adapt_student_max_steps=4,
+                                         adapt_student_general_targets="adapted_teacher")  # fmt: skip
     with TestClient(create_app(settings)) as client:
         yield client, settings
 
@@ -140,12 +142,13 @@ def test_by_default_the_student_is_crop_tuned_from_the_base_student_without_dist
     service: tuple[TestClient, ServiceSettings], corpus: list[str], tiny_bert6_path: Path
 ) -> None:
     """A second replica with the default ``student_max_steps`` (0) over the same registry and job store: its job
-    skips the distillation and crop-tunes the base student, rehearsing the general texts. Runs after the build of
-    the first test (the registry holds tiny6--sct-tiny)."""
+    skips the distillation and crop-tunes the base student, rehearsing the general texts under the base student's
+    own similarities (``student_general_targets`` base_student), so nothing learns from an adapted teacher and the
+    job does not adapt one. Runs after the build of the first test (the registry holds tiny6--sct-tiny)."""
     _, first = service
     root = first.registry_dir.parent
     settings = ServiceSettings.from_flat(**_flat_settings(root, tiny_bert6_path))
-    assert settings.adapt.student_max_steps == 0
+    assert settings.adapt.student_max_steps == 0 and settings.adapt.student_general_targets == "base_student"
     with TestClient(create_app(settings)) as client:
         body = {"base_model": "tiny6", "name": "news-crop", "texts": corpus, "student": "sct-tiny", "promote": "never"}
         job = client.post("/adapt", json=body, headers=AUTH).json()
@@ -153,12 +156,14 @@ def test_by_default_the_student_is_crop_tuned_from_the_base_student_without_dist
         done = _finished(client, job["id"])
         assert done["state"] == "succeeded", done["error"]
         stages = {e.get("stage") for e in _events(client, job["id"], "progress")}
-        assert {"trained", "adapting student", "student adapted"} <= stages and "distilling" not in stages
+        assert {"adapting student", "student adapted"} <= stages
+        assert not {"training", "trained", "distilling"} & stages  # neither the teacher nor a distillation trained
+        assert _events(client, job["id"], "teacher_adaptation")[0]["teacher_adaptation"]["skipped"] is True
         assert not _events(client, job["id"], "distillation_targets")
         rehearsal = _events(client, job["id"], "student_rehearsal")[0]["student_rehearsal"]
-        assert rehearsal == {"general_texts": 16, "reference": "adapted_teacher", "weight": 1.0}
-        assert set(done["evaluation"]["in_domain"]) == {"base_teacher", "adapted_teacher", "base_student",
-                                                        "adapted_student"}  # fmt: skip
+        assert rehearsal == {"general_texts": 16, "reference": "base_student", "weight": 1.0}
+        assert set(done["evaluation"]["in_domain"]) == {"base_teacher", "base_student", "adapted_student"}
+        assert done["gate"]["compared_with"]["base_teacher"]["decides"] is False
 
 
 class _Recorder:
