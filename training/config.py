@@ -86,7 +86,7 @@ class TrainConfig:
     anchor_weight: float = 0.0
     # weight of a similarity rehearsal (training.objectives.rehearsal): each step, `rehearsal_batch_size` texts of
     # `rehearsal_texts` (a corpus spec as `corpus`, or the texts) keep the similarity structure `rehearsal_model`
-    # gives them (None: the frozen starting model; /adapt's students: the adapted teacher); 0 disables it
+    # gives them (None: the frozen starting model; /adapt's students: their base student); 0 disables it
     rehearsal_weight: float = 0.0
     rehearsal_texts: str | tuple[str, ...] | None = None
     rehearsal_model: str | None = None
