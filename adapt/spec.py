@@ -76,6 +76,7 @@ class StudentPlan:
     adapt_lr: float
     adapt_time_budget_s: float
     rehearsal_weight: float = 0.0  # of the similarity rehearsal in the crop step (stored before it existed: none)
+    rehearsal_temperature: float = 0.05  # of its similarity distributions (stored before it was a setting: 0.05)
 
     def __post_init__(self) -> None:
         check_student(self.recipe)
@@ -88,6 +89,8 @@ class StudentPlan:
                             "student unchanged")  # fmt: skip
         if self.rehearsal_weight < 0:
             raise SpecError(f"the student's rehearsal_weight must be >= 0, got {self.rehearsal_weight}")
+        if self.rehearsal_temperature <= 0:
+            raise SpecError(f"the student's rehearsal_temperature must be > 0, got {self.rehearsal_temperature}")
 
     @property
     def distils(self) -> bool:
@@ -219,6 +222,7 @@ class JobSpec:
                 student, settings.student_max_steps, settings.student_time_budget_s,
                 settings.student_general_texts, settings.student_general_targets, settings.student_adapt_steps,
                 settings.student_adapt_lr, settings.student_adapt_time_budget_s, settings.student_rehearsal_weight,
+                settings.student_rehearsal_temperature,
             )  # fmt: skip
         return cls(base_model, name, hyperparameters, promote, has_labels, usable, plan)
 

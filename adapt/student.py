@@ -229,14 +229,16 @@ def student_stage(
     rehearsal: dict[str, Any] = {}
     if plan.rehearsal_weight > 0 and general:
         rehearsal = {"rehearsal_weight": plan.rehearsal_weight, "rehearsal_texts": tuple(general),
-                     "rehearsal_model": str(models[plan.general_targets])}  # fmt: skip
+                     "rehearsal_model": str(models[plan.general_targets]),
+                     "rehearsal_temperature": plan.rehearsal_temperature}  # fmt: skip
     adapt = adapt_config(spec, start, documents, work / "student-adapt",
                          threads=config.settings.worker_threads).replace(
         lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s,
         **rehearsal,
     )  # fmt: skip
     ctx.result({"student_rehearsal": {"general_texts": len(general), "reference": plan.general_targets,
-                                      "weight": plan.rehearsal_weight} if rehearsal else None},
+                                      "weight": plan.rehearsal_weight,
+                                      "temperature": plan.rehearsal_temperature} if rehearsal else None},
                event="student_rehearsal")  # fmt: skip
     adapted = run_training(
         ctx, adapt, stage="adapting student", done="student adapted", reason="student_adaptation", crop_rule=rule

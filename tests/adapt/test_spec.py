@@ -75,10 +75,15 @@ def test_a_student_job_stored_before_the_rehearsal_reads_back_without_one() -> N
     params["student"] = {k: v for k, v in params["student"].items() if k != "rehearsal_weight"}
     student = JobSpec.from_params(params).student
     assert student is not None and student.rehearsal_weight == 0.0  # what that job ran
+    params["student"] = {k: v for k, v in params["student"].items() if k != "rehearsal_temperature"}
+    older = JobSpec.from_params(params).student
+    assert older is not None and older.rehearsal_temperature == 0.05  # what jobs ran before it was a setting
     with pytest.raises(SpecError, match="distillation steps, crop steps or both"):
         replace(student, max_steps=0, adapt_steps=0)
     with pytest.raises(SpecError, match="rehearsal_weight must be >= 0"):
         replace(student, rehearsal_weight=-1.0)
+    with pytest.raises(SpecError, match="rehearsal_temperature must be > 0"):
+        replace(student, rehearsal_temperature=0.0)
 
 
 def test_the_job_adapts_the_teacher_only_when_its_student_learns_from_it() -> None:
