@@ -199,7 +199,11 @@ class AdaptSettings(BaseSettings):
         default=2e-4, gt=0, description="Peak learning rate of that step (a 2-layer student takes more than 2e-5)."
     )
     student_adapt_time_budget_s: float = Field(
-        default=300.0, gt=0, description="Time budget of that step (whichever of steps/time ends first)."
+        default=360.0,
+        gt=0,
+        description="Time budget of that step (whichever of steps/time ends first). The 120 steps take ~220 s on 2 "
+        "AVX-512 VNNI cores and ~1.4x that on 2 AVX2 cores; 360 s lets the slower CPU run them all too and keeps the "
+        "whole job within 8 minutes there (docs/BENCHMARKS.md).",
     )
     student_rehearsal_weight: float = Field(
         default=1.0,
