@@ -97,11 +97,15 @@ class StudentPlan:
         return bool(self.max_steps)
 
     @property
+    def rehearses(self) -> bool:
+        """Whether the crop step rehearses general texts (it runs, with a weight and texts to rehearse)."""
+        return bool(self.adapt_steps) and self.rehearsal_weight > 0 and self.general_texts > 0
+
+    @property
     def uses_adapted_teacher(self) -> bool:
         """Whether the student learns from the adapted teacher (a distillation, or the adapted teacher's view of the
         general texts rehearsed): when not, the job does not adapt the teacher."""
-        rehearses = bool(self.adapt_steps) and self.rehearsal_weight > 0 and self.general_texts > 0
-        return self.distils or (rehearses and self.general_targets == ADAPTED_TEACHER)
+        return self.distils or (self.rehearses and self.general_targets == ADAPTED_TEACHER)
 
 
 @dataclass(frozen=True)

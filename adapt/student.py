@@ -227,7 +227,7 @@ def student_stage(
             return StudentRun(name, start, base, trained_on)
         ctx.check()
     rehearsal: dict[str, Any] = {}
-    if plan.rehearsal_weight > 0 and general:
+    if plan.rehearses and general:  # general is empty only when the base student's recipe had no texts
         rehearsal = {"rehearsal_weight": plan.rehearsal_weight, "rehearsal_texts": tuple(general),
                      "rehearsal_model": str(models[plan.general_targets]),
                      "rehearsal_temperature": plan.rehearsal_temperature}  # fmt: skip
