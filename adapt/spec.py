@@ -77,6 +77,7 @@ class StudentPlan:
     adapt_time_budget_s: float
     rehearsal_weight: float = 0.0  # of the similarity rehearsal in the crop step (stored before it existed: none)
     rehearsal_temperature: float = 0.05  # of its similarity distributions (stored before it was a setting: 0.05)
+    rehearsal_position_weight: float = 0.0  # of its position term (stored before it existed: none)
 
     def __post_init__(self) -> None:
         check_student(self.recipe)
@@ -91,6 +92,10 @@ class StudentPlan:
             raise SpecError(f"the student's rehearsal_weight must be >= 0, got {self.rehearsal_weight}")
         if self.rehearsal_temperature <= 0:
             raise SpecError(f"the student's rehearsal_temperature must be > 0, got {self.rehearsal_temperature}")
+        if self.rehearsal_position_weight < 0:
+            raise SpecError(
+                f"the student's rehearsal_position_weight must be >= 0, got {self.rehearsal_position_weight}"
+            )
 
     @property
     def distils(self) -> bool:
@@ -226,7 +231,7 @@ class JobSpec:
                 student, settings.student_max_steps, settings.student_time_budget_s,
                 settings.student_general_texts, settings.student_general_targets, settings.student_adapt_steps,
                 settings.student_adapt_lr, settings.student_adapt_time_budget_s, settings.student_rehearsal_weight,
-                settings.student_rehearsal_temperature,
+                settings.student_rehearsal_temperature, settings.student_rehearsal_position_weight,
             )  # fmt: skip
         return cls(base_model, name, hyperparameters, promote, has_labels, usable, plan)
 

@@ -9,14 +9,14 @@ Two kinds of work, two kinds of job:
   ``<base>--<recipe>`` (``minilm-l6--sct-tiny``: servable itself), its bundle keeping the torch checkpoint
   (``checkpoint/``) every student job starts from. The service queues it the first time a job asks for that
   student, as a job of its own; the asking job waits for it (`adapt.store.JobStore.create`, ``after_job``).
-* **The adapted student** (inside the /adapt job): a copy of the base student trained on the customer's crops with
-  the job's own crop recipe, every layer trained (``student_adapt_steps``), while a similarity rehearsal keeps the
-  base student's own structure of a seeded sample of its training texts (``student_general_targets``; so it keeps
-  what it knew off the customer's domain: `student_stage`). The job adapts the teacher first only when the student
-  learns from it (`adapt.spec.StudentPlan.uses_adapted_teacher`): its view rehearsed instead, or
-  ``student_max_steps`` > 0, a distillation of the adapted teacher with the recipe's objective and whole-text
-  views, on the customer's training documents plus those general texts (off by default: on IMDB both lost more
-  out of domain than they gained in domain).
+* **The adapted student** (inside the /adapt job): a copy of the base student trained on the customer's crops with the
+  job's own crop recipe, every layer trained (``student_adapt_steps``), while a similarity rehearsal keeps the base
+  student's own structure and positions of a seeded sample of its training texts (``student_general_targets``,
+  ``student_rehearsal_position_weight``; so it keeps what it knew off the customer's domain: `student_stage`). The job
+  adapts the teacher first only when the student learns from it (`adapt.spec.StudentPlan.uses_adapted_teacher`): its
+  view rehearsed instead, or ``student_max_steps`` > 0, a distillation of the adapted teacher with the recipe's
+  objective and whole-text views, on the customer's training documents plus those general texts (off by default: on IMDB
+  both lost more out of domain than they gained in domain).
 
 The gate (`student_gate`) decides on the adapted student against the base student — the held-out in-domain task
 must improve, each general task may drop at most ``gate_margin`` points — and reports the same comparison against
@@ -230,7 +230,8 @@ def student_stage(
     if plan.rehearses and general:  # general is empty only when the base student's recipe had no texts
         rehearsal = {"rehearsal_weight": plan.rehearsal_weight, "rehearsal_texts": tuple(general),
                      "rehearsal_model": str(models[plan.general_targets]),
-                     "rehearsal_temperature": plan.rehearsal_temperature}  # fmt: skip
+                     "rehearsal_temperature": plan.rehearsal_temperature,
+                     "rehearsal_position_weight": plan.rehearsal_position_weight}  # fmt: skip
     adapt = adapt_config(spec, start, documents, work / "student-adapt",
                          threads=config.settings.worker_threads).replace(
         lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s,
@@ -238,7 +239,8 @@ def student_stage(
     )  # fmt: skip
     ctx.result({"student_rehearsal": {"general_texts": len(general), "reference": plan.general_targets,
                                       "weight": plan.rehearsal_weight,
-                                      "temperature": plan.rehearsal_temperature} if rehearsal else None},
+                                      "temperature": plan.rehearsal_temperature,
+                                      "position_weight": plan.rehearsal_position_weight} if rehearsal else None},
                event="student_rehearsal")  # fmt: skip
     adapted = run_training(
         ctx, adapt, stage="adapting student", done="student adapted", reason="student_adaptation", crop_rule=rule

@@ -92,6 +92,7 @@ class TrainConfig:
     rehearsal_model: str | None = None
     rehearsal_batch_size: int = 64
     rehearsal_temperature: float = 0.05
+    rehearsal_position_weight: float = 0.0  # also hold each text's position (MSE of normalised embeddings); 0: none
     crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
     crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
     text_sentences: int = 1  # views = "texts": sentences drawn from each document besides the document itself
@@ -161,6 +162,8 @@ class TrainConfig:
             problems.append(f"rehearsal_batch_size must be >= 3, got {self.rehearsal_batch_size}")
         if self.rehearsal_temperature <= 0:
             problems.append(f"rehearsal_temperature must be > 0, got {self.rehearsal_temperature}")
+        if self.rehearsal_position_weight < 0:
+            problems.append(f"rehearsal_position_weight must be >= 0, got {self.rehearsal_position_weight}")
         if self.probe_tolerance < 0:
             problems.append(f"probe_tolerance must be >= 0 points, got {self.probe_tolerance}")
         if self.crop_rule not in ("paper", "auto"):

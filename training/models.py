@@ -187,7 +187,8 @@ def build_regularisers(config: TrainConfig, student: Encoder) -> dict[str, nn.Mo
         )
         terms["rehearsal"] = SimilarityRehearsal(
             student, reference, load_corpus(config.rehearsal_texts), weight=config.rehearsal_weight,
-            batch_size=config.rehearsal_batch_size, temperature=config.rehearsal_temperature, seed=config.seed,
+            batch_size=config.rehearsal_batch_size, temperature=config.rehearsal_temperature,
+            position_weight=config.rehearsal_position_weight, seed=config.seed,
         )  # fmt: skip
     return terms
 

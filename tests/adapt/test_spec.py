@@ -78,12 +78,17 @@ def test_a_student_job_stored_before_the_rehearsal_reads_back_without_one() -> N
     params["student"] = {k: v for k, v in params["student"].items() if k != "rehearsal_temperature"}
     older = JobSpec.from_params(params).student
     assert older is not None and older.rehearsal_temperature == 0.05  # what jobs ran before it was a setting
+    params["student"] = {k: v for k, v in params["student"].items() if k != "rehearsal_position_weight"}
+    oldest = JobSpec.from_params(params).student
+    assert oldest is not None and oldest.rehearsal_position_weight == 0.0  # what jobs ran before the position term
     with pytest.raises(SpecError, match="distillation steps, crop steps or both"):
         replace(student, max_steps=0, adapt_steps=0)
     with pytest.raises(SpecError, match="rehearsal_weight must be >= 0"):
         replace(student, rehearsal_weight=-1.0)
     with pytest.raises(SpecError, match="rehearsal_temperature must be > 0"):
         replace(student, rehearsal_temperature=0.0)
+    with pytest.raises(SpecError, match="rehearsal_position_weight must be >= 0"):
+        replace(student, rehearsal_position_weight=-1.0)
 
 
 def test_the_job_adapts_the_teacher_only_when_its_student_learns_from_it() -> None:

@@ -130,7 +130,7 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     # then the crop step, rehearsing the same 16 general texts under the adapted teacher's similarities
     rehearsal = _events(client, job["id"], "student_rehearsal")[0]["student_rehearsal"]
     assert rehearsal == {"general_texts": 16, "reference": "adapted_teacher", "weight": 1.0,
-                         "temperature": 0.2}
+                         "temperature": 0.2, "position_weight": 10.0}
     assert _finished(client, again["id"])["state"] == "succeeded"
 
     # built once: the next job starts at once
@@ -163,7 +163,7 @@ def test_by_default_the_student_is_crop_tuned_from_the_base_student_without_dist
         assert not _events(client, job["id"], "distillation_targets")
         rehearsal = _events(client, job["id"], "student_rehearsal")[0]["student_rehearsal"]
         assert rehearsal == {"general_texts": 16, "reference": "base_student", "weight": 1.0,
-                             "temperature": 0.2}
+                             "temperature": 0.2, "position_weight": 10.0}
         assert set(done["evaluation"]["in_domain"]) == {"base_teacher", "base_student", "adapted_student"}
         assert done["gate"]["compared_with"]["base_teacher"]["decides"] is False
 

@@ -68,6 +68,35 @@ def test_loss_is_zero_for_the_reference_itself_and_trains_only_the_student(tiny_
     assert all(not p.requires_grad for p in term.parameters())  # the student is held, not registered
 
 
+def test_the_position_term_adds_the_squared_distance_of_the_normalised_embeddings(
+    tiny_bert_path: Path, minilm_l6_path: Path
+) -> None:
+    student = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    reference = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32)
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    relations = SimilarityRehearsal(student, reference, GENERAL, weight=2.0, batch_size=len(GENERAL), seed=4)
+    both = SimilarityRehearsal(student, reference, GENERAL, weight=2.0, batch_size=len(GENERAL), seed=4,
+                               position_weight=5.0)  # fmt: skip
+    kl_only, kl_metrics = relations(torch.zeros(1), torch.zeros(1))
+    loss, metrics = both(torch.zeros(1), torch.zeros(1))
+    z, r = student.encode(GENERAL), reference.eval().encode(GENERAL)  # the batch is every text, in some order
+    expected = float(np.mean(2 - 2 * np.sum(z * r, axis=1)))  # normalised: ||z - r||^2 = 2 - 2 cos
+    assert metrics["position_loss"] == pytest.approx(expected, rel=1e-3) and expected > 0
+    assert metrics["loss"] == pytest.approx(kl_metrics["loss"], rel=1e-5) and "position_loss" not in kl_metrics
+    assert float(loss.detach()) == pytest.approx(float(kl_only.detach()) + 5.0 * expected, rel=1e-3)
+
+    same = SimilarityRehearsal(student, student.clone(), GENERAL, weight=1.0, position_weight=5.0)
+    assert same(torch.zeros(1), torch.zeros(1))[1]["position_loss"] == pytest.approx(0.0, abs=1e-5)
+    wider = Encoder.from_pretrained(minilm_l6_path, max_seq_length=32)
+    SimilarityRehearsal(student, wider, GENERAL, weight=1.0)  # relations only: any width
+    with pytest.raises(ValueError, match="384-wide and the student's 32"):
+        SimilarityRehearsal(student, wider, GENERAL, weight=1.0, position_weight=1.0)
+    with pytest.raises(ValueError, match="position_weight must be >= 0"):
+        SimilarityRehearsal(student, student.clone(), GENERAL, weight=1.0, position_weight=-1.0)
+
+
 def test_the_reference_embeds_each_text_once(tiny_bert_path: Path) -> None:
     student = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
     reference = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32)
@@ -99,6 +128,8 @@ def test_bad_settings_are_refused(tmp_path: Path, tiny_bert_path: Path) -> None:
         config(tmp_path, tiny_bert_path, "x", rehearsal_weight=-1.0, rehearsal_texts=tuple(GENERAL))
     with pytest.raises(ConfigError, match="rehearsal_temperature must be > 0"):
         config(tmp_path, tiny_bert_path, "x", rehearsal_temperature=0.0)
+    with pytest.raises(ConfigError, match="rehearsal_position_weight must be >= 0"):
+        config(tmp_path, tiny_bert_path, "x", rehearsal_position_weight=-1.0)
 
 
 def test_rehearsal_holds_the_structure_of_its_texts(tmp_path: Path, tiny_bert_path: Path) -> None:
@@ -119,3 +150,14 @@ def test_rehearsal_holds_the_structure_of_its_texts(tmp_path: Path, tiny_bert_pa
     assert all(record["rehearsal_loss"] >= 0 for record in history)
     recipe = json.loads((out / RECIPE_FILE).read_text())
     assert recipe["rehearsal_texts"] == GENERAL and "custom" in recipe[TRAINED_ON_KEY]
+
+    # with the position term the texts' embeddings themselves move less than under the relations alone
+    def moved(directory: Path) -> float:
+        z0 = Encoder.from_pretrained(tiny_bert_path).encode(GENERAL)
+        z = Encoder.from_pretrained(directory).encode(GENERAL)
+        return float(np.mean(1 - np.sum(z0 * z, axis=1)))
+
+    positioned = train(config(tmp_path, tiny_bert_path, "positioned", rehearsal_weight=50.0,
+                              rehearsal_texts=tuple(GENERAL), rehearsal_batch_size=6, rehearsal_position_weight=50.0))
+    assert all(record["rehearsal_position_loss"] >= 0 for record in positioned.history)
+    assert moved(positioned.final_dir) < moved(out / "final")

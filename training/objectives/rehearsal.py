@@ -9,12 +9,19 @@ with the trained model (the gradient flows) and with a frozen ``reference``, and
 with ``SR(z, D, τ) = softmax_j(sim(z, d_j)/τ)`` over L2-normalised vectors: SCT's distillation loss (``papers/001``
 §3.4, Eqs. 1 and 4: the student's similarity-score distribution pulled toward the teacher's) with the batch's other
 general texts as the candidates instead of a queue, and one τ for both sides. It holds *relations* — which general
-texts are near which — not positions, so the reference may be another model (another width or depth). /adapt's
-students keep their own structure of general text by default (the reference: the base student they start from),
-or the adapted teacher's, while the crop objective trains them on the customer's documents. On IMDB their own
-structure kept 0.6 more points of the six-task out-of-domain average than no rehearsal at the same in-domain score,
-and 0.4–0.5 more than the adapted teacher's, for ~90 s more than the 122 s crop step alone on a 2-core VNNI CPU
-(docs/BENCHMARKS.md, "Adapt: a compact student").
+texts are near which — not positions, so the reference may be another model (another width or depth). With
+``position_weight`` > 0 it also holds their positions, as SCT's loss is combined with MSE in `sct-tiny`
+(docs/RESULTS.md: the relational term alone loses the absolute position the out-of-domain tasks read):
+
+    ``+ position_weight · mean_i ||ẑ_i − r̂_i||²``
+
+(L2-normalised, so ``2 − 2·cos``; the reference's width must be the student's, and its space the student's own — the
+base student, or the teacher it was distilled from). /adapt's students keep their own structure of general text by
+default (the reference: the base student they start from), or the adapted teacher's, while the crop objective trains
+them on the customer's documents. On IMDB their own structure kept 0.6 more points of the six-task out-of-domain
+average than no rehearsal at the same in-domain score, and 0.4–0.5 more than the adapted teacher's, for ~90 s more
+than the 122 s crop step alone on a 2-core VNNI CPU; the position term (weight 10, their default) kept 0.3 more on
+each of five seeds for 0.35 in domain (docs/BENCHMARKS.md, "Adapt: a compact student").
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from training.encoder import Encoder
+from training.objectives.mse_distillation import squared_error
 from training.objectives.sct import similarity_logits
 
 
@@ -48,6 +56,7 @@ class SimilarityRehearsal(nn.Module):
         weight: float,
         batch_size: int = 64,
         temperature: float = 0.05,
+        position_weight: float = 0.0,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -58,12 +67,20 @@ class SimilarityRehearsal(nn.Module):
         if batch_size < 3:
             raise ValueError(f"the rehearsal's batch_size must be >= 3 (each text is scored against the others), "
                              f"got {batch_size}")  # fmt: skip
+        if position_weight < 0:
+            raise ValueError(f"the rehearsal's position_weight must be >= 0 (0 = relations only), got "
+                             f"{position_weight}")  # fmt: skip
+        if position_weight and reference.dim != student.dim:
+            raise ValueError(f"the rehearsal's position term compares embeddings, but the reference's are "
+                             f"{reference.dim}-wide and the student's {student.dim}: use a reference of the student's "
+                             "width, or position_weight 0")  # fmt: skip
         self.texts = list(dict.fromkeys(t for t in texts if t.strip()))
         if len(self.texts) < 3:
             raise ValueError(f"the rehearsal needs at least 3 distinct non-empty texts, got {len(self.texts)}")
         self._student = (student,)
         self.reference = reference.eval().requires_grad_(False)
         self.weight, self.batch_size, self.temperature = float(weight), int(batch_size), float(temperature)
+        self.position_weight = float(position_weight)
         self.rng = random.Random(seed)
         self._reference_vectors: dict[int, Tensor] = {}  # text index → the reference's L2-normalised embedding
 
@@ -88,4 +105,9 @@ class SimilarityRehearsal(nn.Module):
         with torch.no_grad():
             target = similarity_logits(r, r, self.temperature)[others].view(len(batch), -1).softmax(-1)
         kl = F.kl_div(F.log_softmax(online, dim=-1), target, reduction="batchmean")
-        return self.weight * kl, {"loss": float(kl.detach())}
+        if not self.position_weight:
+            return self.weight * kl, {"loss": float(kl.detach())}
+        position = squared_error(z, r)  # mean_i ||ẑ_i − r̂_i||²
+        return self.weight * kl + self.position_weight * position, {
+            "loss": float(kl.detach()), "position_loss": float(position.detach())
+        }
