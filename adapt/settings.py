@@ -221,11 +221,11 @@ class AdaptSettings(BaseSettings):
     student_rehearsal_position_weight: float = Field(
         default=10.0,
         ge=0,
-        description="Weight of the rehearsal's position term: each general text's normalised embedding is also held "
-        "to the general-targets model's (mean squared distance; that model must be the student's width: the base "
-        "student or, for a 384-wide student, minilm-l6); 0 = relations only. On IMDB, five seeds, weight 10 kept 0.31 "
-        "more points of the out-of-domain average (BBC clustering averaged over its seeds) on every seed for 0.35 in "
-        "domain (docs/BENCHMARKS.md).",
+        description="Weight of the rehearsal's position term: each general text's normalised embedding is also held to "
+        "the general-targets model's (mean squared distance; that model must have the student's width: the "
+        "base student, or a teacher as wide); 0 = relations only. On IMDB, five seeds, weight 10 kept more of "
+        "the out-of-domain average on every seed (+0.31 points on average with BBC clustering averaged over "
+        "its seeds; -0.94 instead of -1.12 as reported) for 0.35 points in domain (docs/BENCHMARKS.md).",
     )
     student_build_max_steps: int = Field(
         default=0,

@@ -20,8 +20,9 @@ base student, or the teacher it was distilled from). /adapt's students keep thei
 default (the reference: the base student they start from), or the adapted teacher's, while the crop objective trains
 them on the customer's documents. On IMDB their own structure kept 0.6 more points of the six-task out-of-domain
 average than no rehearsal at the same in-domain score, and 0.4–0.5 more than the adapted teacher's, for ~90 s more
-than the 122 s crop step alone on a 2-core VNNI CPU; the position term (weight 10, their default) kept 0.3 more on
-each of five seeds for 0.35 in domain (docs/BENCHMARKS.md, "Adapt: a compact student").
+than the 122 s crop step alone on a 2-core VNNI CPU; the position term (weight 10, their default) kept more on each
+of five seeds (+0.31 points on average, BBC clustering averaged over its seeds) for 0.35 in domain (docs/BENCHMARKS.md,
+"Adapt: a compact student").
 """
 
 from __future__ import annotations
