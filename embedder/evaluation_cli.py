@@ -204,27 +204,48 @@ def bench_main(argv: list[str]) -> int:
     )
     parser.add_argument("models", nargs="+", help=MODEL_HELP)
     parser.add_argument("--calls", type=int, default=24, help="timed calls per batch-1 setting (batch 32: calls/8)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure the models in turn this many times and report each setting's median (a slow minute of a "
+        "shared machine then falls on every model)",
+    )
     _common(parser)
     args = parser.parse_args(argv)
     if args.calls < 1:
         parser.error("--calls must be at least 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     settings = get_settings()
     device = _setup_torch(args.device, settings)
+    from evaluation.gate import throughput_speedup
     from evaluation.models import ModelSpecError
-    from evaluation.speed import measure_speed
+    from evaluation.speed import measure_speed, median_speed
 
-    results = {}
+    models = {}
     for spec in args.models:
         try:
             model = _load(spec, device, settings)
         except ModelSpecError as exc:
             print(f"embedder bench: {exc}", file=sys.stderr)
             return 2
-        results[model.name] = measure_speed(model, calls=args.calls, fast=args.fast, progress=not args.quiet)
-    print(f"{'model':<24} {'setting':<10} {'texts/s':>9} {'p50 ms':>9}")
+        models[model.name] = model
+    runs: dict[str, list[dict]] = {name: [] for name in models}
+    for _ in range(args.rounds):
+        for name, model in models.items():
+            runs[name].append(measure_speed(model, calls=args.calls, fast=args.fast, progress=not args.quiet))
+    results = {name: median_speed(measured) for name, measured in runs.items()}
+    width = max(24, *(len(name) for name in results))
+    print(f"{'model':<{width}} {'setting':<10} {'texts/s':>9} {'p50 ms':>9}")
     for name, speed in results.items():
         for row in speed["settings"]:
-            print(f"{name:<24} {row['setting']:<10} {row['texts_per_s']:>9.1f} {row['p50_ms']:>9.1f}")
+            print(f"{name:<{width}} {row['setting']:<10} {row['texts_per_s']:>9.1f} {row['p50_ms']:>9.1f}")
+    first, *others = results
+    for name in others:  # the ratio a speed target is judged by, against the first model measured in the same run
+        ratio = throughput_speedup({"speed": results[name]}, {"speed": results[first]})
+        print(f"{name}: {ratio:.2f}x {first}'s texts/s (geometric mean over the settings"
+              f"{f', medians of {args.rounds} rounds' if args.rounds > 1 else ''})")  # fmt: skip
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "speed.json").write_text(json.dumps(results, indent=1) + "\n")

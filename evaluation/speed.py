@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -80,6 +80,30 @@ def measure_speed(
             }
         )
     return {"settings": rows, "threads": _threads()}
+
+
+def median_speed(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One report from several `measure_speed` runs of a model (e.g. rounds interleaved with other models, so a
+    machine's slow minute falls on all of them): per setting the median texts/s and the median p50 over the runs.
+
+    Raises ValueError when ``runs`` is empty or the runs measured different settings."""
+    if not runs:
+        raise ValueError("median_speed needs at least one measure_speed run")
+    settings = [[row["setting"] for row in run["settings"]] for run in runs]
+    if any(names != settings[0] for names in settings):
+        raise ValueError(f"the runs measured different settings: {settings}")
+    rows = []
+    for i, first in enumerate(runs[0]["settings"]):
+        same = [run["settings"][i] for run in runs]
+        rows.append(
+            {
+                **first,
+                "calls": sum(row["calls"] for row in same),
+                "p50_ms": round(statistics.median(row["p50_ms"] for row in same), 2),
+                "texts_per_s": round(statistics.median(row["texts_per_s"] for row in same), 2),
+            }
+        )
+    return {"settings": rows, "threads": runs[0]["threads"], "rounds": len(runs)}
 
 
 def _threads() -> int:

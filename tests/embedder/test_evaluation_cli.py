@@ -106,3 +106,23 @@ def test_commands_are_registered(capsys: pytest.CaptureFixture[str]) -> None:
     assert embedder_main(["--help"]) == 0
     usage = capsys.readouterr().out
     assert all(name in usage for name in ("validate", "layers", "bench"))
+
+
+def test_bench_rounds_interleave_the_models_and_print_the_speedup(
+    tiny_bert_path: Path, tiny_registry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = tiny_registry / "tiny" / "1"
+    args = [str(tiny_bert_path), str(bundle), "--fast", "--quiet", "--rounds", "2", "--out", str(tmp_path)]
+    assert bench_main(args) == 0
+    out = capsys.readouterr().out
+    speed = json.loads((tmp_path / "speed.json").read_text())
+    first, second = speed
+    assert all(report["rounds"] == 2 for report in speed.values())
+    assert all(row["calls"] == 4 for row in speed[second]["settings"])  # 2 fast calls per setting in each round
+    assert out.count("long/b32") == 2 and f"{second}: " in out
+    assert f"x {first}'s texts/s (geometric mean over the settings, medians of 2 rounds)" in out
+
+
+def test_bench_refuses_zero_rounds(tiny_bert_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench_main([str(tiny_bert_path), "--rounds", "0"])
