@@ -37,9 +37,9 @@ from training.torch_model import load_any
 RESAMPLES = 10_000
 
 
-def held_out_pairs(corpus: str, documents: int, seed: int) -> list[tuple[str, str]]:
-    """The (query crop, relevant crop) pairs of the held-out task a bench_adapt job with job seed ``seed`` scores."""
-    texts, _ = load_corpus(corpus, documents, 0, max_chars=20_000)  # bench_adapt's draw (its --seed 0)
+def held_out_pairs(texts: list[str], seed: int) -> list[tuple[str, str]]:
+    """The (query crop, relevant crop) pairs of the held-out task a bench_adapt job over ``texts`` with job seed
+    ``seed`` scores."""
     split = split_corpus(texts, seed=seed)
     rule = choose_crop_rule(split.train)
     return CropPairRetrieval.from_corpus(split.held_out, seed=seed, name=IN_DOMAIN_TASK, rule=rule).crop_pairs()
@@ -79,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append((int(seed), spec))
 
     rng = np.random.default_rng(0)
+    texts, _ = load_corpus(args.corpus, args.documents, 0, max_chars=20_000)  # bench_adapt's draw (its --seed 0)
     reference = open_model(args.reference)
     rows, diffs = [], []
     for seed, spec in jobs:
-        pairs = held_out_pairs(args.corpus, args.documents, seed)
+        pairs = held_out_pairs(texts, seed)
         ref, cand = per_query_ndcg(reference, pairs), per_query_ndcg(open_model(spec), pairs)
         diff = cand - ref
         diffs.append(diff)
