@@ -14,6 +14,7 @@ came close.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,21 @@ from enum import Enum
 
 from service.errors import ErrorKind, ServiceError
 from service.settings import ServiceSettings
+
+KEY_ID_CHARS = 12  # 48 bits of SHA-256: tells keys apart in logs and audit records, reveals nothing of the key
+
+
+def key_id(key: str | bytes) -> str:
+    """A key's public name in logs, metrics and audit records: a short SHA-256 hex digest, never the key itself."""
+    raw = key.encode() if isinstance(key, str) else key
+    return hashlib.sha256(raw).hexdigest()[:KEY_ID_CHARS]
+
+
+def bearer_token(authorization: str | None) -> bytes | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None (missing, empty, another scheme)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    given = token.strip().encode()
+    return given if scheme.lower() == "bearer" and given else None
 
 
 class Role(Enum):
@@ -68,11 +84,10 @@ class ApiKeys:
     def role(self, authorization: str | None) -> Role | None:
         """The role of the key in an ``Authorization: Bearer <key>`` header, or None (missing, other scheme,
         unknown key). Compares against every key, without an early exit."""
-        scheme, _, token = (authorization or "").partition(" ")
-        given = token.strip().encode()
-        admin = [hmac.compare_digest(given, key) for key in self.admin]
-        client = [hmac.compare_digest(given, key) for key in self.client]
-        if scheme.lower() != "bearer" or not given:
+        given = bearer_token(authorization)
+        admin = [hmac.compare_digest(given or b"", key) for key in self.admin]
+        client = [hmac.compare_digest(given or b"", key) for key in self.client]
+        if given is None:
             return None
         if any(admin):
             return Role.admin
