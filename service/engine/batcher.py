@@ -12,8 +12,14 @@ How a batch is formed (TEI's token-budget queue, with length sorting to cut padd
   slow the CPU (the work ahead of a client among k is at most k - 1 of its own requests, wherever it runs), and
   only a crowd of requests meets a bound in seconds. The wait bound applies only once the throughput is known
   (a cold model admits what the count bound admits).
-* The loop takes a window of the oldest waiting texts (a few batches' worth; FIFO between windows,
-  so a long text is never starved), sorts it by length, and cuts batches whose padded size
+* Capacity is shared fairly between callers (API keys; `service.engine.fair`): texts wait in one FIFO per key,
+  and the loop draws them in deficit round robin by tokens, so a key with a few clients is served as many tokens
+  per round as a key flooding the queue. The bounds above apply per key once several keys have texts queued: a key
+  may queue its share of ``max_queue_size`` (the bound over the number of keys queuing), its wait is estimated as
+  fair queuing will serve it (each other key's queued tokens counted up to its own), and the request floor counts
+  its own requests. With one key all of this is the plain FIFO queue.
+* The loop takes a window of the next waiting texts in that order (a few batches' worth; FIFO within a key
+  between windows, so a long text is never starved), sorts it by length, and cuts batches whose padded size
   (longest × count) stays within ``max_batch_tokens`` and whose count stays within ``max_batch_size``.
 * Inference runs in one dedicated thread per model (onnxruntime releases the GIL). As soon as a batch
   finishes the next one is launched *before* the finished results are handed back, so the event loop
@@ -31,14 +37,16 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from service.auth import ANONYMOUS
 from service.backend.base import Backend, Tokenized
+from service.engine.fair import FairQueue
 from service.errors import ErrorKind, ServiceError
 from service.metrics import ServiceMetrics
 
@@ -56,7 +64,10 @@ class EmbedJob:
     enqueued_at: float
     remaining: int  # rows not yet embedded
     unlaunched: int  # rows not yet in a launched batch
+    tenant: str = ANONYMOUS  # the caller's key id: whose share of the queue the texts take
     queue_time: float = 0.0  # until its last batch started
+    started_at: float = 0.0  # when its first batch started (perf_counter)
+    finished_at: float = 0.0  # when its last row was delivered
     inference_time: float = 0.0  # sum over the batches that carried its texts
     last_batch: int = -1
 
@@ -127,10 +138,16 @@ class Batcher:
         self.on_room = on_room  # told after every batch launch: the queue may have room for a waiting request
         self.throughput = Throughput()
         self._waiting_jobs = 0  # requests with texts not yet launched in a batch
-        self._pending: deque[_Item] = deque()
+        # A key's credit per round robin turn: one text's share of a batch's token budget, so every key with texts
+        # waiting gets turns within each sort window.
+        self._pending: FairQueue[_Item] = FairQueue(_item_cost, quantum=max(1, max_batch_tokens // max_batch_size))
         self._window: deque[_Item] = deque()  # sorted, longest first; drained before the next window
         self._queued = 0
         self._queued_tokens = 0
+        # The same three, per key (texts in the window included): what the per-key bounds read.
+        self._waiting_by: Counter[str] = Counter()
+        self._queued_by: Counter[str] = Counter()
+        self._tokens_by: Counter[str] = Counter()
         self._running_tokens = 0  # of the batch in the inference thread, launched at _running_since
         self._running_since = 0.0
         self._wakeup = asyncio.Event()
@@ -158,26 +175,31 @@ class Batcher:
         """Requests with texts still waiting for a batch."""
         return self._waiting_jobs
 
-    def refusal(self, n: int = 1) -> ServiceError | None:
-        """Why ``n`` more texts may not be queued now (503 while the model is unloaded, 429 with Retry-After when
-        over a bound), or None. Needs no tokens: with ``n = 1`` it is the gate's question, asked before a request's
-        body is read — is this model over its bound whatever the request holds?"""
+    def refusal(self, n: int = 1, tenant: str = ANONYMOUS) -> ServiceError | None:
+        """Why ``n`` more texts of ``tenant`` may not be queued now (503 while the model is unloaded, 429 with
+        Retry-After when over a bound), or None. Needs no tokens: with ``n = 1`` it is the gate's question, asked
+        before a request's body is read — is this model over its bound for this key whatever the request holds?"""
         if self._closing:
             return ServiceError(ErrorKind.model_not_ready, f"model {self.name!r} is being unloaded; retry")
         if self._queued + n > self.max_queue_size:
-            return self._overloaded(f"{self._queued} texts queued, limit {self.max_queue_size}")
-        if self.max_queue_wait_seconds > 0 and self._waiting_jobs >= max(self.queue_wait_min_requests, 1):
-            wait = self.estimated_wait()
+            keys = len(self._queued_by.keys() | {tenant})
+            share = self.max_queue_size // keys
+            if self._queued_by[tenant] + n > share:
+                mine = "" if keys == 1 else f" ({self._queued_by[tenant]} of this key's, its share {share})"
+                return self._overloaded(f"{self._queued} texts queued{mine}, limit {self.max_queue_size}")
+        waiting = self._waiting_by[tenant]
+        if self.max_queue_wait_seconds > 0 and waiting >= max(self.queue_wait_min_requests, 1):
+            wait = self.estimated_wait(tenant)
             if wait is not None and wait > self.max_queue_wait_seconds:
                 return self._overloaded(
-                    f"the {self._waiting_jobs} requests queued ahead would take about {wait:.1f} s, "
+                    f"the {waiting} requests queued ahead would take about {wait:.1f} s, "
                     f"limit {self.max_queue_wait_seconds:g} s"
                 )
         return None
 
-    def check_admission(self, n: int) -> None:
+    def check_admission(self, n: int, tenant: str = ANONYMOUS) -> None:
         """Raise `refusal`'s error, if any."""
-        err = self.refusal(n)
+        err = self.refusal(n, tenant)
         if err is not None:
             raise err
 
@@ -188,19 +210,27 @@ class Batcher:
             headers={"Retry-After": str(self.retry_after())},
         )
 
-    def estimated_wait(self) -> float | None:
-        """Seconds until a text queued now would start: the queued tokens plus what is left of the running
-        batch, over the recent throughput. None before any batch was delivered."""
+    def estimated_wait(self, tenant: str | None = None) -> float | None:
+        """Seconds until a text queued now would start: the tokens served before it plus what is left of the
+        running batch, over the recent throughput. None before any batch was delivered. For a ``tenant``, the
+        tokens served first are as fair queuing orders them: its own queued tokens, and each other key's up to as
+        many (none queued: just the running batch); without one, every queued token (the whole queue drained)."""
         rate = self.throughput.tokens_per_second
         if rate is None:
             return None
         running_left = max(0.0, self._running_tokens / rate - (time.perf_counter() - self._running_since))
-        return self._queued_tokens / rate + running_left
+        if tenant is None:
+            ahead = self._queued_tokens
+        else:
+            mine = self._tokens_by[tenant]
+            ahead = sum(min(tokens, mine) for tokens in self._tokens_by.values())
+        return ahead / rate + running_left
 
-    def submit(self, tokens: Sequence[Tokenized]) -> EmbedJob:
-        """Queue the texts of one request; ``await job.future`` gives the filled job. Raises 429/503 at once."""
+    def submit(self, tokens: Sequence[Tokenized], tenant: str = ANONYMOUS) -> EmbedJob:
+        """Queue the texts of one request of ``tenant`` (a key id); ``await job.future`` gives the filled job.
+        Raises 429/503 at once."""
         n = len(tokens)
-        self.check_admission(n)
+        self.check_admission(n, tenant)
         loop = asyncio.get_running_loop()
         job = EmbedJob(
             out=np.empty((n, self.backend.info.dim), dtype=np.float32),
@@ -208,11 +238,16 @@ class Batcher:
             enqueued_at=time.perf_counter(),
             remaining=n,
             unlaunched=n,
+            tenant=tenant,
         )
-        self._pending.extend(_Item(job, row, tok) for row, tok in enumerate(tokens))
+        self._pending.extend(tenant, (_Item(job, row, tok) for row, tok in enumerate(tokens)))
+        cost = sum(_cost(tok) for tok in tokens)
         self._waiting_jobs += 1
         self._queued += n
-        self._queued_tokens += sum(_cost(tok) for tok in tokens)
+        self._queued_tokens += cost
+        self._waiting_by[tenant] += 1
+        self._queued_by[tenant] += n
+        self._tokens_by[tenant] += cost
         self._queue_gauge.set(self._queued)
         self._wakeup.set()
         return job
@@ -283,10 +318,10 @@ class Batcher:
             self._window.extend(window)
         batch: list[_Item] = []
         width = 0
-        # The sorted window first, then (if the batch has room) the oldest newcomers: old texts always go first.
+        # The sorted window first, then (if the batch has room) the next newcomers: older texts go first.
         for source in (self._window, self._pending):
             while source and len(batch) < self.max_batch_size:
-                n = max(source[0].tokens.n_tokens, 1)
+                n = _item_cost(source[0] if isinstance(source, deque) else source.peek())
                 if batch and max(width, n) * (len(batch) + 1) > self.max_batch_tokens:
                     break
                 batch.append(source.popleft())
@@ -295,9 +330,17 @@ class Batcher:
                 break
         self._queued -= len(batch)
         for item in batch:
-            item.job.unlaunched -= 1
-            if item.job.unlaunched == 0:
+            job = item.job
+            job.unlaunched -= 1
+            self._queued_by[job.tenant] -= 1
+            self._tokens_by[job.tenant] -= _item_cost(item)
+            if job.unlaunched == 0:
                 self._waiting_jobs -= 1
+                self._waiting_by[job.tenant] -= 1
+        for tenant in {item.job.tenant for item in batch}:
+            for counter in (self._queued_by, self._tokens_by, self._waiting_by):
+                if counter[tenant] <= 0:  # a key with nothing queued is not one of the keys sharing the queue
+                    del counter[tenant]
         self._queue_gauge.set(self._queued)
         self._running_tokens = sum(_cost(item.tokens) for item in batch)
         self._queued_tokens -= self._running_tokens
@@ -319,11 +362,14 @@ class Batcher:
             job = item.job
             job.out[item.row] = embeddings[row]
             if job.last_batch != self._batch_id:
+                if job.last_batch < 0:
+                    job.started_at = started
                 job.last_batch = self._batch_id
                 job.inference_time += seconds
                 job.queue_time = max(job.queue_time, started - job.enqueued_at)
             job.remaining -= 1
             if job.remaining == 0 and not job.future.done():
+                job.finished_at = finished
                 job.future.set_result(job)
 
     def _fail(self, batch: list[_Item], err: BaseException) -> None:
@@ -332,16 +378,21 @@ class Batcher:
                 item.job.future.set_exception(err)
 
     def _fail_waiting(self, err: BaseException) -> None:
-        waiting = [*self._running, *self._window, *self._pending]
+        waiting = [*self._running, *self._window, *self._pending.clear()]
         self._window.clear()
-        self._pending.clear()
         self._queued = 0
         self._queued_tokens = 0
         self._running_tokens = 0
         self._waiting_jobs = 0
+        for counter in (self._queued_by, self._tokens_by, self._waiting_by):
+            counter.clear()
         self._queue_gauge.set(0)
         self._fail(waiting, err)
 
 
 def _cost(tokens: Tokenized) -> int:
     return max(tokens.n_tokens, 1)
+
+
+def _item_cost(item: _Item) -> int:
+    return _cost(item.tokens)

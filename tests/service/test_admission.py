@@ -22,7 +22,7 @@ class Room:
     def __init__(self) -> None:
         self.full = True
 
-    def __call__(self) -> ServiceError | None:
+    def __call__(self, tenant: str) -> ServiceError | None:
         return FULL if self.full else None
 
 
@@ -112,13 +112,14 @@ def test_over_the_bound_a_request_is_refused_before_its_body_is_read(make_app, s
     app = _one_model_app(make_app, overload_hold_seconds=0, max_queue_size=8, max_client_batch_size=8)
     with serve(app) as (url, _):
         batcher = app.state.embedding_service.models.get("fake-a").batcher
-        batcher._queued = 8  # the queue is full (nothing runs: no texts are really there)
+        batcher._queued = batcher._queued_by["anonymous"] = 8  # the queue is full (no texts are really there)
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             # headers promising a body that never comes: answered anyway, so the body was never waited for
             conn.sendall(b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n")
             head = conn.recv(4096).decode()
         batcher._queued = 0
+        batcher._queued_by.clear()
         metrics = httpx.get(f"{url}/metrics").text
     assert head.startswith("HTTP/1.1 429") and "retry-after: 1" in head.lower()
     assert 'embed_request_failures_total{error_type="queue_full",model="-",route="/embed"} 1.0' in metrics
