@@ -123,9 +123,12 @@ def admission_limits(url: str) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------- the clients' view
-async def drive(url: str, payloads: list[bytes], clients: int, seconds: float, backoff: bool) -> dict[str, Any]:
-    """``clients`` closed loops posting the payloads in turn until ``seconds`` have passed; then wait for the
-    answers in flight. Returns statuses, texts, and the latencies of accepted requests from both sides."""
+async def drive(
+    url: str, payloads: list[bytes], clients: int, seconds: float, backoff: bool, key: str | None = None
+) -> dict[str, Any]:
+    """``clients`` closed loops posting the payloads in turn until ``seconds`` have passed (as API key ``key``, if
+    given); then wait for the answers in flight. Returns statuses, texts, and the latencies of accepted requests
+    from both sides."""
     import aiohttp
 
     statuses: Counter[str] = Counter()
@@ -136,6 +139,7 @@ async def drive(url: str, payloads: list[bytes], clients: int, seconds: float, b
     texts = 0
     last_answer = 0.0
     deadline = time.perf_counter() + seconds
+    request_headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {key}"} if key else {})
 
     async def client(index: int, session: aiohttp.ClientSession) -> None:
         nonlocal texts, last_answer
@@ -145,8 +149,7 @@ async def drive(url: str, payloads: list[bytes], clients: int, seconds: float, b
             turn += clients
             started = time.perf_counter()
             try:
-                async with session.post(f"{url}{ROUTE}", data=payload,
-                                        headers={"content-type": "application/json"}) as response:  # fmt: skip
+                async with session.post(f"{url}{ROUTE}", data=payload, headers=request_headers) as response:
                     body = await response.read()
                     status, headers = response.status, response.headers
             except (aiohttp.ClientError, TimeoutError) as err:

@@ -12,7 +12,9 @@ whose router lifespan FastAPI merges into the app's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,15 +23,26 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from opentelemetry.trace import Tracer, TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from service.api.routes import SERVICE_VERSION, router
-from service.api.serving import TICKET, EmbeddingService
+from service.api.serving import REQUEST, EmbeddingService
 from service.backend.base import BackendFactory
+from service.engine.admission import Ticket
 from service.engine.models import ModelManager
 from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response, validation_message
 from service.metrics import EMBEDDING_ROUTES, NO_MODEL, ServiceMetrics
+from service.observability import (
+    KEY_ID,
+    REQUEST_ID,
+    RequestContext,
+    build_tracer,
+    record_stages,
+    request_id,
+    start_request_span,
+)
 from service.settings import ServiceSettings
 
 log = logging.getLogger("service")
@@ -41,26 +54,42 @@ Send = Callable[[Message], Awaitable[None]]
 
 # Probes and scrapes keep answering while the server drains; everything else gets 503.
 _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
+CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, "/v1/models", "/info"})  # a client key when keys are set
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
 UPLOAD_FRAMING_BYTES = 64 * 1024  # multipart boundaries, form fields and JSON keys around the corpus itself
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyRefused(Exception):
+    """The body broke a bound while it streamed in (too large, or too slow)."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
 
 
 class GuardMiddleware:
-    """Pure ASGI (no per-request task like BaseHTTPMiddleware): rejects bodies over ``max_body_bytes`` with 413
-    (by Content-Length, or while a chunked body streams in), answers 503 while draining, counts requests in flight.
+    """Pure ASGI (no per-request task like BaseHTTPMiddleware): what every request meets before the routes, in
+    this order, each answered at once and cheaply:
 
-    It is also where embedding requests meet the admission gate (`service.engine.admission`): over the server's
-    bound a request waits in line or is refused with 429 before its body is read, parsed or validated, so a retry
-    storm costs a header parse and a short answer per request, not a JSON decode. An admitted request carries its
-    `Ticket` in ``scope["state"][TICKET]``; its clock starts at its arrival here, so the server's histograms include
-    the time it waited in line and was read and parsed.
+    1. **identity** — a request id (`service.observability.request_id`) and the caller (`ApiKeys.identify`),
+       set as the log context and answered in ``x-request-id``;
+    2. **draining** — 503 while the server shuts down (probes and scrapes stay open);
+    3. **the key** — a client route (embeddings, /v1/models, /info) without a valid key, when keys are set, is
+       answered 401 here: before it takes an admission slot or a byte of its body is read, so a stranger cannot
+       hold capacity a keyed client needs;
+    4. **size** — a body over ``max_body_bytes`` (``POST /adapt``: the upload limit plus framing) gets 413, by
+       Content-Length or while a chunked body streams in;
+    5. **admission** — an embedding request meets the admission gate (`service.engine.admission`) as its caller's
+       key: over the bound it waits in line or is refused with 429 before its body is read, parsed or validated,
+       so a retry storm costs a header parse and a short answer per request, not a JSON decode;
+    6. **the body's pace** — the body must arrive within ``body_timeout_seconds`` plus one second per
+       ``body_min_bytes_per_second`` received (Apache mod_reqtimeout's rule), or the request is answered 408 and
+       its slot freed: a client that sends slowly cannot hold a slot for as long as it likes.
 
-    ``POST /adapt`` carries a whole corpus, so it gets its own cap, ``upload_body_bytes`` (the adapt upload
-    limit plus room for the multipart/JSON framing); the router then checks the corpus itself."""
+    An admitted request carries its `RequestContext` in ``scope["state"]``; its clock starts at its arrival here,
+    so the server's histograms include the time it waited in line and was read and parsed. With tracing on, the
+    request is a span with a child per stage; with ``access_log`` on, it ends with one log line."""
 
     def __init__(
         self,
@@ -69,11 +98,17 @@ class GuardMiddleware:
         state: Any,
         max_body_bytes: int,
         upload_body_bytes: int | None = None,
+        tracer: Tracer,
     ) -> None:
         self.app = app
         self.state = state
         self.max_body_bytes = max_body_bytes
         self.upload_body_bytes = upload_body_bytes
+        self.tracer = tracer
+        settings: ServiceSettings = state.settings
+        self.body_timeout = settings.body_timeout_seconds
+        self.body_min_rate = settings.body_min_bytes_per_second
+        self.access_log = settings.access_log
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         if self.upload_body_bytes is not None and scope["path"] in _UPLOAD_PATHS and scope["method"] == "POST":
@@ -89,7 +124,44 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         svc: EmbeddingService = self.state.embedding_service
+        headers = dict(scope.get("headers", ()))
+        authorization = headers.get(b"authorization")
+        context = RequestContext(
+            request_id=request_id(headers.get(b"x-request-id")),
+            caller=svc.keys.identify(authorization.decode("latin-1") if authorization is not None else None),
+        )
+        scope.setdefault("state", {})[REQUEST] = context
+        request_token = REQUEST_ID.set(context.request_id)
+        key_token = KEY_ID.set(context.caller.key_id)
         route = path if path in EMBEDDING_ROUTES else None
+        span = start_request_span(self.tracer, scope["method"], route or path, context)
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", context.request_id.encode())]
+                if context.ticket is not None and "batch" in context.stages:
+                    context.stage("response", context.stages["batch"][1], time.perf_counter())
+            await send(message)
+
+        started = time.perf_counter()
+        try:
+            await self._guard(scope, receive, send_with_id, context, route, svc)
+        finally:
+            span.set_attribute("http.response.status_code", status)
+            record_stages(self.tracer, span, context)
+            span.end()
+            if self.access_log:
+                log.info("%s %s %d %.1f ms", scope["method"], path, status, (time.perf_counter() - started) * 1000)
+            REQUEST_ID.reset(request_token)
+            KEY_ID.reset(key_token)
+
+    async def _guard(
+        self, scope: Scope, receive: Receive, send: Send, context: RequestContext, route: str | None,
+        svc: EmbeddingService,
+    ) -> None:  # fmt: skip
         if self.state.draining:
             if route:
                 svc.count_failure(route, NO_MODEL, ErrorKind.shutting_down)
@@ -97,58 +169,92 @@ class GuardMiddleware:
                 scope, receive, send
             )
             return
+        if scope["path"] in CLIENT_ROUTES:
+            try:
+                svc.keys.check_client(context.caller)
+            except ServiceError as err:
+                if route:
+                    svc.count_failure(route, NO_MODEL, err.kind)
+                await err.response()(scope, receive, send)
+                return
         limit, setting = self._limit(scope)
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await self._too_large(route, svc, scope, receive, send, setting)
+                await self._refuse(route, svc, scope, receive, send, _too_large(limit, setting))
                 return
-        ticket = None
         if route is not None and scope["method"] == "POST":
-            admitted = await svc.gate.enter()
+            admitted = await svc.gate.enter(context.caller.key_id)
+            svc.metrics.admissions.labels(context.caller.key_id, _outcome(admitted)).inc()
             if isinstance(admitted, ServiceError):
                 svc.count_failure(route, NO_MODEL, admitted.kind)
                 await admitted.response()(scope, receive, send)
                 return
-            ticket = admitted
-            svc.metrics.admission_wait.labels(route).observe(ticket.waited)
-            scope.setdefault("state", {})[TICKET] = ticket
+            context.ticket = admitted
+            context.stage("admission", admitted.arrived, admitted.arrived + admitted.waited)
+            svc.metrics.admission_wait.labels(route).observe(admitted.waited)
         received = 0
-        too_large = False
+        body_done = False
+        refused: _BodyRefused | None = None
+        body_started = time.perf_counter()
 
-        async def limited_receive() -> Message:
-            nonlocal received, too_large
-            message = await receive()
+        async def guarded_receive() -> Message:
+            nonlocal received, body_done, refused
+            if body_done:
+                return await receive()
+            deadline = body_started + self.body_timeout + received / self.body_min_rate
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.perf_counter(), 0.0))
+            except TimeoutError:
+                refused = _too_slow(received, self.body_timeout, self.body_min_rate)
+                raise refused from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > limit:
-                    too_large = True
-                    raise _BodyTooLarge
+                    refused = _too_large(limit, setting)
+                    raise refused
             return message
 
         async def guarded_send(message: Message) -> None:
-            # The framework turns a failed body read into its own 400; answer 413 instead.
-            if not too_large:
+            # The framework turns a failed body read into its own 400; answer with the bound that was broken.
+            if refused is None:
                 await send(message)
             elif message["type"] == "http.response.start":
-                await self._too_large(route, svc, scope, receive, send, setting)
+                await self._refuse(route, svc, scope, receive, send, refused)
 
         self.state.in_flight += 1
         try:
-            await self.app(scope, limited_receive, guarded_send)
-        except _BodyTooLarge:
-            await self._too_large(route, svc, scope, receive, send, setting)
+            await self.app(scope, guarded_receive, guarded_send)
+        except _BodyRefused as err:
+            await self._refuse(route, svc, scope, receive, send, err)
         finally:
             self.state.in_flight -= 1
-            if ticket is not None:
-                ticket.done()
+            if context.ticket is not None:
+                context.ticket.done()
 
-    async def _too_large(self, route: str | None, svc: EmbeddingService, scope: Scope, receive: Receive,
-                         send: Send, setting: str) -> None:  # fmt: skip
+    async def _refuse(self, route: str | None, svc: EmbeddingService, scope: Scope, receive: Receive, send: Send,
+                      err: _BodyRefused) -> None:  # fmt: skip
         if route:
-            svc.count_failure(route, NO_MODEL, ErrorKind.payload_too_large)
-        limit = self.max_body_bytes if setting == "max_body_bytes" else self.upload_body_bytes
-        message = f"request body exceeds {setting}={limit}; send fewer or shorter texts"
-        await error_response(ErrorKind.payload_too_large, message)(scope, receive, send)
+            svc.count_failure(route, NO_MODEL, err.kind)
+        await error_response(err.kind, err.message)(scope, receive, send)
+
+
+def _too_large(limit: int, setting: str) -> _BodyRefused:
+    return _BodyRefused(
+        ErrorKind.payload_too_large, f"request body exceeds {setting}={limit}; send fewer or shorter texts"
+    )
+
+
+def _too_slow(received: int, timeout: float, min_rate: int) -> _BodyRefused:
+    return _BodyRefused(
+        ErrorKind.body_timeout,
+        f"the request body did not arrive in time ({received} bytes received; the bound is body_timeout_seconds="
+        f"{timeout:g} plus 1 s per body_min_bytes_per_second={min_rate} bytes): send it without pauses",
+    )
+
+
+def _outcome(admitted: Ticket | ServiceError) -> str:
+    return "refused" if isinstance(admitted, ServiceError) else "admitted"
 
 
 _HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -170,9 +276,11 @@ def create_app(
     *,
     backend_factory: BackendFactory | None = None,
     include_adapt: bool = True,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """Build the service. ``backend_factory(bundle_dir, settings)`` loads one model (default: onnxruntime);
-    tests pass a deterministic fake. ``include_adapt`` mounts the /adapt routes of ``service.adapt``."""
+    tests pass a deterministic fake. ``include_adapt`` mounts the /adapt routes of ``service.adapt``.
+    ``tracer_provider`` replaces the OTLP exporter of ``otel_exporter_otlp_endpoint`` (tests: an in-memory one)."""
     settings = settings or ServiceSettings()
     if backend_factory is None:
         from service.backend.onnx import onnx_backend_factory
@@ -255,6 +363,7 @@ def create_app(
     if include_adapt and settings.adapt.enabled:
         upload_body_bytes = max(settings.max_body_bytes, settings.adapt.max_upload_bytes + UPLOAD_FRAMING_BYTES)
     app.add_middleware(
-        GuardMiddleware, state=app.state, max_body_bytes=settings.max_body_bytes, upload_body_bytes=upload_body_bytes
-    )
+        GuardMiddleware, state=app.state, max_body_bytes=settings.max_body_bytes, upload_body_bytes=upload_body_bytes,
+        tracer=build_tracer(settings.otel_exporter_otlp_endpoint, tracer_provider),
+    )  # fmt: skip
     return app

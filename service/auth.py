@@ -10,6 +10,9 @@
 An admin key works wherever a client key does, so an operator needs one key, not two. Every key is compared
 in constant time and all of them are compared each time, so timing reveals neither which key nor which kind
 came close.
+
+A request's caller (`Caller`) is named by its key's `key_id` — in logs, traces, audit records, the per-key
+admission metrics and the fair share of capacity — or `ANONYMOUS` without a valid key (an open server).
 """
 
 from __future__ import annotations
@@ -39,9 +42,20 @@ def bearer_token(authorization: str | None) -> bytes | None:
     return given if scheme.lower() == "bearer" and given else None
 
 
+ANONYMOUS = "anonymous"  # the caller of a request without a valid key (only an open route lets one in)
+
+
 class Role(Enum):
     client = "client"
     admin = "admin"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: the role of its key (None without a valid one) and the key's public name."""
+
+    role: Role | None
+    key_id: str = ANONYMOUS
 
 
 @dataclass(frozen=True)
@@ -81,21 +95,28 @@ class ApiKeys:
     def admin_auth_enabled(self) -> bool:
         return bool(self.client or self.admin)
 
-    def role(self, authorization: str | None) -> Role | None:
-        """The role of the key in an ``Authorization: Bearer <key>`` header, or None (missing, other scheme,
-        unknown key). Compares against every key, without an early exit."""
+    def key_ids(self) -> tuple[str, ...]:
+        """The public names of every configured key, then `ANONYMOUS` (the per-key metrics' label values)."""
+        return (*dict.fromkeys(key_id(key) for key in (*self.client, *self.admin)), ANONYMOUS)
+
+    def identify(self, authorization: str | None) -> Caller:
+        """The caller behind an ``Authorization: Bearer <key>`` header: its role and key id, or an anonymous
+        caller (missing header, other scheme, unknown key). Compares against every key, without an early exit."""
         given = bearer_token(authorization)
         admin = [hmac.compare_digest(given or b"", key) for key in self.admin]
         client = [hmac.compare_digest(given or b"", key) for key in self.client]
-        if given is None:
-            return None
-        if any(admin):
-            return Role.admin
-        return Role.client if any(client) else None
+        if given is None or not (any(admin) or any(client)):
+            return Caller(None)
+        return Caller(Role.admin if any(admin) else Role.client, key_id(given))
 
-    def check_client(self, authorization: str | None) -> None:
-        """Embedding routes, /v1/models, /info: a client or an admin key (nothing when no client key is set)."""
-        if self.client_auth_enabled and self.role(authorization) is None:
+    def role(self, authorization: str | None) -> Role | None:
+        """The role of the key in an ``Authorization`` header, or None (see `identify`)."""
+        return self.identify(authorization).role
+
+    def check_client(self, caller: Caller) -> None:
+        """Embedding routes, /v1/models, /info: a client or an admin key (anyone when no client key is set).
+        ``caller`` is `identify`'s answer, which the server computes once per request before anything else."""
+        if self.client_auth_enabled and caller.role is None:
             raise ServiceError(
                 ErrorKind.unauthorized,
                 "missing or invalid API key: send the header 'Authorization: Bearer <key>'",

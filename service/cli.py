@@ -24,6 +24,7 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 
 from core import registry
+from service.observability import configure_logging
 from service.settings import ServiceSettings
 
 log = logging.getLogger("service")
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, json.JSONDecodeError) as err:
         print(f"embedder serve: invalid settings:\n{err}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     try:
         ensure_default_bundle(settings)
     except RuntimeError as err:

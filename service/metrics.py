@@ -7,6 +7,8 @@ so unknown names sent by clients cannot blow up the series count), ``error_type`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.errors import ErrorKind
@@ -98,9 +100,22 @@ class ServiceMetrics:
             ["model"],
             registry=r,
         )
+        self.admissions = Counter(
+            "embed_admissions",
+            "Embedding requests at the admission gate by caller (key id, or 'anonymous') and outcome (admitted, or "
+            "refused with 429): how the capacity was shared between keys under overload.",
+            ["key_id", "outcome"],
+            registry=r,
+        )
         self.tokens = Counter("embed_tokens", "Tokens embedded.", ["model"], registry=r)
         self.embeddings = Counter("embed_embeddings", "Embeddings returned.", ["model"], registry=r)
         self.register_model(NO_MODEL)
+
+    def register_keys(self, key_ids: Iterable[str]) -> None:
+        """Create the per-key series at zero for every configured key (and 'anonymous')."""
+        for key in key_ids:
+            for outcome in ("admitted", "refused"):
+                self.admissions.labels(key, outcome)
 
     def register_model(self, model: str) -> None:
         """Create every labelled series of ``model`` at zero (Prometheus shows a series only once it exists)."""

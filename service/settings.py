@@ -10,6 +10,7 @@ service module reads ``os.environ``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -185,10 +186,42 @@ class ServiceSettings(BaseSettings):
         "api_keys are set either.",
     )
 
+    body_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0.0,
+        description="How long a request's body may take to arrive, plus 1 s per body_min_bytes_per_second received "
+        "(Apache mod_reqtimeout's rule); slower, it is answered 408 and its admission slot freed. Bounds how long a "
+        "client that sends slowly holds capacity; raise it for clients on slow links.",
+    )
+    body_min_bytes_per_second: int = Field(
+        default=65536,
+        ge=1,
+        description="The pace that earns a body more time than body_timeout_seconds: each this many bytes received "
+        "add one second (64 KiB/s: a 50 MB /adapt upload may take 13 minutes). Lower admits slower links; higher "
+        "frees slots held by slow senders sooner.",
+    )
+
     # --- operations ------------------------------------------------------------------------------
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info",
         description="Log verbosity. debug logs every batch (size, tokens, timings) and costs throughput.",
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="text: one readable line per record; json: one JSON object per line (time, level, logger, "
+        "message, request_id, key_id) for a log pipeline. Either way a record written while a request is handled "
+        "carries its request id and the caller's key id (a short hash, never the key).",
+    )
+    access_log: bool = Field(
+        default=False,
+        description="Log one line per request (method, path, status, milliseconds, with its request id and key "
+        "id). Off by default: at thousands of small requests a second the lines cost CPU the model could use.",
+    )
+    otel_exporter_otlp_endpoint: str = Field(
+        default="",
+        description="OpenTelemetry collector to send traces to over OTLP/HTTP (e.g. http://otel-collector:4318; "
+        "also read from OTEL_EXPORTER_OTLP_ENDPOINT). Set: each embedding request is a trace with spans for "
+        "admission, tokenization, queue, batch and response. Empty: no tracing, no cost.",
     )
     warmup: bool = Field(
         default=True,
@@ -207,6 +240,15 @@ class ServiceSettings(BaseSettings):
         description="The /adapt job queue, its workers and each job's defaults: adapt.settings.AdaptSettings, read "
         "from EMBED_ADAPT_* (one flag per field: --adapt-<field>).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _otel_standard_variable(cls, values: Any) -> Any:
+        """OpenTelemetry's own variable counts too (what collectors' docs and operators set), unless
+        EMBED_OTEL_EXPORTER_OTLP_ENDPOINT or the flag says otherwise."""
+        if isinstance(values, dict) and not values.get("otel_exporter_otlp_endpoint"):  # unset or "" (the chart's)
+            values = {**values, "otel_exporter_otlp_endpoint": os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")}
+        return values
 
     @field_validator("models", "api_keys", "admin_api_keys", mode="before")
     @classmethod

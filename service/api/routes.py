@@ -22,9 +22,9 @@ from service.api.protocol import (
     TEIEmbedRequest,
     TEISimilarityRequest,
 )
-from service.api.serving import TICKET, EmbeddingService, shape_embeddings, to_base64
-from service.engine.admission import Ticket
+from service.api.serving import REQUEST, EmbeddingService, shape_embeddings, to_base64
 from service.engine.models import ServedModel
+from service.observability import RequestContext
 
 router = APIRouter()
 
@@ -50,9 +50,10 @@ def _service(request: Request) -> EmbeddingService:
     return request.app.state.embedding_service
 
 
-def _ticket(request: Request) -> Ticket | None:
-    """The admission gate's ticket (None when the app runs without `service.app.GuardMiddleware`)."""
-    return request.scope.get("state", {}).get(TICKET)
+def _context(request: Request) -> RequestContext | None:
+    """The request's id, caller and admission ticket (None when the app runs without
+    `service.app.GuardMiddleware`, which also checked the caller's key)."""
+    return request.scope.get("state", {}).get(REQUEST)
 
 
 def _json(payload: Any, headers: dict[str, str]) -> Response:
@@ -74,8 +75,7 @@ def _as_list(value: str | list[str]) -> list[str]:
 async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
     """Texts longer than the model's max_seq_length are truncated (OpenAI clients have no truncate flag)."""
     svc = _service(request)
-    async with svc.track("/v1/embeddings", _ticket(request)) as track:
-        svc.keys.check_client(request.headers.get("authorization"))
+    async with svc.track("/v1/embeddings", _context(request)) as track:
         model = svc.resolve(track, body.model)
         texts = _as_list(body.input)
         svc.check_texts(texts, "input")
@@ -114,8 +114,7 @@ async def tei_root(body: TEIEmbedRequest, request: Request) -> Response:
 
 async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Response:
     svc = _service(request)
-    async with svc.track(route, _ticket(request)) as track:
-        svc.keys.check_client(request.headers.get("authorization"))
+    async with svc.track(route, _context(request)) as track:
         model = svc.resolve(track, body.model)
         texts = _as_list(body.inputs)
         svc.check_texts(texts, "inputs")
@@ -133,8 +132,7 @@ async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Res
 async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Response:
     """Cosine similarity of each of ``sentences`` with ``source_sentence``."""
     svc = _service(request)
-    async with svc.track("/similarity", _ticket(request)) as track:
-        svc.keys.check_client(request.headers.get("authorization"))
+    async with svc.track("/similarity", _context(request)) as track:
         model = svc.resolve(track, body.model)
         if not body.inputs.sentences:
             svc.check_texts([], "inputs.sentences")
@@ -164,14 +162,12 @@ def _card(model: ServedModel) -> ModelCard:
 @router.get("/v1/models", response_model=ModelList, responses=_ERRORS, tags=["models"])
 async def list_models(request: Request) -> ModelList:
     svc = _service(request)
-    svc.keys.check_client(request.headers.get("authorization"))
     return ModelList(data=[_card(model) for model in svc.models.models()])
 
 
 @router.get("/info", response_model=Info, responses=_ERRORS, tags=["models"])
 async def info(request: Request) -> Info:
     svc = _service(request)
-    svc.keys.check_client(request.headers.get("authorization"))
     s = svc.settings
     return Info(
         version=SERVICE_VERSION,

@@ -18,16 +18,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.auth import ApiKeys
-from service.engine.admission import AdmissionGate, Ticket
+from service.auth import ANONYMOUS, ApiKeys
+from service.engine.admission import AdmissionGate
 from service.engine.models import ModelManager, ServedModel
 from service.errors import ErrorKind, ServiceError
 from service.metrics import NO_MODEL, ServiceMetrics
+from service.observability import RequestContext
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
-TICKET = "embed_admission"  # key in the ASGI scope's "state": the request's `Ticket` from the admission gate
+REQUEST = "embed_request"  # key in the ASGI scope's "state": the request's `RequestContext` (guard middleware)
 INLINE_TOKENIZE_CHARS = 4096  # smaller requests tokenise on the event loop: a thread hop costs more than the work
 
 
@@ -37,7 +38,7 @@ class Track:
 
     route: str
     started: float
-    ticket: Ticket | None = None
+    context: RequestContext | None = None
     model: str = NO_MODEL
     version: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -69,17 +70,19 @@ class EmbeddingService:
         self.models = models
         self.metrics = metrics
         self.keys = ApiKeys.from_settings(settings)
+        metrics.register_keys(self.keys.key_ids())
         self.gate = AdmissionGate(
             self.room, hold_seconds=settings.overload_hold_seconds, max_waiting=settings.max_concurrent_requests
         )
         models.on_room = self.gate.wake
 
     # ------------------------------------------------------------------------------------ admission
-    def room(self) -> ServiceError | None:
-        """The gate's question, asked before a request's body is read: None if a request may go on; else the 429
-        for ``max_concurrent_requests`` requests in flight, or for every served model over its bound
-        (`Batcher.refusal`). Which model a request wants is in its body, so with several models only a state that
-        refuses any request is refused here; the rest is checked again once the body names its model."""
+    def room(self, tenant: str = ANONYMOUS) -> ServiceError | None:
+        """The gate's question for a request of key ``tenant``, asked before its body is read: None if it may go
+        on; else the 429 for ``max_concurrent_requests`` requests in flight, or for every served model over its
+        bound for that key (`Batcher.refusal`). Which model a request wants is in its body, so with several models
+        only a state that refuses any request is refused here; the rest is checked again once the body names its
+        model."""
         limit = self.settings.max_concurrent_requests
         models = self.models.models()
         if self.gate.in_flight >= limit:
@@ -92,7 +95,7 @@ class EmbeddingService:
             )
         refusals = []
         for model in models:
-            err = model.batcher.refusal()
+            err = model.batcher.refusal(1, tenant)
             if err is None or err.kind is not ErrorKind.overloaded:
                 return None
             refusals.append(err)
@@ -100,11 +103,13 @@ class EmbeddingService:
 
     # ------------------------------------------------------------------------------------ tracking
     @asynccontextmanager
-    async def track(self, route: str, ticket: Ticket | None = None) -> AsyncIterator[Track]:
-        """Count and time one request from its arrival at the gate (``ticket``; now without one: an app run without
-        `service.app.GuardMiddleware`); label a failure with its kind (unexpected errors become ``internal``)."""
+    async def track(self, route: str, context: RequestContext | None = None) -> AsyncIterator[Track]:
+        """Count and time one request from its arrival at the gate (its ``context``'s ticket; now without one: an
+        app run without `service.app.GuardMiddleware`); label a failure with its kind (unexpected errors become
+        ``internal``)."""
+        ticket = context.ticket if context is not None else None
         started = time.perf_counter() if ticket is None else ticket.arrived
-        track = Track(route=route, started=started, ticket=ticket)
+        track = Track(route=route, started=started, context=context)
         try:
             yield track
         except ServiceError as err:
@@ -155,13 +160,17 @@ class EmbeddingService:
     ) -> EmbedResult:
         """Tokenise, queue and await the embeddings of ``texts`` (limits already checked)."""
         backend = model.backend
-        model.batcher.check_admission(len(texts))  # again in submit; here so a flood's 429s cost no tokenising
+        context = track.context
+        ticket = context.ticket if context is not None else None
+        tenant = ticket.tenant if ticket is not None else ANONYMOUS
+        model.batcher.check_admission(len(texts), tenant)  # again in submit; here a flood's 429s cost no tokenising
         started = time.perf_counter()
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
             tokens = backend.tokenize(texts)
         else:
             tokens = await asyncio.to_thread(backend.tokenize, texts)
-        track.timings["tokenization"] = time.perf_counter() - started
+        tokenized = time.perf_counter()
+        track.timings["tokenization"] = tokenized - started
         self.metrics.tokenization_time.labels(model.name).observe(track.timings["tokenization"])
         if not truncate:
             for index, item in enumerate(tokens):
@@ -173,10 +182,14 @@ class EmbeddingService:
                         f"{field_name}[{index}] has {count} tokens, more than model {model.name!r} accepts "
                         f"({limit}); shorten it or send truncate=true",
                     )
-        job = model.batcher.submit(tokens)
-        if track.ticket is not None:
-            track.ticket.queued()
+        job = model.batcher.submit(tokens, tenant)
+        if ticket is not None:
+            ticket.queued()
         await job.future
+        if context is not None:
+            context.stage("tokenization", started, tokenized)
+            context.stage("queue", job.enqueued_at, job.started_at)
+            context.stage("batch", job.started_at, job.finished_at)
         track.timings["queue"] = job.queue_time
         track.timings["inference"] = job.inference_time
         n_tokens = 0
