@@ -192,7 +192,8 @@ class ServiceSettings(BaseSettings):
         default_factory=list,
         description="Bearer tokens for administrative routes (/adapt); they also work on the embedding routes. "
         "Empty = /adapt answers 403 to client keys (unless EMBED_ADAPT_ALLOW_CLIENT_KEYS), and is open only when no "
-        "api_keys are set either.",
+        "api_keys are set either — on loopback only: bound elsewhere, the server refuses to start without a key that "
+        "may use /adapt.",
     )
 
     # --- operations ------------------------------------------------------------------------------
