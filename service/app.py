@@ -27,13 +27,13 @@ from opentelemetry.trace import Tracer, TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service.api.routes import SERVICE_VERSION, router
+from service.api.routes import SERVICE_VERSION, metrics_router, router
 from service.api.serving import REQUEST, EmbeddingService
 from service.backend.base import BackendFactory
 from service.engine.admission import Ticket
 from service.engine.models import ModelManager
 from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response, validation_message
-from service.metrics import EMBEDDING_ROUTES, NO_MODEL, ServiceMetrics
+from service.metrics import EMBEDDING_ROUTES, NO_MODEL, MetricsListener, ServiceMetrics
 from service.observability import (
     KEY_ID,
     REQUEST_ID,
@@ -280,8 +280,12 @@ def create_app(
 ) -> FastAPI:
     """Build the service. ``backend_factory(bundle_dir, settings)`` loads one model (default: onnxruntime);
     tests pass a deterministic fake. ``include_adapt`` mounts the /adapt routes of ``service.adapt``.
-    ``tracer_provider`` replaces the OTLP exporter of ``otel_exporter_otlp_endpoint`` (tests: an in-memory one)."""
+    ``tracer_provider`` replaces the OTLP exporter of ``otel_exporter_otlp_endpoint`` (tests: an in-memory one).
+    Raises ValueError for settings that would serve /adapt open beyond loopback (`ServiceSettings.open_adapt_error`)."""
     settings = settings or ServiceSettings()
+    refusal = settings.open_adapt_error() if include_adapt else None
+    if refusal is not None:
+        raise ValueError(refusal)
     if backend_factory is None:
         from service.backend.onnx import onnx_backend_factory
 
@@ -289,6 +293,7 @@ def create_app(
     metrics = ServiceMetrics()
     models = ModelManager(settings, backend_factory, metrics)
     embedding_service = EmbeddingService(settings, models, metrics)
+    metrics_listener = MetricsListener(metrics.registry, settings.host, settings.metrics_port)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -297,14 +302,20 @@ def create_app(
                 "no API keys configured (EMBED_API_KEYS): the embedding routes are open to anyone who can reach "
                 "%s:%s", settings.host, settings.port,
             )  # fmt: skip
-        await models.start()
-        log.info("ready: serving %s (default %s)", ", ".join(models.names), settings.default_model)
+        if settings.metrics_port:  # first: scrapes answer while the models load, as on the main port
+            metrics_listener.start()
+            log.info("metrics: /metrics on %s:%d", settings.host, settings.metrics_port)
         try:
-            yield
+            await models.start()
+            log.info("ready: serving %s (default %s)", ", ".join(models.names), settings.default_model)
+            try:
+                yield
+            finally:
+                app.state.draining = True
+                await models.stop(settings.shutdown_grace_seconds)
+                log.info("stopped")
         finally:
-            app.state.draining = True
-            await models.stop(settings.shutdown_grace_seconds)
-            log.info("stopped")
+            await asyncio.to_thread(metrics_listener.stop)
 
     app = FastAPI(
         title="embedder",
@@ -317,6 +328,8 @@ def create_app(
     app.state.draining = False
     app.state.in_flight = 0
     app.include_router(router)
+    if not settings.metrics_port:
+        app.include_router(metrics_router)
     if include_adapt:
         from adapt.settings import AdaptConfig
         from service.adapt.api_router import build_adapt_router

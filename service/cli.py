@@ -2,6 +2,8 @@
 
 On a fresh machine the registry is empty, so the default model's bundle is created first — in a
 subprocess (``embedder export``), because exporting needs torch and this process must never import it.
+Bound to an interface other hosts reach, it refuses to start while /adapt is on and no key may use it
+(`ServiceSettings.open_adapt_error`, checked before anything is loaded).
 Shutdown is graceful: on SIGTERM/SIGINT the server stops taking work (503), lets requests in flight
 finish (up to ``shutdown_grace_seconds``), then drains the model queues and exits.
 """
@@ -142,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(argv)
     except (ValidationError, json.JSONDecodeError) as err:
         print(f"embedder serve: invalid settings:\n{err}", file=sys.stderr)
+        return 2
+    refusal = settings.open_adapt_error()
+    if refusal is not None:  # before the default bundle is exported: that can take minutes
+        print(f"embedder serve: {refusal}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
     try:

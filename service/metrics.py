@@ -7,9 +7,11 @@ so unknown names sent by clients cannot blow up the series count), ``error_type`
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from service.errors import ErrorKind
 
@@ -140,3 +142,31 @@ class ServiceMetrics:
         self.queue_depth.labels(model)
         self.tokens.labels(model)
         self.embeddings.labels(model)
+
+
+class MetricsListener:
+    """``/metrics`` on a port of its own (``metrics_port``), so a network policy can open the metrics to the scraper
+    without opening the API to it.
+
+    prometheus_client's own exposition server: a small WSGI server in a daemon thread, serving the app's registry
+    with the library's content negotiation (text or OpenMetrics, gzip). No second uvicorn: two uvicorn servers in one
+    process would fight over the exit signals, and a thread of its own keeps scrapes off the request path's event
+    loop — they answer while the server loads models and while it drains, as /metrics on the main port does."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
+
+    def stop(self) -> None:
+        if self._server is None or self._thread is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+        self._server = self._thread = None

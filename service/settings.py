@@ -10,6 +10,7 @@ service module reads ``os.environ``.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -37,9 +38,18 @@ class ServiceSettings(BaseSettings):
     host: str = Field(
         default="127.0.0.1",
         description="Interface to bind. 127.0.0.1 keeps the server private to this machine; 0.0.0.0 "
-        "exposes it (needed in a container) and should come with api_keys.",
+        "exposes it (needed in a container). Any interface but loopback needs admin_api_keys while /adapt is on "
+        "(the server refuses to start otherwise); whether embedding needs api_keys is yours to choose.",
     )
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port to listen on (0 = any free port).")
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Serve /metrics on this port of the same interface instead of the main one (0 = on the main "
+        "port, as /metrics; set: the main port answers 404 there). Lets a network policy open the metrics to the "
+        "scraper without opening the API to it.",
+    )
 
     # --- models ----------------------------------------------------------------------------------
     registry_dir: Path = Field(
@@ -183,7 +193,8 @@ class ServiceSettings(BaseSettings):
         default_factory=list,
         description="Bearer tokens for administrative routes (/adapt); they also work on the embedding routes. "
         "Empty = /adapt answers 403 to client keys (unless EMBED_ADAPT_ALLOW_CLIENT_KEYS), and is open only when no "
-        "api_keys are set either.",
+        "api_keys are set either — on loopback only: bound elsewhere, the server refuses to start without a key that "
+        "may use /adapt.",
     )
 
     body_timeout_seconds: float = Field(
@@ -267,6 +278,11 @@ class ServiceSettings(BaseSettings):
                 f"max_batch_size ({self.max_batch_size}) exceeds max_batch_tokens ({self.max_batch_tokens}); "
                 "raise max_batch_tokens or lower max_batch_size"
             )
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(
+                f"metrics_port ({self.metrics_port}) equals port: give /metrics its own port, or 0 to serve it on "
+                "the main port"
+            )
         if self.max_client_batch_size > self.max_queue_size:
             raise ValueError(
                 f"max_client_batch_size ({self.max_client_batch_size}) exceeds max_queue_size "
@@ -296,6 +312,21 @@ class ServiceSettings(BaseSettings):
             service["adapt"] = AdaptSettings(**adapt)
         return cls(**service)
 
+    def open_adapt_error(self) -> str | None:
+        """Why this server must not start, or None: bound to an interface other hosts reach, with /adapt on and no
+        key that may use it. /adapt trains for minutes and publishes into the shared registry; anyone who reaches
+        the port could do both. On loopback (``scripts/serve.sh``) a keyless server is one user's own."""
+        if not self.adapt.enabled or is_loopback(self.host):
+            return None
+        if self.admin_api_keys or (self.adapt.allow_client_keys and self.api_keys):
+            return None
+        return (
+            f"refusing to serve /adapt on {self.host} with no key that may use it: anyone who reaches the port could "
+            "start training jobs and publish models. Set EMBED_ADMIN_API_KEYS (--admin-api-keys) to the admin keys "
+            "for /adapt, or EMBED_ADAPT_ENABLED=false (--no-adapt-enabled) to serve embeddings only, or bind "
+            "127.0.0.1 (EMBED_HOST)"
+        )
+
     def api_key_values(self) -> list[str]:
         """Plain key values for the auth check (kept out of repr and logs by SecretStr)."""
         return [key.get_secret_value() for key in self.api_keys]
@@ -303,3 +334,13 @@ class ServiceSettings(BaseSettings):
     def admin_key_values(self) -> list[str]:
         """Keys for admin routes (no fallback to the client keys: see ``AdaptSettings.allow_client_keys``)."""
         return [key.get_secret_value() for key in self.admin_api_keys]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only: ``localhost``, 127.0.0.0/8 or ::1 (``[::1]`` too)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -2,7 +2,8 @@
 
 The API process never trains: it runs ``python -m embedder.cli adapt-worker --config FILE`` as child processes
 (``FILE``: this service's `AdaptConfig`, written once, owner-only) that claim jobs from the shared store under a
-lease. A process only ever cleans up after its *own* workers:
+lease. A worker's environment is an allow-list of the service's (`worker_environment`): no API key reaches it.
+A process only ever cleans up after its *own* workers:
 
 * a worker of ours that exits while it holds a job (killed, out of memory, crashed) is dead for sure, so its jobs are
   taken back at once (`JobStore.release_worker`: retried, or failed once their attempts are spent) — no waiting for
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +37,37 @@ from adapt.corpus import remove_ended_jobs
 from adapt.jobs import StoreUnavailable
 from adapt.settings import AdaptConfig
 from adapt.store import JobStore
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 30.0
+
+# What a worker's environment keeps of the service's: the system's and the libraries' own variables (Python, the
+# offline switches of the Hugging Face libraries, thread pools, locale). Everything else stays behind — the API keys,
+# the store URL (the worker reads it from its config file), whatever else a pod's environment carries.
+WORKER_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE",
+    "HF_DATASETS_OFFLINE", "TRANSFORMERS_CACHE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
+})  # fmt: skip
+WORKER_ENV_PREFIXES = ("LC_", "PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH_")
+# The tool settings (core.settings.Settings: cache, registry, device, threads) that library code reads when it is
+# passed no value; none of them is a secret.
+WORKER_SETTINGS = frozenset(f"EMBED_{name.upper()}" for name in Settings.model_fields)
+
+
+def worker_environment(parent: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
+    """A supervised worker's environment: the allow-listed names of ``parent`` (the service's own environment), and
+    ``EMBED_CACHE_DIR`` set to the service's cache. The worker runs by its config file (`AdaptConfig.write`), so it
+    needs no ``EMBED_*`` setting of the service; an API key in its environment would only be one more place to leak
+    it from (a crash dump, a child process, a job's code)."""
+    env = {
+        name: value
+        for name, value in parent.items()
+        if name in WORKER_ENV_NAMES or name in WORKER_SETTINGS or name.startswith(WORKER_ENV_PREFIXES)
+    }
+    return env | {"EMBED_CACHE_DIR": str(cache_dir)}
 
 
 @dataclass
@@ -74,9 +103,7 @@ class WorkerSupervisor:
 
     def spawn(self, index: int) -> _Worker:
         worker_id = f"{_host()}-w{index}-{secrets.token_hex(4)}"
-        # The config file is what the worker runs by; the cache folder is also its environment's, for the library code
-        # that falls back to EMBED_CACHE_DIR when no folder is passed (core.settings).
-        env = {**os.environ, "EMBED_CACHE_DIR": str(self.config.cache_dir)}
+        env = worker_environment(os.environ, self.config.cache_dir)
         process = subprocess.Popen(self.command(worker_id), stdin=subprocess.DEVNULL, env=env)
         worker = _Worker(index, worker_id, process, time.monotonic())
         self.workers[index] = worker

@@ -27,6 +27,8 @@ from service.engine.models import ServedModel
 from service.observability import RequestContext
 
 router = APIRouter()
+# Mounted on the main port unless metrics_port gives the metrics a listener of their own (service.metrics).
+metrics_router = APIRouter()
 
 try:
     SERVICE_VERSION = version("embedder")
@@ -209,7 +211,7 @@ async def ready(request: Request) -> Response:
     )  # fmt: skip
 
 
-@router.get(
+@metrics_router.get(
     "/metrics",
     tags=["operations"],
     response_class=PlainTextResponse,

@@ -183,3 +183,37 @@ def test_general_tasks_leave_out_those_the_base_model_was_trained_on() -> None:
         "out_of_domain": ["BBCNewsKNN", "PyDocSummaryRetrieval"],
         "in_domain": ["LeeDocSTS"],
     }
+
+
+def test_a_supervised_worker_gets_no_api_key_nor_any_other_secret(tmp_path: Path, monkeypatch) -> None:
+    """A real worker started by the service's supervisor: its environment (/proc/<pid>/environ, what the kernel gave
+    the process) holds the allow-listed variables and none of the service's keys."""
+    import asyncio
+
+    from service.adapt.supervisor import WorkerSupervisor
+
+    secrets = {
+        "EMBED_API_KEYS": "client-key-1",
+        "EMBED_ADMIN_API_KEYS": "admin-key-1",
+        "EMBED_ADAPT_STORE_URL": "postgresql://u:store-password@db/e",
+        "CLOUD_TOKEN": "cloud-token-1",
+    }
+    config = _config(tmp_path)  # before the variables: the service's settings were read when it started
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    supervisor = WorkerSupervisor(config, JobStore(config.store_url))
+    worker = supervisor.spawn(0)
+    try:
+        raw = Path(f"/proc/{worker.process.pid}/environ").read_bytes()
+        assert worker.process.poll() is None, "the worker must be running, not have failed at start"
+    finally:
+        asyncio.run(supervisor.stop(grace_s=30))
+    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if item)
+    for value in secrets.values():
+        assert value.encode() not in raw, f"{value} reached the worker's environment"
+    assert env[b"EMBED_CACHE_DIR"] == str(config.cache_dir).encode()
+    assert env[b"HF_HUB_OFFLINE"] == b"1" and env[b"OMP_NUM_THREADS"] == b"1" and b"PATH" in env
+    tool_settings = {b"EMBED_CACHE_DIR", b"EMBED_REGISTRY_DIR", b"EMBED_DEVICE", b"EMBED_NUM_THREADS"}
+    assert {name for name in env if name.startswith(b"EMBED_")} <= tool_settings

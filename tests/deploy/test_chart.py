@@ -218,9 +218,9 @@ def test_production_adapt_workers_are_a_keda_scaled_job_on_the_shared_store(depl
     assert spec["restartPolicy"] == "Never" and spec["terminationGracePeriodSeconds"] >= 30
     (container,) = spec["containers"]
     assert container["args"] == ["adapt-worker", "--once"]
-    # the same settings as the serving pods: the ConfigMap, and the Secret with the store's URL
+    # the same settings as the serving pods: the ConfigMap, and of the Secret the store's URL alone
     assert {"configMapRef": {"name": "rel-embedder"}} in container["envFrom"]
-    assert {"secretRef": {"name": "embedder-keys"}} in container["envFrom"]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "embedder-keys", "key": "EMBED_ADAPT_STORE_URL"}
     claim = deploy.find(docs, "PersistentVolumeClaim")["metadata"]["name"]
     assert {"name": "data", "persistentVolumeClaim": {"claimName": claim}} in spec["volumes"]
     (trigger,) = scaled["spec"]["triggers"]
@@ -367,7 +367,7 @@ def test_helm_test_and_servicemonitor_call_real_routes(deploy, service_routes: d
     docs = deploy.render_production()
     monitor = deploy.find(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics" and "GET" in service_routes["/metrics"]
-    assert monitor["spec"]["endpoints"][0]["port"] == "http"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"  # its own port (test_chart_security)
     # A ServiceMonitor selects Services by their labels.
     service_labels = deploy.find(docs, "Service")["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service_labels.items()

@@ -77,3 +77,47 @@ def test_default_bundle_is_made_by_the_export_subprocess(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="creating the default bundle failed \\(exit 3\\); run it yourself"):
         cli.ensure_default_bundle(settings)
     assert calls == [export_command(settings)]
+
+
+@pytest.mark.parametrize(
+    ("host", "values", "refused"),
+    [
+        ("0.0.0.0", {}, True),
+        ("::", {}, True),
+        ("10.1.2.3", {}, True),
+        ("embedder.example.com", {}, True),
+        ("0.0.0.0", {"api_keys": "k"}, True),  # client keys may not use /adapt: no key could
+        ("0.0.0.0", {"admin_api_keys": "a"}, False),
+        ("0.0.0.0", {"api_keys": "k", "adapt_allow_client_keys": True}, False),
+        ("0.0.0.0", {"adapt_allow_client_keys": True}, True),  # the fallback with no client key to fall back to
+        ("0.0.0.0", {"adapt_enabled": False}, False),
+        ("127.0.0.1", {}, False),
+        ("127.8.9.10", {}, False),
+        ("::1", {}, False),
+        ("[::1]", {}, False),
+        ("localhost", {}, False),
+    ],
+)
+def test_a_server_reachable_from_elsewhere_never_starts_with_adapt_open(host, values, refused):
+    settings = ServiceSettings.from_flat(host=host, **values)
+    error = settings.open_adapt_error()
+    assert (error is not None) is refused
+    if refused:
+        assert f"refusing to serve /adapt on {host}" in error
+        assert "Set EMBED_ADMIN_API_KEYS" in error and "EMBED_ADAPT_ENABLED=false" in error
+
+
+def test_create_app_applies_the_same_rule(tmp_path):
+    from service.app import create_app
+
+    open_settings = ServiceSettings.from_flat(host="0.0.0.0", registry_dir=tmp_path, adapt_dir=tmp_path / "adapt")
+    with pytest.raises(ValueError, match="Set EMBED_ADMIN_API_KEYS"):
+        create_app(open_settings, backend_factory=lambda bundle, settings: None)
+    # without the /adapt routes there is nothing to refuse
+    create_app(open_settings, backend_factory=lambda bundle, settings: None, include_adapt=False)
+
+
+def test_metrics_port_must_differ_from_the_main_port():
+    with pytest.raises(ValidationError, match="give /metrics its own port"):
+        ServiceSettings(port=9000, metrics_port=9000)
+    assert ServiceSettings(port=0, metrics_port=0).metrics_port == 0

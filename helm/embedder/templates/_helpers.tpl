@@ -61,6 +61,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-auth" (include "embedder.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
 
+{{/*
+EMBED_ADMIN_API_KEYS of the chart's Secret. /adapt is never rendered open: auth.adminApiKeys when given; else, while
+config.adapt_enabled, the key this release generated before (read back from its Secret, so an upgrade keeps it) or,
+on install, a new random one. `helm template` cannot read the cluster (lookup returns nothing): it renders a new key.
+*/}}
+{{- define "embedder.adminApiKeys" -}}
+{{- if .Values.auth.adminApiKeys }}
+{{- join "," .Values.auth.adminApiKeys }}
+{{- else if .Values.config.adapt_enabled }}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace (include "embedder.secretName" .) }}
+{{- $kept := "" }}
+{{- if $secret }}
+{{- $kept = get ($secret.data | default dict) "EMBED_ADMIN_API_KEYS" | b64dec }}
+{{- end }}
+{{- $kept | default (randAlphaNum 40) }}
+{{- end }}
+{{- end }}
+
 {{- define "embedder.claimName" -}}
 {{- default (printf "%s-registry" (include "embedder.fullname" .)) .Values.persistence.existingClaim }}
 {{- end }}
