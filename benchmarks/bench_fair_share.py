@@ -30,6 +30,7 @@ from bench_service import MODEL, ROOT, _stop, workloads
 from report_file import write_report
 
 from core.runtime import cpu_features
+from core.settings import DEFAULT_REGISTRY_DIR
 from service.auth import key_id
 
 QUIET, FLOOD = "quiet-tenant-key", "flooding-tenant-key"
@@ -61,7 +62,7 @@ def refused_share(result: dict[str, Any]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--registry", type=Path, default=ROOT / "registry", help="registry with minilm-l6 (int8)")
+    parser.add_argument("--registry", type=Path, default=ROOT / DEFAULT_REGISTRY_DIR, help="registry with minilm-l6")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each run")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of alone / flooded")

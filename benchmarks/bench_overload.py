@@ -50,6 +50,7 @@ from bench_service import MODEL, ROOT, _free_port, _pct, _stop, _wait_ready, wor
 from report_file import write_report
 
 from core.runtime import cpu_features
+from core.settings import DEFAULT_REGISTRY_DIR
 
 ROUTE = "/v1/embeddings"
 
@@ -284,7 +285,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--registry", type=Path, default=ROOT / "registry", help="registry with minilm-l6 (int8)")
+    parser.add_argument("--registry", type=Path, default=ROOT / DEFAULT_REGISTRY_DIR, help="registry with minilm-l6")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each run")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every load on every graph, alternated")

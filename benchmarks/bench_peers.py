@@ -42,6 +42,7 @@ from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _post_one, _s
 from report_file import write_report
 
 from core.runtime import OnnxBundle, cpu_features
+from core.settings import DEFAULT_REGISTRY_DIR
 
 LOADS = {  # name: (kind, texts per request, concurrency, texts)
     "1 text, 1 client": ("short", 1, 1, 200),
@@ -104,7 +105,7 @@ def ceiling(bundle: OnnxBundle, texts: list[str]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--registry", type=Path, default=ROOT / "registry", help="registry with minilm-l6 (int8)")
+    parser.add_argument("--registry", type=Path, default=ROOT / DEFAULT_REGISTRY_DIR, help="registry with minilm-l6")
     parser.add_argument("--infinity", type=Path, default=ROOT / "tools" / "infinity-venv" / "bin" / "infinity_emb")
     parser.add_argument("--infinity-model", type=Path, default=ROOT / "tools" / "infinity-model" / "all-MiniLM-L6-v2")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")

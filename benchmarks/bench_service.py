@@ -38,6 +38,8 @@ from typing import Any
 from pydantic import BaseModel
 from report_file import write_report
 
+from core.settings import DEFAULT_REGISTRY_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "minilm-l6"
 
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="measure ceiling, our server and the naive server")
-    run.add_argument("--registry", type=Path, default=ROOT / "registry", help="registry holding minilm-l6")
+    run.add_argument("--registry", type=Path, default=ROOT / DEFAULT_REGISTRY_DIR, help="registry with minilm-l6")
     run.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
     run.add_argument("--idle-requests", type=int, default=300, help="requests of the concurrency-1 run")
     run.add_argument("--skip-naive", action="store_true", help="only the ceiling and our server")

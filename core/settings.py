@@ -13,9 +13,9 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "embedder"
+STATE_DIR = Path("state")  # everything the tools and the server write by default: ignored by git, one folder to delete
+DEFAULT_REGISTRY_DIR = STATE_DIR / "registry"
+DEFAULT_CACHE_DIR = STATE_DIR / "cache"
 
 
 class Settings(BaseSettings):
@@ -24,11 +24,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EMBED_", extra="ignore")
 
     cache_dir: Path = Field(
-        default_factory=_default_cache_dir,
+        default=DEFAULT_CACHE_DIR,
         description="Where built-in models are unpacked or rebuilt (a few hundred MB with mpnet-base).",
     )
     registry_dir: Path = Field(
-        default=Path("registry"),
+        default=DEFAULT_REGISTRY_DIR,
         description="Root of the bundle registry: <registry>/<name>/<version>/ and <name>/current.",
     )
     device: str = Field(default="cpu", description="torch device for training and reference encoders.")

@@ -20,13 +20,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from adapt.settings import AdaptSettings
-from core.settings import split_csv
+from core.settings import DEFAULT_CACHE_DIR, DEFAULT_REGISTRY_DIR, split_csv
 
 ADAPT_PREFIX = "adapt_"  # flat names of the nested adapt settings: adapt_max_steps is EMBED_ADAPT_MAX_STEPS
-
-
-def _default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "embedder"
 
 
 class ServiceSettings(BaseSettings):
@@ -53,12 +49,12 @@ class ServiceSettings(BaseSettings):
 
     # --- models ----------------------------------------------------------------------------------
     registry_dir: Path = Field(
-        default=Path("registry"),
+        default=DEFAULT_REGISTRY_DIR,
         description="Root of the bundle registry (<registry>/<name>/<version>/, <name>/current). Shared with "
         "`embedder export` and the adapt worker; a shared volume when several replicas serve it.",
     )
     cache_dir: Path = Field(
-        default_factory=_default_cache_dir,
+        default=DEFAULT_CACHE_DIR,
         description="Where built-in models are unpacked when the default bundle has to be created on first "
         "start (a few hundred MB with mpnet-base; only the export subprocess uses it).",
     )
