@@ -58,7 +58,7 @@ CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in 
 # in-domain for every task drawing from that domain: lee.cor and lee_background.cor are disjoint documents of one
 # news collection (Australian wire news, 2000s); ACLSum's body paragraphs (trained on) and its abstracts (scored)
 # are the same papers. BBC News is another collection (UK, another agency, other years and topics) and stays
-# out-of-domain for a model trained on Lee's news, as issue 13 reads it; the genre is shared, so BBC is the
+# out-of-domain for a model trained on Lee's news, as this project reads it; the genre is shared, so BBC is the
 # nearest of the out-of-domain tasks. A corpus not listed here (``custom``, ``adapt:<name>``, a crop task built
 # from a customer corpus) is a domain of its own that no suite task shares.
 CORPUS_DOMAINS = {

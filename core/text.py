@@ -9,7 +9,7 @@ One definition, so a job never evaluates on documents its training could not cro
   same document as anchor and positive; they may overlap but never coincide. Documents with fewer
   than two chunks are skipped and counted (:class:`CropStats`).
 * **Adaptive crop rule** — the 100–250 filter was tuned on abstracts; on short technical texts it
-  leaves most documents without two crops (issue 7 measured 21 % of 1,000 documents). :class:`CropRule`
+  leaves most documents without two crops (21 % of 1,000 documents kept two crops). :class:`CropRule`
   adds a relaxed length filter and per-document fall-backs (halves, sliding word windows), and
   :func:`choose_crop_rule` picks the first rule, from the paper's outward, under which enough of the
   corpus contributes. It reports the yield so a job can show it. `can_crop` is the loosest of those
@@ -116,7 +116,7 @@ class CropRule:
 
     * ``"halves"`` — its sentences (any length, ended by ``. ! ? ;``) split into a first and a second
       half; a one-sentence document is split into halves of words when each half has at least
-      ``MIN_WORDS_PER_HALF`` words (issue 7: "splitting the rest into halves covered all").
+      ``MIN_WORDS_PER_HALF`` words (on short technical texts, halving the rest covered every document).
     * ``"windows"`` — sliding windows of ``window_words`` words with a stride of half a window, for
       long texts without usable sentence boundaries.
     """
@@ -239,7 +239,7 @@ def crop_yield(corpus: Sequence[str], rule: CropRule) -> float:
 def choose_crop_rule(corpus: Sequence[str], target_yield: float = 0.8, sentences: int = 2) -> CropRule:
     """The least-changed crop rule under which at least ``target_yield`` of ``corpus`` contributes.
 
-    Tried in order (issue 7, "Crops that work on real corpora"): the paper's 100–250-character filter;
+    Tried in order: the paper's 100–250-character filter;
     the relaxed 40–250 filter; the relaxed filter with sliding word windows for long documents left
     over; the relaxed filter with halves for the rest. If none reaches the target, the rule with the
     highest yield is returned (ties go to the earlier, more paper-like rule); the caller reports

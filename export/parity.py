@@ -3,7 +3,7 @@
 Like optimum's exporter validation, every check runs and every failure is collected; one
 `ParityError` then lists them all, so a broken export is diagnosed in one go.
 
-Bars (issue 3): fp32 min cosine ≥ 0.9999; int8 mean cosine ≥ 0.99 and min ≥ 0.97; every output
+Bars: fp32 min cosine ≥ 0.9999; int8 mean cosine ≥ 0.99 and min ≥ 0.97; every output
 finite and unit-norm (normalisation is in the graph); and the bundle's ``tokenizers`` tokenizer
 gives the same ids as the torch side's tokenizer, so serving sees what parity measured.
 """

@@ -13,7 +13,7 @@ _handed_out: set[int] = set()
 
 
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on now and that this session has not handed out before."""
+    """A port on 127.0.0.1 that nothing listens on now and that this test run has not handed out before."""
     while True:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))

@@ -82,7 +82,7 @@ class TrainConfig:
     view_params: Mapping[str, Any] = field(default_factory=dict)
     rank_reduction: float = 0.0  # γ of the rank-reduction regulariser (paper 002); 0 disables it
     # weight of an MSE anchor to the frozen starting model's embedding of each batch's first view (forgets less
-    # off the training domain; /adapt uses 3, issue 13); 0 disables it
+    # off the training domain; /adapt uses 3); 0 disables it
     anchor_weight: float = 0.0
     # weight of a similarity rehearsal (training.objectives.rehearsal): each step, `rehearsal_batch_size` texts of
     # `rehearsal_texts` (a corpus spec as `corpus`, or the texts) keep the similarity structure `rehearsal_model`
@@ -308,7 +308,7 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
     return values
 
 
-# Built-in recipes that were renamed, old name → new: a recipe is named for what it trains (issue 20), and a name
+# Built-in recipes that were renamed, old name → new: a recipe is named for what it trains, and a name
 # that scripts already use keeps working (with a warning that says what it now is).
 RENAMED_RECIPES = {"sct-tiny-pca": "distil-tiny-pca"}
 

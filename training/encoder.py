@@ -6,7 +6,7 @@ layer and the first *l* transformer layers (TMFT, paper 003 §3), giving a real 
 `freeze(k)` trains only the last *k* layers (cropping paper 000, §4.4).
 
 An optional output layer (`OutputLayer`, sentence-transformers' ``Dense``) maps the pooled vector to another
-width before normalisation — a 128-wide student's map into its teacher's 384-d space (issue 13) — and is part of
+width before normalisation — a 128-wide student's map into its teacher's 384-d space — and is part of
 the model: saved, reloaded, exported.
 
 Checkpoints are saved as a Hugging Face folder plus sentence-transformers' module files

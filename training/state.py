@@ -41,7 +41,7 @@ class TrainState:
     session_start: float = field(default_factory=time.perf_counter)
 
     def start_clock(self) -> None:
-        """Start this session's clock (after loading: setting up is not training time)."""
+        """Start this run's clock (after loading: setting up is not training time)."""
         self.session_start = time.perf_counter()
 
     def elapsed(self) -> float:

@@ -1,4 +1,4 @@
-"""Sentence split and crop rules (paper 000 §3.1), the adaptive crop rule (issue 7), `can_crop`."""
+"""Sentence split and crop rules (paper 000 §3.1), the adaptive crop rule, `can_crop`."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def test_every_task_draws_from_a_corpus_with_a_domain() -> None:
 
 def test_domains_are_judged_by_the_collection_not_the_file() -> None:
     # lee_background.cor holds other documents than the scored lee.cor, but the same collection: in-domain;
-    # BBC News is another news collection: out-of-domain (issue 13's reading)
+    # BBC News is another news collection: out-of-domain (the project's reading)
     assert _in_domain(["lee_background"]) == {"LeeDocSTS", "CropPairRetrieval-LeeBackground"}
     assert _in_domain(["bbc"]) == {"BBCNewsClustering", "BBCNewsClassification", "BBCNewsKNN"}
     # ACLSum's body paragraphs (trained on) and its abstracts and summaries (scored) are the same papers

@@ -124,7 +124,7 @@ def test_student_recipe_smoke(recipe: str, tmp_path: Path, tiny_bert_path: Path)
 
 
 def test_renamed_recipes_keep_their_old_names() -> None:
-    # a recipe is named for its objective (issue 20); scripts that use an old name still run the same recipe
+    # a recipe is named for its objective; scripts that use an old name still run the same recipe
     for old, new in RENAMED_RECIPES.items():
         with pytest.warns(UserWarning, match=f"recipe '{old}' is now called '{new}'"):
             renamed = load_config(old)

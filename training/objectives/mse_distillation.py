@@ -62,7 +62,7 @@ class MSEDistillation(nn.Module):
 
 
 class EmbeddingAnchor(nn.Module):
-    """An MSE anchor to the frozen starting model while fine-tuning, so that it forgets less (issue 13, item 5).
+    """An MSE anchor to the frozen starting model while fine-tuning, so that it forgets less off the training domain.
 
     ``weight · mean_b ||z1_b − M₀(first_b)||²`` with ``M₀`` the model as it was before training — the squared error
     of `MSEDistillation` (Reimers & Gurevych 2020, Eq. 1), its teacher being the starting point. Only the first view
