@@ -83,6 +83,9 @@ def test_corpus_too_small_is_422_with_counts(client: TestClient) -> None:
     [
         (_body(name="../etc"), 422, "invalid model name"),
         (_body(name="Acme"), 422, "invalid model name"),
+        (_body(name="acme\n"), 422, "invalid model name"),  # "$" would let a trailing newline through
+        (_body(name="\u0430cme"), 422, "invalid model name"),  # Cyrillic a
+        (_body(name="\uff41\uff43\uff4d\uff45"), 422, "invalid model name"),  # fullwidth letters
         (_body(name="minilm-l6"), 422, "built-in base model"),
         (_body(name="tiny"), 422, "built-in base model"),
         (_body(base_model="gpt-9"), 404, "unknown base_model 'gpt-9'"),
