@@ -9,7 +9,7 @@ for every job: they all read one store.
 
 | route | |
 |---|---|
-| ``POST /adapt`` | JSON body (`AdaptRequest`) or multipart form with a ``file`` (JSONL or text) → 202 + job |
+| ``POST /adapt`` | JSON (`AdaptRequest`) or multipart form with a ``file`` (JSONL, JSON, text, Parquet) → 202 + job |
 | ``GET /adapt`` | jobs, newest first (``limit``, ``after``) |
 | ``GET /adapt/{id}`` | one job: state, progress, evaluation, gate, published model, error |
 | ``GET /adapt/{id}/events`` | server-sent events (``Last-Event-ID`` resumes) until the job ends |
@@ -28,13 +28,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from adapt.corpus import CorpusError, CorpusTooLargeError, remove_ended_jobs
 from adapt.jobs import CANCELLED, Ended
 from adapt.settings import AdaptConfig
+from service.adapt.intake import parse_request
 from service.adapt.schemas import AdaptJob, AdaptJobList
 from service.adapt.serving import (
     CORPUS_ERRORS,
     AdaptAPI,
     AdaptCollector,
+    audit,
     get_or_404,
-    parse_request,
     queue_job,
     stream_events,
 )
@@ -47,7 +48,7 @@ _ERROR_DESCRIPTIONS = {
     403: "a client API key: /adapt needs an admin key (or adapt_allow_client_keys)",
     404: "unknown job, or unknown base_model",
     409: "name belongs to a model that /adapt did not make",
-    413: "body or upload over adapt_max_upload_bytes",
+    413: "body or upload over adapt_max_upload_bytes, or a file that decodes to more text than that",
     422: "invalid body, name, query or corpus",
     429: "adapt_max_pending_jobs jobs queued; retry after Retry-After seconds",
     503: "/adapt disabled, or the job store not open yet",
@@ -90,12 +91,14 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
                 raise ServiceError(ErrorKind.adapt_disabled, "/adapt is disabled on this server")
             store = api.jobs()
             try:
-                req, texts, labels = await parse_request(request, config.settings.max_upload_bytes)
+                req, texts, labels = await parse_request(request, config.settings)
             except CorpusTooLargeError as err:
                 raise ServiceError(ErrorKind.payload_too_large, str(err)) from err
             api.check_name(req.name)
             api.check_base_model(req.base_model)
-            job = await api.call(queue_job, api, store, req, texts, labels)
+            caller = api.caller(request)
+            job = await api.call(queue_job, api, store, req, texts, labels, caller)
+            audit(job, "created", caller)
         except CorpusError as err:
             kind = CORPUS_ERRORS.get(err.code, ErrorKind.invalid_corpus)
             return api.fail(request, ServiceError(kind, str(err), details=err.details or None))
@@ -127,8 +130,11 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             store = api.jobs()
-            await api.call(get_or_404, store, job_id)
-            job = await api.call(store.request_cancel, job_id)
+            before = await api.call(get_or_404, store, job_id)
+            caller = api.caller(request)
+            job = await api.call(store.request_cancel, job_id, actor=caller)
+            if not before.terminal:
+                audit(job, "cancelled", caller)
             if job.state == CANCELLED:  # cancelled while queued: nobody else will delete its corpus
                 remove_ended_jobs([Ended(job.id, job.state, job.corpus_dir)], config.settings.keep_uploads)
         except ServiceError as err:

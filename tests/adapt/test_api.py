@@ -216,14 +216,14 @@ def test_events_stream_until_the_job_ends(client: TestClient, tmp_path: Path) ->
         text = "".join(r.iter_text())
     blocks = [b for b in text.split("\n\n") if b.strip()]
     names = [line.removeprefix("event: ") for b in blocks for line in b.splitlines() if line.startswith("event: ")]
-    assert names == ["state", "state", "progress", "published", "state", "done"]
-    assert [b.splitlines()[0] for b in blocks[:-1]] == [f"id: {n}" for n in range(1, 6)]  # the job's own sequence
+    assert names == ["state", "audit", "state", "progress", "published", "state", "done"]
+    assert [b.splitlines()[0] for b in blocks[:-1]] == [f"id: {n}" for n in range(1, 7)]  # the job's own sequence
     done = json.loads(blocks[-1].splitlines()[-1].removeprefix("data: "))
     assert done["state"] == "succeeded" and done["model"] == {"name": "acme", "version": "1", "promoted": True}
     assert [(a["attempt"], a["worker_id"], a["outcome"]) for a in done["attempts"]] == [(1, "w", "succeeded")]
     # Last-Event-ID resumes after the given event
-    third_id = int(blocks[2].splitlines()[0].removeprefix("id: "))
-    with client.stream("GET", f"/adapt/{job_id}/events", headers={"Last-Event-ID": str(third_id)}) as r:
+    progress_id = int(blocks[3].splitlines()[0].removeprefix("id: "))
+    with client.stream("GET", f"/adapt/{job_id}/events", headers={"Last-Event-ID": str(progress_id)}) as r:
         resumed = "".join(r.iter_text())
     assert resumed.count("event: ") == 3 and "event: progress" not in resumed
 
