@@ -18,6 +18,7 @@ for every job: they all read one store.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,9 +27,9 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adapt.corpus import CorpusError, CorpusTooLargeError, remove_ended_jobs
-from adapt.jobs import CANCELLED, Ended
+from adapt.jobs import CANCELLED, Ended, new_job_id
 from adapt.settings import AdaptConfig
-from service.adapt.intake import parse_request
+from service.adapt.intake import read_body
 from service.adapt.schemas import AdaptJob, AdaptJobList
 from service.adapt.serving import (
     CORPUS_ERRORS,
@@ -90,15 +91,22 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             if not config.settings.enabled:
                 raise ServiceError(ErrorKind.adapt_disabled, "/adapt is disabled on this server")
             store = api.jobs()
+            job_id = new_job_id()
+            folder = config.jobs_dir / job_id
             try:
-                req, texts, labels = await parse_request(request, config.settings)
-            except CorpusTooLargeError as err:
-                raise ServiceError(ErrorKind.payload_too_large, str(err)) from err
-            api.check_name(req.name)
-            api.check_base_model(req.base_model)
-            caller = api.caller(request)
-            job = await api.call(queue_job, api, store, req, texts, labels, caller)
+                content_type, body = await read_body(request, config.settings)
+                intake = await api.uploads.take_in(content_type, body, config.settings, folder)
+                del body
+                api.check_name(intake.request.name)
+                api.check_base_model(intake.request.base_model)
+                caller = api.caller(request)
+                job = await api.call(queue_job, api, store, intake, job_id, caller)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)  # whatever was saved of a job that was not queued
+                raise
             audit(job, "created", caller)
+        except CorpusTooLargeError as err:
+            return api.fail(request, ServiceError(ErrorKind.payload_too_large, str(err)))
         except CorpusError as err:
             kind = CORPUS_ERRORS.get(err.code, ErrorKind.invalid_corpus)
             return api.fail(request, ServiceError(kind, str(err), details=err.details or None))

@@ -1,27 +1,96 @@
-"""Reading a POST /adapt request: the body is read under ``max_upload_bytes`` first, then parsed — JSON, or a
-multipart form and the corpus file it carries — in a worker thread, so a 50 MB body never holds the event loop that
-serves /v1/embeddings; an uploaded file is read under the corpus limits (`adapt.corpus.parse_upload`), so a small
-compressed file cannot decode to gigabytes in this process."""
+"""Taking in a POST /adapt corpus without hurting serving: the body is read under ``max_upload_bytes`` first, then
+parsed (JSON, or a multipart form and the file it carries), checked (`adapt.corpus.check_corpus`) and saved into the
+job's folder away from the event loop that serves /v1/embeddings — a small body in a thread, a large one in a child
+process, because decoding 50 MB of JSON is one call that holds the interpreter's lock for a quarter of a second
+(it would stall every request on the replica) and only the body's bytes and a summary cross the process boundary.
+An uploaded file is read under the corpus limits (`adapt.corpus.parse_upload`), so a small compressed file cannot
+decode to gigabytes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import Request
 from pydantic import ValidationError
 from python_multipart.multipart import File, create_form_parser
 
-from adapt.corpus import CorpusTooLargeError, parse_upload
+from adapt.corpus import CorpusTooLargeError, check_corpus, parse_upload
 from adapt.settings import AdaptSettings
 from service.adapt.schemas import AdaptRequest
 from service.errors import ErrorKind, ServiceError, validation_message
 
+log = logging.getLogger(__name__)
+
 MULTIPART_OVERHEAD = 64 * 1024  # a form's boundaries and small fields, on top of the file itself
 MAX_FORM_FIELDS = 32
+# Bodies up to this size are parsed in a thread: json.loads holds the interpreter's lock ~5 ms per MB.
+INLINE_BYTES = 1024 * 1024
 
 Parsed = tuple[AdaptRequest, list[str], list[str] | None]
+
+
+@dataclass(frozen=True)
+class Intake:
+    """A corpus checked and saved in its job's folder, and the request without its texts."""
+
+    request: AdaptRequest
+    n_documents: int
+    usable: int
+    has_labels: bool
+
+
+def take_in(content_type: str, body: bytes, settings: AdaptSettings, folder: Path) -> Intake:
+    """Parse the body, check its corpus against ``settings`` and save it as ``folder/corpus.jsonl`` (in a thread, or
+    in the reader process for a large body)."""
+    multipart = content_type.startswith("multipart/form-data")
+    req, texts, labels = parse_multipart(content_type, body, settings) if multipart else parse_json(body)
+    corpus = check_corpus(texts, labels, settings)
+    corpus.save(folder)
+    summary = req.model_copy(update={"texts": None, "labels": None})
+    return Intake(summary, n_documents=len(corpus.texts), usable=corpus.usable, has_labels=corpus.labels is not None)
+
+
+def _ready() -> None:
+    """Load the readers in the reader process before the first large upload arrives."""
+    import pyarrow.parquet  # noqa: F401
+
+
+class UploadReader:
+    """Where bodies are parsed: a thread for a small one, one child process (started at the first large body, one
+    body at a time, so at most one large corpus is being decoded per replica) for the rest."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def take_in(self, content_type: str, body: bytes, settings: AdaptSettings, folder: Path) -> Intake:
+        if len(body) <= INLINE_BYTES:
+            return await asyncio.to_thread(take_in, content_type, body, settings, folder)
+        loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            await loop.run_in_executor(self._pool, _ready)
+        try:
+            return await loop.run_in_executor(self._pool, take_in, content_type, body, settings, folder)
+        except BrokenProcessPool as err:
+            log.warning("adapt: the process reading an upload stopped (%s); starting another for the next one", err)
+            self.close()
+            raise ServiceError(
+                ErrorKind.invalid_corpus,
+                "the upload could not be read: the process reading it stopped (out of memory?); send a smaller corpus",
+            ) from err
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 def _invalid(message: str) -> ServiceError:
@@ -42,14 +111,12 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def parse_request(request: Request, settings: AdaptSettings) -> Parsed:
-    """The request, its texts and labels; the parsing runs in a thread."""
+async def read_body(request: Request, settings: AdaptSettings) -> tuple[str, bytes]:
+    """The content type and the body, read under the upload limit (and a form's overhead)."""
     content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/form-data"):
-        body = await read_limited(request, settings.max_upload_bytes + MULTIPART_OVERHEAD)
-        return await asyncio.to_thread(parse_multipart, content_type, body, settings)
-    body = await read_limited(request, settings.max_upload_bytes)
-    return await asyncio.to_thread(parse_json, body)
+    multipart = content_type.startswith("multipart/form-data")
+    limit = settings.max_upload_bytes + (MULTIPART_OVERHEAD if multipart else 0)
+    return content_type, await read_limited(request, limit)
 
 
 def parse_json(body: bytes) -> Parsed:

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from adapt.corpus import check_corpus, remove_ended_jobs
+from adapt.corpus import remove_ended_jobs
 from adapt.jobs import (
     JOB_KIND_STUDENT_BUILD,
     TERMINAL_STATES,
@@ -36,6 +36,7 @@ from adapt.spec import ADAPT_METHOD, JobSpec, StudentBuildSpec, student_recipes
 from adapt.store import JobStore
 from core import registry
 from core.catalog import BUILTIN_MODELS
+from service.adapt.intake import Intake, UploadReader
 from service.adapt.schemas import AdaptJob, AdaptRequest
 from service.adapt.supervisor import WorkerSupervisor
 from service.auth import ApiKeys, bearer_token, key_id
@@ -97,6 +98,7 @@ class AdaptAPI:
         self.supervisor: WorkerSupervisor | None = None
         self.metrics: ServiceMetrics | None = None  # the service's, when mounted in it: failures are counted there
         self.holder = f"{socket.gethostname()}-{os.getpid()}"  # this replica, for the store's prune lease
+        self.uploads = UploadReader()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -152,6 +154,7 @@ class AdaptAPI:
         if self.supervisor is not None:
             await self.supervisor.stop()
             self.supervisor = None
+        self.uploads.close()
         if self.store is not None:
             self.store.close()
 
@@ -266,28 +269,18 @@ def audit(job: Job, action: str, actor: str | None) -> None:
     log.info("adapt audit: %s", json.dumps(record, sort_keys=True))
 
 
-def queue_job(
-    api: AdaptAPI,
-    store: JobStore,
-    req: AdaptRequest,
-    texts: list[str],
-    labels: list[str] | None,
-    created_by: str | None = None,
-) -> Job:
-    """Check the corpus, save it, and queue the job (after its base student's build when it asks for a student);
-    ``created_by``: the caller's key id, for the audit record."""
-    corpus = check_corpus(texts, labels, api.config.settings)
-    job_id = new_job_id()
-    folder = api.config.jobs_dir / job_id
-    corpus.save(folder)
-    spec = api.spec_for(req, has_labels=corpus.labels is not None, usable=corpus.usable)
+def queue_job(api: AdaptAPI, store: JobStore, intake: Intake, job_id: str, created_by: str | None = None) -> Job:
+    """Queue the job whose corpus ``intake`` saved in its folder (after its base student's build when it asks for a
+    student); ``created_by``: the caller's key id, for the audit record. The caller deletes the folder on failure."""
+    req = intake.request
+    spec = api.spec_for(req, has_labels=intake.has_labels, usable=intake.usable)
     settings = api.config.settings
     try:
         after = queue_student_build(api, store, spec, created_by) if spec.student is not None else None
         return store.create(
             spec.to_params(),
-            corpus_dir=folder,
-            n_documents=len(corpus.texts),
+            corpus_dir=api.config.jobs_dir / job_id,
+            n_documents=intake.n_documents,
             max_pending=settings.max_pending_jobs,
             max_attempts=settings.max_attempts,
             job_id=job_id,
@@ -295,11 +288,7 @@ def queue_job(
             created_by=created_by,
         )
     except QueueFullError as err:
-        shutil.rmtree(folder, ignore_errors=True)
         raise ServiceError(ErrorKind.overloaded, str(err), headers={"Retry-After": "60"}) from err
-    except StoreUnavailable:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
 
 
 def queue_student_build(api: AdaptAPI, store: JobStore, spec: JobSpec, created_by: str | None = None) -> str | None:

@@ -14,6 +14,7 @@ from adapt.jobs import RUNNING, SUCCEEDED
 from adapt.settings import AdaptConfig, AdaptSettings
 from adapt.store import JobStore
 from service.adapt.api_router import build_adapt_router
+from service.adapt.intake import INLINE_BYTES
 from service.auth import ApiKeys
 
 DOC = "Crops are cut from documents. Two sentences make one view. A third one helps."
@@ -268,3 +269,25 @@ def test_disabled_adapt_answers_503(tmp_path: Path) -> None:
         r = c.post("/adapt", json=_body())
         assert r.status_code == 503 and "disabled" in r.json()["error"]["message"]
         assert app.state.adapt.supervisor is None  # no worker is started either
+
+
+def test_a_large_body_is_read_in_another_process_with_the_same_answers(tmp_path: Path) -> None:
+    """Over `INLINE_BYTES` a body is parsed, checked and saved by the reader process: the same job, the same errors
+    (their codes and details cross the process boundary)."""
+    config = _config(tmp_path, max_upload_bytes=8 * 2**20, max_documents=10_000, max_document_chars=2000)
+    app = FastAPI()
+    app.include_router(build_adapt_router(config, ADMIN_KEYS))
+    long_doc = (DOC + " ") * 5  # ~400 characters
+    with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        body = _body(texts=[long_doc] * 6000)
+        assert len(json.dumps(body)) > INLINE_BYTES
+        r = c.post("/adapt", json=body)
+        assert r.status_code == 202, r.text
+        stored = (tmp_path / "adapt" / "jobs" / r.json()["id"] / "corpus.jsonl").read_text().splitlines()
+        assert len(stored) == 6000 and json.loads(stored[0]) == {"text": long_doc.strip()}
+        r = c.post("/adapt", json=_body(texts=["one sentence only " * 5] * 30_000))
+        assert r.status_code == 422 and r.json()["error"]["code"] == "too_many_documents"
+        assert r.json()["error"]["details"] == {"documents": 30_000, "max_documents": 10_000}
+        r = c.post("/adapt", json=_body(name="Bad", texts=[long_doc] * 6000))
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_name"
+        assert len(list((tmp_path / "adapt" / "jobs").iterdir())) == 1  # refused corpora are not kept

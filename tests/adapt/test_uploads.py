@@ -1,7 +1,8 @@
-"""Uploads that cannot hurt serving, measured on a real `embedder serve` process: a Parquet file that weighs ~48 MB
+"""Uploads that cannot hurt serving, measured on a real `embedder serve` process: a Parquet file that weighs ~46 MB
 and decodes to 2 GB, and one under 1 KB that decodes to 2 GB (one 1 MB string dictionary-encoded on 2,000 rows), are
-refused with the limit they hit while the server's peak resident memory (VmHWM) rises by less than 300 MB — reading
-either whole first, as `pyarrow.parquet.read_table` does, takes 2 GB more."""
+refused with the limit they hit while the peak resident memory (VmHWM) of the server, and of the process it reads
+large uploads in, each rise by less than 300 MB — reading either file whole, as `pyarrow.parquet.read_table` does,
+takes 2 GB more."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ def peak_rss(pid: int) -> int:
     raise AssertionError(f"no VmHWM in /proc/{pid}/status")
 
 
+def peaks(pid: int) -> dict[int, int]:
+    """Peak RSS of the process and of each of its children (the upload reader; no worker runs here)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return {p: peak_rss(p) for p in (pid, *children)}
+
+
 @pytest.fixture
 def replica(tmp_path: Path, base_registry: Path, tiny_bert_path: Path):
     shutil.copytree(base_registry, tmp_path / "registry", symlinks=True)
@@ -37,18 +46,25 @@ def replica(tmp_path: Path, base_registry: Path, tiny_bert_path: Path):
         server.stop()
 
 
-def _post(replica: Replica, data: bytes) -> tuple[int, dict, int]:
-    before = peak_rss(replica.pid)
+def _post(replica: Replica, data: bytes, name: str = "bomb") -> tuple[int, dict, int]:
+    """Post a Parquet upload; the answer's status and error, and the largest rise of a peak RSS (server, reader)."""
+    before = peaks(replica.pid)
     r = replica.client.post(
         "/adapt",
-        data={"base_model": "tiny", "name": "bomb"},
+        data={"base_model": "tiny", "name": name},
         files={"file": ("corpus.parquet", data, "application/vnd.apache.parquet")},
         timeout=120,
     )
-    return r.status_code, r.json()["error"], peak_rss(replica.pid) - before
+    after = peaks(replica.pid)
+    assert set(before) <= set(after), "a process reading uploads stopped"
+    return r.status_code, r.json()["error"], max(peak - before.get(pid, 0) for pid, peak in after.items())
 
 
 def test_parquet_bombs_are_refused_without_decoding_them(replica: Replica) -> None:
+    # the reader process starts with the first upload over 1 MiB: start it, so its own start is not counted
+    status, error, _ = _post(replica, dictionary_bomb(value_chars=1000, rows=2000) + b"\0" * 2**20, name="Warm")
+    assert status == 422
+    assert len(peaks(replica.pid)) >= 2  # the reader (and multiprocessing's resource tracker)
     tiny = dictionary_bomb()
     assert len(tiny) < 1024
     status, error, rise = _post(replica, tiny)
