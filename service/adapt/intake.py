@@ -1,10 +1,10 @@
 """Taking in a POST /adapt corpus without hurting serving: the body is read under ``max_upload_bytes`` first, then
 parsed (JSON, or a multipart form and the file it carries), checked (`adapt.corpus.check_corpus`) and saved into the
-job's folder away from the event loop that serves /v1/embeddings — a small body in a thread, a large one in a child
-process, because decoding 50 MB of JSON is one call that holds the interpreter's lock for a quarter of a second
-(it would stall every request on the replica) and only the body's bytes and a summary cross the process boundary.
-An uploaded file is read under the corpus limits (`adapt.corpus.parse_upload`), so a small compressed file cannot
-decode to gigabytes."""
+job's folder away from the event loop that serves /v1/embeddings — a small JSON body in a thread; a large one, and
+any uploaded file, in a child process at a lower priority, because decoding 50 MB of JSON is one call that holds
+the interpreter's lock for a quarter of a second (it would stall every request on the replica). Only the body's
+bytes and a summary cross the process boundary. An uploaded file is read under the corpus limits
+(`adapt.corpus.parse_upload`), so a small compressed file cannot decode to gigabytes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ log = logging.getLogger(__name__)
 
 MULTIPART_OVERHEAD = 64 * 1024  # a form's boundaries and small fields, on top of the file itself
 MAX_FORM_FIELDS = 32
-# Bodies up to this size are parsed in a thread: json.loads holds the interpreter's lock ~5 ms per MB.
+# JSON bodies up to this size are parsed in a thread: json.loads holds the interpreter's lock ~5 ms per MB.
 INLINE_BYTES = 1024 * 1024
+READER_NICE = 10  # the reader's scheduling niceness: serving gets the cores first (like adapt_worker_nice's default)
 
 Parsed = tuple[AdaptRequest, list[str], list[str] | None]
 
@@ -58,25 +60,28 @@ def take_in(content_type: str, body: bytes, settings: AdaptSettings, folder: Pat
     return Intake(summary, n_documents=len(corpus.texts), usable=corpus.usable, has_labels=corpus.labels is not None)
 
 
-def _ready() -> None:
-    """Load the readers in the reader process before the first large upload arrives."""
+def _reader_started() -> None:
+    """The reader process yields the cores to serving whenever both want them, and loads its readers at once."""
+    os.nice(READER_NICE)
     import pyarrow.parquet  # noqa: F401
 
 
 class UploadReader:
-    """Where bodies are parsed: a thread for a small one, one child process (started at the first large body, one
-    body at a time, so at most one large corpus is being decoded per replica) for the rest."""
+    """Where bodies are parsed: a thread for a small JSON body; one child process for a large one and for every
+    uploaded file (a few compressed bytes can decode to 50 MB of text). The process starts at the first such body
+    and reads one body at a time, so at most one large corpus is being decoded per replica."""
 
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
 
     async def take_in(self, content_type: str, body: bytes, settings: AdaptSettings, folder: Path) -> Intake:
-        if len(body) <= INLINE_BYTES:
+        if len(body) <= INLINE_BYTES and not content_type.startswith("multipart/form-data"):
             return await asyncio.to_thread(take_in, content_type, body, settings, folder)
         loop = asyncio.get_running_loop()
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            await loop.run_in_executor(self._pool, _ready)
+            self._pool = ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_reader_started
+            )
         try:
             return await loop.run_in_executor(self._pool, take_in, content_type, body, settings, folder)
         except BrokenProcessPool as err:
