@@ -145,12 +145,9 @@ def parse_multipart(content_type: str, body: bytes, settings: AdaptSettings) -> 
     limit = settings.max_upload_bytes
     fields: dict[str, str] = {}
     files: list[File] = []
-    count = 0
 
     def on_field(field: Any) -> None:
-        nonlocal count
-        count += 1
-        if count > MAX_FORM_FIELDS:
+        if len(fields) >= MAX_FORM_FIELDS:
             raise _invalid(f"the form has more than {MAX_FORM_FIELDS} fields")
         fields[_text(field.field_name)] = _text(field.value)
 

@@ -291,3 +291,13 @@ def test_a_large_body_is_read_in_another_process_with_the_same_answers(tmp_path:
         r = c.post("/adapt", json=_body(name="Bad", texts=[long_doc] * 6000))
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_name"
         assert len(list((tmp_path / "adapt" / "jobs").iterdir())) == 1  # refused corpora are not kept
+
+
+def test_a_form_with_two_files_or_too_many_fields_is_refused(client: TestClient) -> None:
+    fields = {"base_model": "tiny", "name": "up"}
+    lines = "\n".join(json.dumps(DOC) for _ in range(5)).encode()
+    r = client.post("/adapt", data=fields, files=[("file", ("a.jsonl", lines)), ("file", ("b.jsonl", lines))])
+    assert r.status_code == 422 and "exactly one 'file' part" in r.json()["error"]["message"]
+    many = {**fields, **{f"x{i}": "1" for i in range(40)}}
+    r = client.post("/adapt", data=many, files={"file": ("a.jsonl", lines)})
+    assert r.status_code == 422 and "more than 32 fields" in r.json()["error"]["message"]

@@ -192,3 +192,22 @@ def test_queued_state_is_kept_by_the_store(store_url: str) -> None:
     store = JobStore(store_url)
     job = store.create({"name": "x"}, corpus_dir="/c", n_documents=1, max_pending=1, max_attempts=1)
     assert store.prune("a", older_than_s=0, lease_s=LEASE) == [] and store.get(job.id).state == QUEUED
+
+
+def test_a_replicas_rescuer_fails_orphans_and_prunes(store_url: str, tmp_path: Path) -> None:
+    """The service's periodic upkeep (`AdaptAPI.upkeep`, every heartbeat) does both."""
+    from service.adapt.serving import AdaptAPI
+    from service.auth import ApiKeys
+
+    config = _config(tmp_path, store_url)
+    store = JobStore(store_url)
+    old = _job(store, config, "old")
+    _end(store, old.id, CANCELLED)
+    _age(store, old.id, 8)
+    build = _job(store, config, "base--sct-tiny", kind=JOB_KIND_STUDENT_BUILD)
+    waiting = _job(store, config, "acme", after_job=build.id)
+    store.request_cancel(build.id)
+    AdaptAPI(config, ApiKeys()).upkeep(store)
+    assert store.existing([old.id, build.id, waiting.id]) == {build.id, waiting.id}
+    assert not Path(old.corpus_dir).exists() and not Path(waiting.corpus_dir).exists()
+    assert store.get(waiting.id).state == FAILED
