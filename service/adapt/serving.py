@@ -132,6 +132,8 @@ class AdaptAPI:
                 await asyncio.to_thread(self.upkeep, self.store)
             except StoreUnavailable as err:
                 log.warning("adapt: the job store is unavailable: %s", err)
+            except Exception:  # one failed round (a folder that cannot be deleted) must not end the rescuer
+                log.exception("adapt: the rescuer's round failed; it runs again in %.1f s", every)
             await asyncio.sleep(every)
 
     def upkeep(self, store: JobStore) -> None:
