@@ -12,13 +12,14 @@ retries it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from adapt.jobs import Job, LeaseLost, StoreUnavailable
+from adapt.jobs import AUDIT_EVENT, Job, LeaseLost, StoreUnavailable, audit_record
 from adapt.store import JobStore
 
 log = logging.getLogger("adapt.worker")
@@ -143,6 +144,14 @@ class JobContext:
 
     def set_state(self, state: str) -> None:
         self.retrying(lambda: self.store.set_state(self.lease, state, lease_s=self.lease_s))
+
+    def audit(self, action: str, **data: Any) -> None:
+        """An audit record of what this worker did to the job (``promoted``): logged, and kept as an ``audit`` event
+        naming the worker and, on whose behalf, the key id that created the job."""
+        record = {**audit_record(action, self.lease.worker_id, self.job.params), "on_behalf_of": self.job.created_by}
+        record.update(data)
+        log.info("adapt audit: %s", json.dumps({"job_id": self.job.id, **record}, sort_keys=True))
+        self.retrying(lambda: self.store.add_event(self.lease, AUDIT_EVENT, record))
 
     def log(self, message: str) -> None:
         log.info("%s: %s", self.job.id, message)

@@ -24,7 +24,7 @@ from typing import Any
 
 from adapt.jobs import TERMINAL_STATES, Ended
 from adapt.settings import AdaptSettings
-from core.corpus_files import read_corpus_bytes
+from core.corpus_files import ReadLimits, read_corpus_bytes
 from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop
 
 CORPUS_FILE = "corpus.jsonl"
@@ -53,11 +53,24 @@ class Corpus:
         return path
 
 
-def parse_upload(data: bytes, filename: str | None = None) -> tuple[list[str], list[str] | None]:
+def upload_limits(limits: AdaptSettings) -> ReadLimits:
+    """The corpus limits a file is read under: a compressed upload may decode to no more text than a JSON body may
+    carry (``max_upload_bytes``)."""
+    return ReadLimits(
+        max_documents=limits.max_documents,
+        max_document_chars=limits.max_document_chars,
+        max_decoded_bytes=limits.max_upload_bytes,
+    )
+
+
+def parse_upload(
+    data: bytes, filename: str | None = None, limits: AdaptSettings | None = None
+) -> tuple[list[str], list[str] | None]:
     """Parse an uploaded corpus with the project's one corpus reader (`core.corpus_files`): JSONL (strings or
     ``{"text", "label"}`` objects), a JSON array, Parquet, or text whose documents are separated by blank lines
-    (one per line when the file has no blank line)."""
-    corpus = read_corpus_bytes(data, filename)
+    (one per line when the file has no blank line). With ``limits``, a file that would decode past them is refused
+    before it is decoded."""
+    corpus = read_corpus_bytes(data, filename, upload_limits(limits) if limits is not None else None)
     return corpus.texts, corpus.labels
 
 

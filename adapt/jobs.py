@@ -40,6 +40,10 @@ DEPENDENCY_FAILED = "dependency"  # the failure reason of a job whose `after_job
 
 INTERRUPTED = "interrupted"  # a failure reason, and the outcome of an attempt whose worker died
 HANDED_BACK = "handed_back"  # the outcome of an attempt whose worker stopped on purpose (not counted)
+PRUNED = "pruned"  # what became of an ended job removed past its retention (`Ended.state`)
+
+# Audit: an event of this type records who created, cancelled or promoted a job (data: action, actor, name).
+AUDIT_EVENT = "audit"
 
 
 class JobStoreError(RuntimeError):
@@ -102,6 +106,7 @@ class Job:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     kind: str = JOB_KIND_ADAPT
     after_job: str | None = None  # a job this one waits for: claimed only once it succeeded
+    created_by: str | None = None  # the creator's API key id (`service.auth.key_id`); None on an open server
 
     @property
     def terminal(self) -> bool:
@@ -125,11 +130,18 @@ class Event:
 
 @dataclass(frozen=True)
 class Ended:
-    """A job a rescuer or supervisor took back from a dead worker, and what became of it."""
+    """A job a rescuer or supervisor took back from a dead worker, one failed because the job it waited for did not
+    succeed, or one pruned past its retention: what became of it, and the folder of its corpus."""
 
     job_id: str
-    state: str  # queued (retried), failed (attempts spent) or cancelled (a cancel was pending)
+    state: str  # queued (retried), failed (attempts spent or dependency) or cancelled; or pruned
     corpus_dir: str
+
+
+def audit_record(action: str, actor: str | None, params: dict[str, Any]) -> dict[str, Any]:
+    """An ``audit`` event's data: what was done (``created``, ``cancelled``, ``promoted``) to which model name, by
+    whom (an API key id, `service.auth.key_id`; None on a server without keys; for a promotion, the worker's id)."""
+    return {"action": action, "actor": actor, "name": params.get("name")}
 
 
 def new_job_id() -> str:

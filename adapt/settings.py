@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -100,7 +101,18 @@ class AdaptSettings(BaseSettings):
         "and too small a held-out set to trust the gate.",
     )
     keep_uploads: bool = Field(
-        default=False, description="Keep each job's corpus after it ends (default: deleted with the job's scratch)."
+        default=False,
+        description="Keep each job's corpus after it ends, until job_retention (default: deleted with the job's "
+        "scratch when the job ends).",
+    )
+    job_retention: timedelta = Field(
+        default=timedelta(days=7),
+        gt=timedelta(0),
+        description="How long an ended job (succeeded, failed or cancelled) is kept with its events, audit records "
+        "and any folder left of it before it is pruned (ISO 8601 duration such as P7D or PT12H, or seconds); one "
+        "replica at a time prunes, under a lease in the job store. Longer keeps finished jobs, their results and "
+        "who created, cancelled or promoted them readable through GET /adapt for longer; shorter frees the shared "
+        "volume and the job tables sooner.",
     )
     base_models: dict[str, str] = Field(
         default_factory=dict,
@@ -250,6 +262,17 @@ class AdaptSettings(BaseSettings):
         description="Scheduling niceness of worker processes (0 = same priority as the server). Higher leaves "
         "/embed the cores first whenever both want them; the job then takes longer on a busy server.",
     )
+
+    @field_validator("job_retention", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        """A number of seconds written as text (an environment variable, a flag) is a duration too."""
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return value
+        return value
 
     @field_validator("general_tasks", mode="before")
     @classmethod

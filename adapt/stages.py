@@ -203,6 +203,8 @@ def publish_stage(
     except OSError as err:
         raise stage_failure("publish", err, REGISTRY_VOLUME) from err
     ctx.result({"model": {"name": manifest["name"], "version": bundle.name, "promoted": promoted}}, event="published")
+    if promoted:
+        ctx.audit("promoted", version=bundle.name)
     ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))
     return bundle
 

@@ -45,7 +45,9 @@ jobs_table = sa.Table(
     sa.Column("event_seq", sa.Integer, nullable=False),
     sa.Column("kind", sa.String(32), nullable=False, server_default=JOB_KIND_ADAPT),
     sa.Column("after_job", sa.String(64), nullable=True),  # claimed only once this job succeeded
+    sa.Column("created_by", sa.String(64), nullable=True),  # the creator's API key id; None on an open server
     sa.Index("adapt_jobs_state_seq", "state", "seq"),
+    sa.Index("adapt_jobs_state_finished", "state", "finished_at"),
 )
 
 events_table = sa.Table(
@@ -58,6 +60,15 @@ events_table = sa.Table(
     sa.Column("type", sa.String(32), nullable=False),
     sa.Column("data", JSON, nullable=False),
     sa.UniqueConstraint("job_id", "seq", name="adapt_events_job_seq"),
+)
+
+# Named leases on store-wide chores (pruning): one holder at a time, until it stops renewing.
+leases_table = sa.Table(
+    "adapt_leases",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("holder", sa.String(128), nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
 )
 
 

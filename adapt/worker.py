@@ -34,6 +34,7 @@ from adapt.context import JobCancelled, JobContext, JobFailed, WorkerStopping
 from adapt.corpus import remove_ended_jobs
 from adapt.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Ended, Job, LeaseLost, StoreUnavailable
 from adapt.pipeline import run_job
+from adapt.retention import release_orphans
 from adapt.settings import AdaptConfig
 from adapt.stages import scratch_dir
 from adapt.store import JobStore
@@ -163,6 +164,7 @@ class Worker:
         try:
             if time.monotonic() - self._last_rescue >= settings.heartbeat_seconds:  # a write: not at every poll
                 remove_ended_jobs(store.rescue_expired(), settings.keep_uploads)
+                release_orphans(store, settings.keep_uploads)
                 self._last_rescue = time.monotonic()
             return store.claim_next(
                 self.worker_id, max_running=settings.max_concurrent_jobs, lease_s=settings.lease_seconds

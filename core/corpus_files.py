@@ -10,7 +10,9 @@ The format comes from the file name's suffix:
 - ``.jsonl`` / ``.ndjson`` — one record per line: a JSON string, or an object with a ``"text"`` string and an
   optional ``"label"``; blank lines are skipped; an error names the line.
 - ``.json`` — one JSON array of such records.
-- ``.parquet`` — a ``text`` column and an optional ``label`` column (needs ``pyarrow``).
+- ``.parquet`` — a ``text`` column and an optional ``label`` column (needs ``pyarrow``), read a few rows at a time
+  with dictionaries kept encoded, so `ReadLimits` stop a file that would decode to far more than it weighs before
+  it is decoded (a 1 KB file can hold one 1 MB string repeated 2,000 times).
 - a folder — every ``.txt`` file under it (sorted, recursively) is one document.
 - no suffix (an upload without a file name) — JSONL when the first non-blank line starts with ``{`` or ``"``,
   else text. Any other suffix is refused.
@@ -41,6 +43,17 @@ _KIND_NAMES = {"text": "text", "jsonl": "JSONL", "json": "JSON", "parquet": "Par
 
 
 @dataclass(frozen=True)
+class ReadLimits:
+    """Limits checked while a file is read (an upload's: `adapt.settings.AdaptSettings`), before what breaks them is
+    decoded: most documents (rows, counted before empty ones are dropped, as in a JSON body), longest document in
+    characters, most bytes of decoded text. Only compressed formats (Parquet) can decode to more than their size."""
+
+    max_documents: int
+    max_document_chars: int
+    max_decoded_bytes: int
+
+
+@dataclass(frozen=True)
 class CorpusFile:
     """What a corpus file holds: its documents and, when every record has one, their labels."""
 
@@ -58,9 +71,10 @@ def read_corpus_file(path: str | Path) -> CorpusFile:
     return _parse(path.read_bytes(), path.name, where=str(path))
 
 
-def read_corpus_bytes(data: bytes, filename: str | None = None) -> CorpusFile:
-    """Read an uploaded corpus (its bytes and, when the client sent one, its file name)."""
-    return _parse(data, filename or "", where=None)
+def read_corpus_bytes(data: bytes, filename: str | None = None, limits: ReadLimits | None = None) -> CorpusFile:
+    """Read an uploaded corpus (its bytes and, when the client sent one, its file name), refusing one that breaks
+    ``limits`` before decoding what breaks them."""
+    return _parse(data, filename or "", where=None, limits=limits)
 
 
 def split_text_documents(content: str) -> list[str]:
@@ -87,11 +101,11 @@ def _format(data: bytes, filename: str) -> str:
     return "jsonl" if first[:1] in (b"{", b'"') else "text"
 
 
-def _parse(data: bytes, filename: str, *, where: str | None) -> CorpusFile:
+def _parse(data: bytes, filename: str, *, where: str | None, limits: ReadLimits | None = None) -> CorpusFile:
     kind = _format(data, filename)
     label = where or f"the uploaded {_KIND_NAMES[kind]}"
     if kind == "parquet":
-        return _parse_parquet(data, label)
+        return _parse_parquet(data, label, limits)
     content = _decode(data, label)
     if kind == "text":
         return CorpusFile(split_text_documents(content), None)
@@ -152,25 +166,133 @@ def _from_records(records: Any, label: str, *, unit: str) -> CorpusFile:
     return CorpusFile(texts, labels or None)
 
 
-def _parse_parquet(data: bytes, label: str) -> CorpusFile:
+PARQUET_BATCH_ROWS = 256  # rows decoded at a time: at most 256 documents of max_document_chars in memory at once
+
+
+def _parse_parquet(data: bytes, label: str, limits: ReadLimits | None) -> CorpusFile:
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
         raise CorpusError(f"{label}: reading .parquet needs pyarrow (`pip install pyarrow`), or send JSONL") from err
     try:
-        table = pq.read_table(io.BytesIO(data))
+        names = pq.ParquetFile(io.BytesIO(data)).schema_arrow.names
+        if "text" not in names:
+            raise CorpusError(f"{label}: no 'text' column (found {names}); name the text column 'text'")
+        columns = ["text", "label"] if "label" in names else ["text"]
+        # dictionary-encoded columns stay encoded: a value repeated on every row is decoded once, and measured once
+        parquet = pq.ParquetFile(io.BytesIO(data), read_dictionary=columns)
+    except CorpusError:
+        raise
     except Exception as err:  # pyarrow raises several types for a damaged file
         raise CorpusError(f"{label} is not a readable Parquet file ({err})") from err
-    if "text" not in table.column_names:
-        raise CorpusError(f"{label}: no 'text' column (found {table.column_names}); name the text column 'text'")
-    texts = table.column("text").to_pylist()
-    tags = table.column("label").to_pylist() if "label" in table.column_names else None
+    if limits is not None:
+        _check_parquet_metadata(parquet, columns, label, limits)
+    texts: list[str | None] = []
+    tags: list[str | None] | None = [] if "label" in columns else None
+    decoded = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns, use_threads=False):
+            if limits is not None:
+                decoded += _check_parquet_batch(batch, len(texts), decoded, label, limits)
+            texts.extend(_strings(batch.column("text")))
+            if tags is not None:
+                tags.extend(_strings(batch.column("label")))
+    except CorpusError:
+        raise
+    except Exception as err:
+        raise CorpusError(f"{label} is not a readable Parquet file ({err})") from err
     records = (
         (i, {"text": t, **({"label": tags[i - 1]} if tags is not None and tags[i - 1] is not None else {})})
         for i, t in enumerate(texts, start=1)
         if t is not None
     )
     return _from_records(records, label, unit="row")
+
+
+def _strings(column: Any) -> list[Any]:
+    """A batch's column as Python values (labels of any type become strings, as in JSON records)."""
+    values = column.to_pylist()
+    return [v if v is None or isinstance(v, str) else str(v) for v in values]
+
+
+def _check_parquet_metadata(parquet: Any, columns: list[str], label: str, limits: ReadLimits) -> None:
+    """Refuse from the footer alone: too many rows, or plain-encoded text larger than the decoded-bytes limit."""
+    meta = parquet.metadata
+    if meta.num_rows > limits.max_documents:
+        raise _too_many(label, meta.num_rows, limits)
+    stored = 0
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        for index in range(row_group.num_columns):
+            column = row_group.column(index)
+            if column.path_in_schema in columns:
+                stored += column.total_uncompressed_size
+    # Plain-encoded strings take their bytes plus a 4-byte length each; dictionary-encoded ones take less here and
+    # are measured batch by batch instead.
+    if stored > limits.max_decoded_bytes + 4 * meta.num_rows + 65536:
+        raise _too_large(label, stored, limits, "holds")
+
+
+def _check_parquet_batch(batch: Any, before: int, decoded: int, label: str, limits: ReadLimits) -> int:
+    """Check one batch's lengths on its Arrow arrays (a dictionary's values measured once, not per row); returns
+    the bytes it decodes to."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    size = 0
+    for name in batch.schema.names:
+        column = batch.column(name)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                or pa.types.is_dictionary(column.type)):  # fmt: skip
+            continue
+        if pa.types.is_dictionary(column.type):
+            values = column.dictionary
+            textual = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+            chars = pc.take(pc.utf8_length(values), column.indices) if textual else None
+            octets = pc.take(pc.binary_length(values), column.indices) if chars is not None else None
+        else:
+            chars, octets = pc.utf8_length(column), pc.binary_length(column)
+        if octets is None:
+            continue
+        size += int(pc.sum(octets).as_py() or 0)
+        if name == "text":
+            longest = pc.max(chars).as_py() or 0
+            if longest > limits.max_document_chars:
+                _check_long_rows(column, chars, before, label, limits)
+    if decoded + size > limits.max_decoded_bytes:
+        raise _too_large(label, decoded + size, limits, "decodes to at least")
+    return size
+
+
+def _check_long_rows(column: Any, chars: Any, before: int, label: str, limits: ReadLimits) -> None:
+    """Rows over the character limit before stripping: decode each alone and refuse the first still over it."""
+    for row, length in enumerate(chars.to_pylist()):
+        if length is not None and length > limits.max_document_chars:
+            text = column[row].as_py().strip()
+            if len(text) > limits.max_document_chars:
+                raise CorpusError(
+                    f"{label}: row {before + row + 1} is {len(text)} characters long; the limit is "
+                    f"{limits.max_document_chars} (adapt_max_document_chars): split long documents into sections",
+                    code="document_too_long",
+                    details={"indices": [before + row], "max_document_chars": limits.max_document_chars},
+                )
+
+
+def _too_many(label: str, rows: int, limits: ReadLimits) -> CorpusError:
+    return CorpusError(
+        f"{label} has {rows} rows; the limit is {limits.max_documents} documents (adapt_max_documents): send a sample",
+        code="too_many_documents",
+        details={"documents": rows, "max_documents": limits.max_documents},
+    )
+
+
+def _too_large(label: str, size: int, limits: ReadLimits, verb: str) -> CorpusError:
+    return CorpusError(
+        f"{label} {verb} {size} bytes of text; the limit is {limits.max_decoded_bytes} bytes of decoded text "
+        "(adapt_max_upload_bytes, which bounds a corpus however it is sent): send a sample",
+        code="payload_too_large",
+        details={"decoded_bytes": size, "max_decoded_bytes": limits.max_decoded_bytes},
+    )
 
 
 def _read_folder(folder: Path) -> CorpusFile:

@@ -23,7 +23,8 @@ from typing import Any
 
 CURRENT = "current"
 MANIFEST = "manifest.json"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# fullmatch, never match with "$": "$" also matches before a trailing newline, so "acme\n" would pass.
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}", re.ASCII)
 _RESERVED = ".reserved-"
 
 
@@ -33,7 +34,7 @@ class RegistryError(ValueError):
 
 def validate_name(name: str) -> str:
     """Model names are lower-case path-safe slugs: no separators, no ``..``, at most 64 chars."""
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name or name == CURRENT:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name or name == CURRENT:
         raise RegistryError(
             f"invalid model name {name!r}: use 1-64 characters from a-z, 0-9, '.', '_', '-', "
             "starting with a letter or digit, without '..'"
@@ -65,7 +66,7 @@ def served_models(root: Path) -> dict[str, Path]:
         return {}
     found = {}
     for folder in sorted(root.iterdir()):
-        if folder.is_dir() and _NAME.match(folder.name):
+        if folder.is_dir() and _NAME.fullmatch(folder.name):
             version = current_version(root, folder.name)
             if version is not None:
                 found[folder.name] = folder / version

@@ -39,6 +39,7 @@ _PERIOD_END = re.compile(r"(?<=\.)\s+")
 # Looser ends used only by the "halves" fall-back (which must accept the texts the /adapt intake accepts).
 _ANY_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 
+
 class CorpusError(ValueError):
     """A corpus that names nothing readable, breaks a limit or has too few usable documents; the message says
     what to fix. ``code`` and ``details`` let an API answer with a stable code and the facts behind it."""
@@ -47,6 +48,14 @@ class CorpusError(ValueError):
         super().__init__(message)
         self.code = code
         self.details = details or {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # code and details survive a process boundary (an upload read in another process)
+        return (_corpus_error, (type(self), str(self), self.code, self.details))
+
+
+def _corpus_error(cls: type[CorpusError], message: str, code: str, details: dict[str, Any]) -> CorpusError:
+    return cls(message, code=code, details=details)
 
 
 PAPER_MIN_CHARS = 100

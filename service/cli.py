@@ -18,12 +18,13 @@ import os
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any, get_args, get_origin
 
 import uvicorn
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr, TypeAdapter, ValidationError
 
 from core import registry
 from service.observability import configure_logging
@@ -75,6 +76,8 @@ def _default_text(name: str, field: Any) -> str:
     default = field.get_default(call_default_factory=True)
     if isinstance(default, list):
         return ",".join("***" if isinstance(v, SecretStr) else str(v) for v in default) or "empty"
+    if isinstance(default, timedelta):  # as it is written in the environment and the chart: ISO 8601 (P7D)
+        return str(TypeAdapter(timedelta).dump_python(default, mode="json"))
     return "none" if default is None else str(default)
 
 

@@ -74,12 +74,22 @@ class ServiceError(Exception):
         self.headers = headers or {}
         self.details = details  # structured facts about the failure (e.g. which documents), sent with the message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the kind, headers and details survive a process boundary (an upload read in another process)
+        return (_service_error, (self.kind, self.message, self.headers, self.details))
+
     def body(self) -> dict[str, Any]:
         return error_body(self.kind, self.message, self.details)
 
     def response(self) -> Response:
         """The JSON error response (status, headers and body from the table)."""
         return error_response(self.kind, self.message, self.headers, self.details)
+
+
+def _service_error(
+    kind: ErrorKind, message: str, headers: dict[str, str], details: dict[str, Any] | None
+) -> ServiceError:
+    return ServiceError(kind, message, headers=headers, details=details)
 
 
 def error_body(kind: ErrorKind, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ for every job: they all read one store.
 
 | route | |
 |---|---|
-| ``POST /adapt`` | JSON body (`AdaptRequest`) or multipart form with a ``file`` (JSONL or text) → 202 + job |
+| ``POST /adapt`` | JSON (`AdaptRequest`) or multipart form with a ``file`` (JSONL, JSON, text, Parquet) → 202 + job |
 | ``GET /adapt`` | jobs, newest first (``limit``, ``after``) |
 | ``GET /adapt/{id}`` | one job: state, progress, evaluation, gate, published model, error |
 | ``GET /adapt/{id}/events`` | server-sent events (``Last-Event-ID`` resumes) until the job ends |
@@ -18,6 +18,7 @@ for every job: they all read one store.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,15 +27,16 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adapt.corpus import CorpusError, CorpusTooLargeError, remove_ended_jobs
-from adapt.jobs import CANCELLED, Ended
+from adapt.jobs import CANCELLED, Ended, new_job_id
 from adapt.settings import AdaptConfig
+from service.adapt.intake import read_body
 from service.adapt.schemas import AdaptJob, AdaptJobList
 from service.adapt.serving import (
     CORPUS_ERRORS,
     AdaptAPI,
     AdaptCollector,
+    audit,
     get_or_404,
-    parse_request,
     queue_job,
     stream_events,
 )
@@ -47,7 +49,7 @@ _ERROR_DESCRIPTIONS = {
     403: "a client API key: /adapt needs an admin key (or adapt_allow_client_keys)",
     404: "unknown job, or unknown base_model",
     409: "name belongs to a model that /adapt did not make",
-    413: "body or upload over adapt_max_upload_bytes",
+    413: "body or upload over adapt_max_upload_bytes, or a file that decodes to more text than that",
     422: "invalid body, name, query or corpus",
     429: "adapt_max_pending_jobs jobs queued; retry after Retry-After seconds",
     503: "/adapt disabled, or the job store not open yet",
@@ -89,13 +91,22 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             if not config.settings.enabled:
                 raise ServiceError(ErrorKind.adapt_disabled, "/adapt is disabled on this server")
             store = api.jobs()
+            job_id = new_job_id()
+            folder = config.jobs_dir / job_id
             try:
-                req, texts, labels = await parse_request(request, config.settings.max_upload_bytes)
-            except CorpusTooLargeError as err:
-                raise ServiceError(ErrorKind.payload_too_large, str(err)) from err
-            api.check_name(req.name)
-            api.check_base_model(req.base_model)
-            job = await api.call(queue_job, api, store, req, texts, labels)
+                content_type, body = await read_body(request, config.settings)
+                intake = await api.uploads.take_in(content_type, body, config.settings, folder)
+                del body
+                api.check_name(intake.request.name)
+                api.check_base_model(intake.request.base_model)
+                caller = api.caller(request)
+                job = await api.call(queue_job, api, store, intake, job_id, caller)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)  # whatever was saved of a job that was not queued
+                raise
+            audit(job, "created", caller)
+        except CorpusTooLargeError as err:
+            return api.fail(request, ServiceError(ErrorKind.payload_too_large, str(err)))
         except CorpusError as err:
             kind = CORPUS_ERRORS.get(err.code, ErrorKind.invalid_corpus)
             return api.fail(request, ServiceError(kind, str(err), details=err.details or None))
@@ -127,8 +138,11 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             store = api.jobs()
-            await api.call(get_or_404, store, job_id)
-            job = await api.call(store.request_cancel, job_id)
+            before = await api.call(get_or_404, store, job_id)
+            caller = api.caller(request)
+            job = await api.call(store.request_cancel, job_id, actor=caller)
+            if not before.terminal:
+                audit(job, "cancelled", caller)
             if job.state == CANCELLED:  # cancelled while queued: nobody else will delete its corpus
                 remove_ended_jobs([Ended(job.id, job.state, job.corpus_dir)], config.settings.keep_uploads)
         except ServiceError as err:

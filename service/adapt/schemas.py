@@ -97,6 +97,10 @@ class AdaptJob(BaseModel):
     after_job: str | None = Field(description="the job this one waits for: it starts once that job succeeded")
     state: str
     created_at: int
+    created_by: str | None = Field(
+        description="the API key id of who created the job (a short SHA-256 of the key, never the key); null on a "
+        "server without keys. Every creation, cancellation and promotion is an 'audit' event in GET /adapt/{id}/events"
+    )
     started_at: int | None
     finished_at: int | None
     base_model: str
@@ -124,6 +128,7 @@ class AdaptJob(BaseModel):
             after_job=job.after_job,
             state=job.state,
             created_at=int(job.created_at),
+            created_by=job.created_by,
             started_at=int(job.started_at) if job.started_at else None,
             finished_at=int(job.finished_at) if job.finished_at else None,
             base_model=params["base_model"],

@@ -8,34 +8,39 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from adapt.corpus import CorpusTooLargeError, check_corpus, parse_upload, remove_ended_jobs
+from adapt.corpus import remove_ended_jobs
 from adapt.jobs import (
     JOB_KIND_STUDENT_BUILD,
     TERMINAL_STATES,
+    Job,
     JobNotFound,
     QueueFullError,
     StoreUnavailable,
+    audit_record,
     new_job_id,
 )
+from adapt.retention import prune_expired, release_orphans
 from adapt.settings import AdaptConfig
 from adapt.spec import ADAPT_METHOD, JobSpec, StudentBuildSpec, student_recipes
 from adapt.store import JobStore
 from core import registry
 from core.catalog import BUILTIN_MODELS
+from service.adapt.intake import Intake, UploadReader
 from service.adapt.schemas import AdaptJob, AdaptRequest
 from service.adapt.supervisor import WorkerSupervisor
-from service.auth import ApiKeys
-from service.errors import ErrorKind, ServiceError, validation_message
+from service.auth import ApiKeys, bearer_token, key_id
+from service.errors import ErrorKind, ServiceError
 from service.metrics import NO_MODEL, ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -73,16 +78,12 @@ class AdaptCollector:
             yield restarts
 
 
-def _invalid(message: str) -> ServiceError:
-    return ServiceError(ErrorKind.invalid_request, message)
-
-
 # CorpusError.code → the error kind it is answered with.
 CORPUS_ERRORS = {
     kind.code: kind
     for kind in (
         ErrorKind.invalid_corpus, ErrorKind.too_many_documents, ErrorKind.document_too_long,
-        ErrorKind.corpus_too_small,
+        ErrorKind.corpus_too_small, ErrorKind.payload_too_large,
     )
 }  # fmt: skip
 
@@ -96,6 +97,8 @@ class AdaptAPI:
         self.store: JobStore | None = None
         self.supervisor: WorkerSupervisor | None = None
         self.metrics: ServiceMetrics | None = None  # the service's, when mounted in it: failures are counted there
+        self.holder = f"{socket.gethostname()}-{os.getpid()}"  # this replica, for the store's prune lease
+        self.uploads = UploadReader()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -117,21 +120,32 @@ class AdaptAPI:
             await self.supervisor.start()
 
     async def _maintain(self) -> None:
-        """Open the store if it was unavailable at start, then rescue lapsed leases every heartbeat."""
+        """Open the store if it was unavailable at start, then every heartbeat: rescue lapsed leases, fail the jobs
+        whose dependency did not succeed, and — when this replica holds the store's prune lease — prune ended jobs
+        past their retention (`adapt.retention`)."""
         every = self.config.settings.heartbeat_seconds
         while True:
             try:
                 if self.store is None:
                     self.store = await asyncio.to_thread(JobStore, self.config.store_url)
                     await self._started()
-                ended = await asyncio.to_thread(self.store.rescue_expired)
-                if ended:
-                    log.warning("adapt: took back %d job(s) whose worker stopped renewing its lease: %s", len(ended),
-                                ", ".join(f"{e.job_id} -> {e.state}" for e in ended))  # fmt: skip
-                    remove_ended_jobs(ended, self.config.settings.keep_uploads)
+                await asyncio.to_thread(self.upkeep, self.store)
             except StoreUnavailable as err:
                 log.warning("adapt: the job store is unavailable: %s", err)
+            except Exception:  # one failed round (a folder that cannot be deleted) must not end the rescuer
+                log.exception("adapt: the rescuer's round failed; it runs again in %.1f s", every)
             await asyncio.sleep(every)
+
+    def upkeep(self, store: JobStore) -> None:
+        """One round of the rescuer (in a thread: it deletes folders)."""
+        keep_uploads = self.config.settings.keep_uploads
+        ended = store.rescue_expired()
+        if ended:
+            log.warning("adapt: took back %d job(s) whose worker stopped renewing its lease: %s", len(ended),
+                        ", ".join(f"{e.job_id} -> {e.state}" for e in ended))  # fmt: skip
+            remove_ended_jobs(ended, keep_uploads)
+        release_orphans(store, keep_uploads)
+        prune_expired(store, self.config, self.holder)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -142,6 +156,7 @@ class AdaptAPI:
         if self.supervisor is not None:
             await self.supervisor.stop()
             self.supervisor = None
+        self.uploads.close()
         if self.store is not None:
             self.store.close()
 
@@ -172,6 +187,14 @@ class AdaptAPI:
     # ------------------------------------------------------------------ checks
     def authorize(self, request: Request) -> None:
         self.keys.check_admin(request.headers.get("authorization"))
+
+    def caller(self, request: Request) -> str | None:
+        """The key id of an authorized caller (`service.auth.key_id`), for audit records; None on a server without
+        keys, where any caller is anonymous."""
+        if not self.keys.admin_auth_enabled:
+            return None
+        token = bearer_token(request.headers.get("authorization"))
+        return key_id(token) if token is not None else None
 
     def check_name(self, name: str) -> None:
         try:
@@ -230,58 +253,6 @@ class AdaptAPI:
         )
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise CorpusTooLargeError(f"the request body is {int(declared)} bytes; the limit is {limit}: send less text")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise CorpusTooLargeError(f"the request body is over the {limit}-byte limit: send less text")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def parse_request(request: Request, limit: int) -> tuple[AdaptRequest, list[str], list[str] | None]:
-    content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/form-data"):
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise CorpusTooLargeError(f"the upload is {int(declared)} bytes; the limit is {limit}: send less text")
-        form = await request.form(max_files=1, max_fields=32, max_part_size=limit)
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise _invalid("multipart /adapt needs a 'file' part holding the corpus (JSONL or text)")
-        data = await upload.read(limit + 1)
-        if len(data) > limit:
-            raise CorpusTooLargeError(f"the uploaded corpus is over the {limit}-byte limit: send a sample")
-        fields: dict[str, Any] = {k: v for k, v in form.items() if k != "file" and isinstance(v, str)}
-        texts, labels = parse_upload(data, upload.filename)
-        try:
-            req = AdaptRequest.model_validate(fields, strict=False)
-        except ValidationError as err:
-            raise _invalid(validation_message(err.errors(), "/adapt request")) from err
-        if req.texts is not None:
-            raise _invalid("send the corpus either as 'texts' or as an uploaded 'file', not both")
-        return req, texts, labels
-    body = await _read_limited(request, limit)
-    try:
-        payload = json.loads(body or b"null")
-    except json.JSONDecodeError as err:
-        raise _invalid(f"the body is not valid JSON ({err.msg}); send JSON or a multipart upload") from err
-    if not isinstance(payload, dict):
-        raise _invalid("the body must be a JSON object with base_model, name and texts")
-    try:
-        req = AdaptRequest.model_validate(payload)
-    except ValidationError as err:
-        raise _invalid(validation_message(err.errors(), "/adapt request")) from err
-    if req.texts is None:
-        raise _invalid("no corpus: send 'texts' (a list of documents) or upload a JSONL/text 'file'")
-    labels = [str(x) for x in req.labels] if req.labels is not None else None
-    return req, list(req.texts), labels
-
-
 def _sse(event_id: int | None, event: str, data: dict[str, Any]) -> str:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n"
@@ -294,33 +265,35 @@ def get_or_404(store: JobStore, job_id: str) -> Any:
         raise ServiceError(ErrorKind.job_not_found, str(err)) from err
 
 
-def queue_job(api: AdaptAPI, store: JobStore, req: AdaptRequest, texts: list[str], labels: list[str] | None) -> Any:
-    corpus = check_corpus(texts, labels, api.config.settings)
-    job_id = new_job_id()
-    folder = api.config.jobs_dir / job_id
-    corpus.save(folder)
-    spec = api.spec_for(req, has_labels=corpus.labels is not None, usable=corpus.usable)
+def audit(job: Job, action: str, actor: str | None) -> None:
+    """Log an audit record of the API's (the store keeps the same record as the job's ``audit`` event)."""
+    record = {"job_id": job.id, **audit_record(action, actor, job.params)}
+    log.info("adapt audit: %s", json.dumps(record, sort_keys=True))
+
+
+def queue_job(api: AdaptAPI, store: JobStore, intake: Intake, job_id: str, created_by: str | None = None) -> Job:
+    """Queue the job whose corpus ``intake`` saved in its folder (after its base student's build when it asks for a
+    student); ``created_by``: the caller's key id, for the audit record. The caller deletes the folder on failure."""
+    req = intake.request
+    spec = api.spec_for(req, has_labels=intake.has_labels, usable=intake.usable)
     settings = api.config.settings
     try:
-        after = queue_student_build(api, store, spec) if spec.student is not None else None
+        after = queue_student_build(api, store, spec, created_by) if spec.student is not None else None
         return store.create(
             spec.to_params(),
-            corpus_dir=folder,
-            n_documents=len(corpus.texts),
+            corpus_dir=api.config.jobs_dir / job_id,
+            n_documents=intake.n_documents,
             max_pending=settings.max_pending_jobs,
             max_attempts=settings.max_attempts,
             job_id=job_id,
             after_job=after,
+            created_by=created_by,
         )
     except QueueFullError as err:
-        shutil.rmtree(folder, ignore_errors=True)
         raise ServiceError(ErrorKind.overloaded, str(err), headers={"Retry-After": "60"}) from err
-    except StoreUnavailable:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
 
 
-def queue_student_build(api: AdaptAPI, store: JobStore, spec: JobSpec) -> str | None:
+def queue_student_build(api: AdaptAPI, store: JobStore, spec: JobSpec, created_by: str | None = None) -> str | None:
     """The id of the job that builds the base student ``spec`` starts from — queued now unless one is already
     queued or running (one build per student, however many replicas ask) — or None when the registry has it."""
     if spec.student is None:
@@ -342,12 +315,15 @@ def queue_student_build(api: AdaptAPI, store: JobStore, spec: JobSpec) -> str | 
             job_id=build_id,
             kind=JOB_KIND_STUDENT_BUILD,
             reuse_active=True,
+            created_by=created_by,
         )
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     if job.id != build_id:  # another request queued it first
         shutil.rmtree(folder, ignore_errors=True)
+    else:
+        audit(job, "created", created_by)
     return job.id
 
 

@@ -14,6 +14,7 @@ from adapt.jobs import RUNNING, SUCCEEDED
 from adapt.settings import AdaptConfig, AdaptSettings
 from adapt.store import JobStore
 from service.adapt.api_router import build_adapt_router
+from service.adapt.intake import INLINE_BYTES
 from service.auth import ApiKeys
 
 DOC = "Crops are cut from documents. Two sentences make one view. A third one helps."
@@ -83,6 +84,9 @@ def test_corpus_too_small_is_422_with_counts(client: TestClient) -> None:
     [
         (_body(name="../etc"), 422, "invalid model name"),
         (_body(name="Acme"), 422, "invalid model name"),
+        (_body(name="acme\n"), 422, "invalid model name"),  # "$" would let a trailing newline through
+        (_body(name="\u0430cme"), 422, "invalid model name"),  # Cyrillic a
+        (_body(name="\uff41\uff43\uff4d\uff45"), 422, "invalid model name"),  # fullwidth letters
         (_body(name="minilm-l6"), 422, "built-in base model"),
         (_body(name="tiny"), 422, "built-in base model"),
         (_body(base_model="gpt-9"), 404, "unknown base_model 'gpt-9'"),
@@ -213,14 +217,14 @@ def test_events_stream_until_the_job_ends(client: TestClient, tmp_path: Path) ->
         text = "".join(r.iter_text())
     blocks = [b for b in text.split("\n\n") if b.strip()]
     names = [line.removeprefix("event: ") for b in blocks for line in b.splitlines() if line.startswith("event: ")]
-    assert names == ["state", "state", "progress", "published", "state", "done"]
-    assert [b.splitlines()[0] for b in blocks[:-1]] == [f"id: {n}" for n in range(1, 6)]  # the job's own sequence
+    assert names == ["state", "audit", "state", "progress", "published", "state", "done"]
+    assert [b.splitlines()[0] for b in blocks[:-1]] == [f"id: {n}" for n in range(1, 7)]  # the job's own sequence
     done = json.loads(blocks[-1].splitlines()[-1].removeprefix("data: "))
     assert done["state"] == "succeeded" and done["model"] == {"name": "acme", "version": "1", "promoted": True}
     assert [(a["attempt"], a["worker_id"], a["outcome"]) for a in done["attempts"]] == [(1, "w", "succeeded")]
     # Last-Event-ID resumes after the given event
-    third_id = int(blocks[2].splitlines()[0].removeprefix("id: "))
-    with client.stream("GET", f"/adapt/{job_id}/events", headers={"Last-Event-ID": str(third_id)}) as r:
+    progress_id = int(blocks[3].splitlines()[0].removeprefix("id: "))
+    with client.stream("GET", f"/adapt/{job_id}/events", headers={"Last-Event-ID": str(progress_id)}) as r:
         resumed = "".join(r.iter_text())
     assert resumed.count("event: ") == 3 and "event: progress" not in resumed
 
@@ -265,3 +269,35 @@ def test_disabled_adapt_answers_503(tmp_path: Path) -> None:
         r = c.post("/adapt", json=_body())
         assert r.status_code == 503 and "disabled" in r.json()["error"]["message"]
         assert app.state.adapt.supervisor is None  # no worker is started either
+
+
+def test_a_large_body_is_read_in_another_process_with_the_same_answers(tmp_path: Path) -> None:
+    """Over `INLINE_BYTES` a body is parsed, checked and saved by the reader process: the same job, the same errors
+    (their codes and details cross the process boundary)."""
+    config = _config(tmp_path, max_upload_bytes=8 * 2**20, max_documents=10_000, max_document_chars=2000)
+    app = FastAPI()
+    app.include_router(build_adapt_router(config, ADMIN_KEYS))
+    long_doc = (DOC + " ") * 5  # ~400 characters
+    with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        body = _body(texts=[long_doc] * 6000)
+        assert len(json.dumps(body)) > INLINE_BYTES
+        r = c.post("/adapt", json=body)
+        assert r.status_code == 202, r.text
+        stored = (tmp_path / "adapt" / "jobs" / r.json()["id"] / "corpus.jsonl").read_text().splitlines()
+        assert len(stored) == 6000 and json.loads(stored[0]) == {"text": long_doc.strip()}
+        r = c.post("/adapt", json=_body(texts=["one sentence only " * 5] * 30_000))
+        assert r.status_code == 422 and r.json()["error"]["code"] == "too_many_documents"
+        assert r.json()["error"]["details"] == {"documents": 30_000, "max_documents": 10_000}
+        r = c.post("/adapt", json=_body(name="Bad", texts=[long_doc] * 6000))
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_name"
+        assert len(list((tmp_path / "adapt" / "jobs").iterdir())) == 1  # refused corpora are not kept
+
+
+def test_a_form_with_two_files_or_too_many_fields_is_refused(client: TestClient) -> None:
+    fields = {"base_model": "tiny", "name": "up"}
+    lines = "\n".join(json.dumps(DOC) for _ in range(5)).encode()
+    r = client.post("/adapt", data=fields, files=[("file", ("a.jsonl", lines)), ("file", ("b.jsonl", lines))])
+    assert r.status_code == 422 and "exactly one 'file' part" in r.json()["error"]["message"]
+    many = {**fields, **{f"x{i}": "1" for i in range(40)}}
+    r = client.post("/adapt", data=many, files={"file": ("a.jsonl", lines)})
+    assert r.status_code == 422 and "more than 32 fields" in r.json()["error"]["message"]

@@ -64,12 +64,12 @@ def test_lifecycle_records_states_progress_result_and_the_attempt(store_url: str
     assert done.result["model"]["version"] == "1"
     assert [(a["attempt"], a["worker_id"], a["outcome"]) for a in done.attempts] == [(1, "w1", SUCCEEDED)]
     events = store.events(job.id)
-    assert [e.id for e in events] == list(range(1, 8))  # the job's own sequence: what SSE resumes from
+    assert [e.id for e in events] == list(range(1, 9))  # the job's own sequence: what SSE resumes from
     assert [(e.type, e.data.get("state")) for e in events] == [
-        ("state", QUEUED), ("state", RUNNING), ("progress", None), ("progress", None), ("state", EVALUATING),
-        ("published", None), ("state", SUCCEEDED),
+        ("state", QUEUED), ("audit", None), ("state", RUNNING), ("progress", None), ("progress", None),
+        ("state", EVALUATING), ("published", None), ("state", SUCCEEDED),
     ]  # fmt: skip
-    assert [e.type for e in store.events(job.id, after_id=4)] == ["state", "published", "state"]
+    assert [e.type for e in store.events(job.id, after_id=5)] == ["state", "published", "state"]
 
 
 def test_illegal_transitions_raise(store_url: str) -> None:
@@ -265,7 +265,9 @@ def test_a_job_whose_dependency_failed_fails_with_the_reason(store_url: str) -> 
                            after_job=build.id)  # fmt: skip
     claimed = store.claim_next("w1", max_running=1, lease_s=LEASE)
     store.finish(claimed.lease, FAILED, reason="training", message="training failed: the loss diverged")
-    assert store.claim_next("w1", max_running=1, lease_s=LEASE) is None
+    assert store.claim_next("w1", max_running=1, lease_s=LEASE) is None  # never claimed: its build failed
+    assert [(e.job_id, e.state) for e in store.fail_orphans()] == [(waiting.id, FAILED)]
+    assert store.fail_orphans() == []
     failed = store.get(waiting.id)
     assert failed.state == FAILED and failed.error["reason"] == "dependency"
     assert build.id in failed.error["message"] and "the loss diverged" in failed.error["message"]

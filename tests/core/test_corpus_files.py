@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 
-from core.corpus_files import CorpusFile, read_corpus_bytes, read_corpus_file, split_text_documents
+from core.corpus_files import CorpusFile, ReadLimits, read_corpus_bytes, read_corpus_file, split_text_documents
 from core.text import CorpusError
+from tests.parquet_bombs import dictionary_bomb, plain_bomb
 
 ARTICLE = "First paragraph, line one.\nStill the first paragraph.\n\n  \nSecond paragraph.\n\nThird."
 
@@ -89,3 +91,58 @@ def test_errors_name_the_line_and_say_what_to_fix(tmp_path: Path) -> None:
         read_corpus_bytes(b"text\nx\n", "c.csv")
     with pytest.raises(CorpusError, match="does not exist"):
         read_corpus_file(tmp_path / "missing.jsonl")
+
+
+# --- Parquet under limits: refused before what breaks them is decoded ---------------------------------------------
+
+LIMITS = ReadLimits(max_documents=20_000, max_document_chars=20_000, max_decoded_bytes=50 * 2**20)
+
+
+def _parquet(table: object, **options: object) -> bytes:
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = io.BytesIO()
+    pq.write_table(table, out, **options)
+    return out.getvalue()
+
+
+def test_a_dictionary_bomb_is_refused_on_its_first_row() -> None:
+    data = dictionary_bomb()  # one 1 MB string on 2,000 rows
+    assert len(data) < 1024
+    with pytest.raises(CorpusError, match=r"row 1 is 1000000 characters long; the limit is 20000") as err:
+        read_corpus_bytes(data, "bomb.parquet", LIMITS)
+    assert err.value.code == "document_too_long"
+
+
+def test_text_past_the_decoded_bytes_limit_is_refused_batch_by_batch() -> None:
+    data = dictionary_bomb(value_chars=19_000, rows=3000)  # every row under the character limit: 57 MB decoded
+    with pytest.raises(CorpusError, match=r"decodes to at least \d+ bytes of text; the limit is 52428800 bytes") as err:
+        read_corpus_bytes(data, "bomb.parquet", LIMITS)
+    assert err.value.code == "payload_too_large" and "adapt_max_upload_bytes" in str(err.value)
+
+
+def test_plain_text_past_the_limit_is_refused_from_the_footer() -> None:
+    data = plain_bomb(rows=40, row_chars=2_000_000, random_chars=1000)  # 80 MB of plain text in ~50 KB
+    with pytest.raises(CorpusError, match=r"holds \d+ bytes of text; the limit is 52428800 bytes") as err:
+        read_corpus_bytes(data, "plain.parquet", LIMITS)
+    assert err.value.code == "payload_too_large"
+
+
+def test_too_many_rows_are_refused_from_the_footer() -> None:
+    pa = pytest.importorskip("pyarrow")
+    data = _parquet(pa.table({"text": ["a b."] * 30}))
+    limits = ReadLimits(max_documents=20, max_document_chars=100, max_decoded_bytes=10_000)
+    with pytest.raises(CorpusError, match=r"has 30 rows; the limit is 20 documents \(adapt_max_documents\)") as err:
+        read_corpus_bytes(data, "many.parquet", limits)
+    assert err.value.code == "too_many_documents"
+
+
+def test_a_file_within_the_limits_reads_whole() -> None:
+    pa = pytest.importorskip("pyarrow")
+    texts = [f"document {i}. " + "word " * (i % 50) for i in range(1000)]
+    labels = pa.array([str(i % 3) for i in range(1000)]).dictionary_encode()
+    data = _parquet(pa.table({"text": texts, "label": labels}), row_group_size=300)
+    corpus = read_corpus_bytes(data, "ok.parquet", LIMITS)
+    assert corpus.texts == [t.strip() for t in texts] and corpus.labels == [str(i % 3) for i in range(1000)]
+    # a document padded past the limit with spaces is measured as it is kept: stripped
+    padded = _parquet(pa.table({"text": ["  " * 20_000 + "short. text."]}))
+    assert read_corpus_bytes(padded, "padded.parquet", LIMITS).texts == ["short. text."]

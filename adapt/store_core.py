@@ -1,0 +1,141 @@
+"""The job store's plumbing, beneath `adapt.store.JobStore`: the engine and its transactions, the schema's
+migration, the database clock, and the guarded transition every state change goes through. Used by `adapt.store`
+and `adapt.store_upkeep` only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from adapt.jobs import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    JobNotFound,
+    JobStoreError,
+    Lease,
+    LeaseLost,
+    StoreUnavailable,
+)
+from adapt.store_db import db_now, engine_url, events_table, jobs_table, make_engine
+
+# PostgreSQL transaction advisory-lock keys: serialise the checks that count rows (jobs pending, jobs running),
+# migrations, and the grant of a named lease.
+CREATE_LOCK, CLAIM_LOCK, MIGRATE_LOCK, LEASE_LOCK = 0x616470_01, 0x616470_02, 0x616470_03, 0x616470_04
+
+
+class StoreCore:
+    """The engine and the helpers every store method uses."""
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+        self.url = engine_url(url)
+        self.engine = make_engine(self.url, timeout_s)
+        self.postgresql = self.url.get_backend_name() == "postgresql"
+        self._migrate()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def describe(self) -> str:
+        """The store for logs: backend and place, never the password."""
+        return self.url.render_as_string(hide_password=True)
+
+    # ---------------------------------------------------------------- plumbing
+    @contextmanager
+    def _transaction(self, *, write: bool = False) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(write=write)
+                with conn.begin():
+                    yield conn
+        except (OperationalError, sa.exc.InterfaceError) as err:
+            raise StoreUnavailable(f"the adapt job store is unavailable: {err.orig or err}") from err
+        except DBAPIError as err:
+            if err.connection_invalidated:
+                raise StoreUnavailable(f"the adapt job store connection was lost: {err.orig or err}") from err
+            raise
+
+    def _serialize(self, conn: Connection, key: int) -> None:
+        """PostgreSQL: one transaction at a time past this point (SQLite's BEGIN IMMEDIATE already is)."""
+        if self.postgresql:
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+
+    def _migrate(self) -> None:
+        config = Config()
+        config.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
+        with self._transaction(write=True) as conn:
+            self._serialize(conn, MIGRATE_LOCK)
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+    @staticmethod
+    def _now(conn: Connection) -> float:
+        return float(conn.execute(sa.select(db_now())).scalar_one())
+
+    @staticmethod
+    def _row(conn: Connection, job_id: str, *, lock: bool = False) -> sa.Row[Any]:
+        query = sa.select(jobs_table).where(jobs_table.c.id == job_id)
+        row = conn.execute(query.with_for_update() if lock else query).first()
+        if row is None:
+            raise JobNotFound(f"no adapt job with id {job_id!r}")
+        return row
+
+    @staticmethod
+    def _add_event(conn: Connection, job_id: str, type_: str, data: dict[str, Any], now: float) -> int:
+        # The job's own counter, bumped under its row lock: event ids of one job are in commit order, so an SSE
+        # client resuming after id n never misses an event committed later with a smaller id.
+        seq = conn.execute(
+            sa.update(jobs_table)
+            .where(jobs_table.c.id == job_id)
+            .values(event_seq=jobs_table.c.event_seq + 1)
+            .returning(jobs_table.c.event_seq)
+        ).scalar_one()
+        conn.execute(sa.insert(events_table).values(job_id=job_id, seq=seq, created_at=now, type=type_, data=data))
+        return int(seq)
+
+    def _transition(
+        self, conn: Connection, job: sa.Row[Any], state: str, now: float, data: dict[str, Any] | None = None,
+        **values: Any,
+    ) -> None:  # fmt: skip
+        """One guarded UPDATE: the row must still be in the state it was read in."""
+        current = job.state
+        if state not in TRANSITIONS.get(current, ()):
+            raise JobStoreError(f"adapt job {job.id} cannot go from {current!r} to {state!r}")
+        if state in TERMINAL_STATES:
+            values["finished_at"] = now
+        if state not in ACTIVE_STATES:  # nobody holds a queued or ended job
+            values.update(worker_id=None, lease_expires_at=None)
+        done = conn.execute(
+            sa.update(jobs_table)
+            .where(jobs_table.c.id == job.id, jobs_table.c.state == current)
+            .values(state=state, **values)
+        )
+        if done.rowcount != 1:
+            raise JobStoreError(f"adapt job {job.id} changed state while it was being moved to {state!r}")
+        self._add_event(conn, job.id, "state", {"state": state, **(data or {})}, now)
+
+    def _held(self, conn: Connection, lease: Lease) -> sa.Row[Any]:
+        """The job row, locked, if ``lease`` still holds it; else `LeaseLost`."""
+        row = conn.execute(
+            sa.select(jobs_table)
+            .where(
+                jobs_table.c.id == lease.job_id,
+                jobs_table.c.worker_id == lease.worker_id,
+                jobs_table.c.attempt == lease.attempt,
+                jobs_table.c.state.in_(ACTIVE_STATES),
+            )
+            .with_for_update()
+        ).first()
+        if row is None:
+            raise LeaseLost(
+                f"adapt job {lease.job_id}: worker {lease.worker_id} no longer holds attempt {lease.attempt}"
+            )
+        return row
