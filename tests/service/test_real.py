@@ -16,6 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.engines import BY_NAME as ENGINES_BY_NAME
 from core.runtime import OnnxBundle, read_probes, write_probes
 from service.app import create_app
 from service.settings import ServiceSettings
@@ -222,7 +223,7 @@ def int8_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path
 
 
 def test_int8_is_served_only_where_it_passes_the_probe_check_on_this_cpu(int8_registry, serve, varied_texts):
-    app = create_app(_settings(int8_registry, default_model="good"), include_adapt=False)
+    app = create_app(_settings(int8_registry, default_model="good", engine="onnxruntime-int8"), include_adapt=False)
     with serve(app) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
         cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
         assert cards["good"]["quantization"] == "int8" and cards["good"]["int8_check"]["status"] == "passed"
@@ -235,7 +236,37 @@ def test_int8_is_served_only_where_it_passes_the_probe_check_on_this_cpu(int8_re
         families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
         flags = {s.labels["model"]: s.value for s in families["embed_model_int8"].samples}
         assert flags == {"good": 1.0, "bad": 0.0}
-    fp32_only = create_app(_settings(int8_registry, default_model="good", serve_int8=False), include_adapt=False)
+    fp32_only = create_app(
+        _settings(int8_registry, default_model="good", serve_int8=False, engine="onnxruntime-fp32"),
+        include_adapt=False,
+    )
     with serve(fp32_only) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
         card = client.get("/v1/models").json()["data"][1]
-        assert (card["id"], card["quantization"], card["int8_check"]["status"]) == ("good", "none", "disabled")
+        assert (card["id"], card["quantization"], card["engine"]) == ("good", "none", "onnxruntime-fp32")
+        assert card["int8_check"]["status"] == "not-tried"
+
+
+def test_the_engine_chosen_on_this_cpu_is_shown_and_serves_what_it_says(int8_registry, serve, varied_texts):
+    app = create_app(_settings(int8_registry, default_model="good"), include_adapt=False)
+    with serve(app) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        card = next(c for c in client.get("/v1/models").json()["data"] if c["id"] == "good")
+        choice = card["engine_choice"]
+        assert card["engine"] == choice["engine"] and choice["setting"] == "auto" and choice["reason"]
+        trials = {t["engine"]: t for t in choice["trials"]}
+        assert trials[card["engine"]]["status"] == "passed" and trials[card["engine"]]["min_cosine"] >= 0.97
+        assert card["quantization"] == {"int8": "int8", "bf16": "bf16"}.get(choice["precision"], "none")
+        assert client.get("/info").json()["models"][1]["engine_choice"] == choice
+        engine = ENGINES_BY_NAME[card["engine"]]
+        vectors = client.post("/embed", json={"inputs": varied_texts, "model": "good", "truncate": True}).json()
+        served = OnnxBundle(
+            int8_registry / "good" / "current", variant=engine.graph, runtime=engine.runtime,
+            precision=engine.precision,
+        ).encode(varied_texts)  # fmt: skip
+        np.testing.assert_allclose(vectors, served, atol=1e-5)
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        (sample,) = [s for s in families["embed_model_engine"].samples if s.labels["model"] == "good"]
+        assert (sample.labels["engine"], sample.labels["precision"], sample.value) == (
+            card["engine"],
+            choice["precision"],
+            1.0,
+        )
