@@ -9,10 +9,13 @@ are measured here, where the bundle is served:
 
 1. parity — every candidate embeds the bundle's probe texts and is held against their fp32 (torch) reference
    embeddings (``probes.npz``) with the int8 bars of `ParityBars`; a candidate below them is never served;
-2. speed — the candidates that pass embed two batches shaped like the served load (32 short texts; 8 texts at
-   ``max_seq_length``), a warm-up and then `TIMING_ROUNDS` rounds in alternating order, keeping each one's best;
-3. choice — `pick`: the fastest by the geometric mean of the two times among those no slower than onnxruntime's
-   int8 graph on either batch, preferring `ENGINES`' order within `SPEED_TOLERANCE` of the fastest.
+2. speed — the candidates that pass embed batches shaped like the served load (32 short texts; 8 texts at
+   ``max_seq_length``; and 1, 4 and 16 short texts), a warm-up and then `TIMING_ROUNDS` rounds in alternating
+   order, keeping each one's best;
+3. choice — `pick`: the fastest by the geometric mean of the 32-short and 8-long times among those no slower than
+   onnxruntime's int8 graph on either batch, preferring `ENGINES`' order within `SPEED_TOLERANCE` of the fastest;
+   then `pick_small`: where another passing engine is faster on one text (OpenVINO pays a fixed cost per call that
+   onnxruntime does not: ~1 ms against ~0.1 ms), it runs the small batches it was faster on.
 
 A setting pins one engine instead (checked for parity, never timed); when the pinned engine or every candidate
 misses the bars, the fp32 graph on onnxruntime — checked against torch at export — is served, and the
@@ -40,6 +43,8 @@ SPEED_TOLERANCE = 0.05  # a candidate this much slower than the fastest still wi
 TIMING_ROUNDS = 2
 SHORT_BATCH = 32  # texts of the short timing batch (probe sentences)
 LONG_BATCH = 8  # texts of the long timing batch (probes cut at max_seq_length)
+SMALL_BATCHES = (1, 4, 16)  # texts of the small timing batches (probe sentences): where a second engine may serve
+BATCH_SHAPES = ("short", "long")  # the batches that decide the main engine
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class Trial:
     reason: str = ""
     mean_cosine: float | None = None
     min_cosine: float | None = None
-    seconds: dict[str, float] = field(default_factory=dict)  # best time per timing batch
+    seconds: dict[str, float] = field(default_factory=dict)  # best time per timing batch (short, long, 1, 4, 16)
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,8 @@ class EngineChoice:
     trials: list[Trial]
     seconds: float = 0.0
     cpu: dict[str, Any] = field(default_factory=cpu_features)
+    small_batch_engine: str | None = None  # runs batches of at most small_batch_tokens padded tokens, when faster
+    small_batch_tokens: int = 0
 
     @property
     def graph(self) -> str:
@@ -109,8 +116,8 @@ class EngineChoice:
 
 
 def _score(seconds: Mapping[str, float]) -> float:
-    """Geometric mean of the times: each batch shape counts alike, whatever its length."""
-    return math.exp(sum(math.log(s) for s in seconds.values()) / len(seconds))
+    """Geometric mean of the main batches' times: each shape counts alike, whatever its length."""
+    return math.exp(sum(math.log(seconds[shape]) for shape in BATCH_SHAPES) / len(BATCH_SHAPES))
 
 
 def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[str, str]:
@@ -127,7 +134,7 @@ def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[s
     baseline = next((t for t in passed if t.engine == BASELINE), None)
     eligible = [
         t for t in passed
-        if t.seconds and (baseline is None or all(t.seconds[k] <= baseline.seconds[k] for k in baseline.seconds))
+        if t.seconds and (baseline is None or all(t.seconds[k] <= baseline.seconds[k] for k in BATCH_SHAPES))
     ]  # fmt: skip
     fastest = min(_score(t.seconds) for t in eligible)
     order = [engine.name for engine in ENGINES]
@@ -138,19 +145,41 @@ def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[s
     return winner.engine, f"fastest of the candidates that kept the parity bars (geometric mean per batch: {times})"
 
 
+def pick_small(trials: Sequence[Trial], main: str, tokens: Mapping[str, int]) -> tuple[str | None, int]:
+    """A second engine for small batches, and up to how many padded tokens it runs them: (None, 0) when ``main``
+    is at least as fast on one text. Otherwise the engine fastest on one text serves every small timing batch it
+    ran faster than ``main`` (`SMALL_BATCHES` in ascending order, stopping at the first it loses), up to that
+    batch's padded tokens (``tokens``): an engine built for large matrices can lose several times over on one."""
+    timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
+    if main not in timed:
+        return None, 0
+    small = min(timed, key=lambda engine: timed[engine]["1"])
+    limit = 0
+    for size in SMALL_BATCHES:
+        if timed[small][str(size)] >= timed[main][str(size)]:
+            break
+        limit = tokens[str(size)]
+    return (small, limit) if limit and small != main else (None, 0)
+
+
 def _timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[str]]:
-    """A batch of short probe texts and one of texts cut at ``max_seq_length``, like the served load's two ends."""
+    """Batches of short probe texts (1, 4, 16 and 32) and one of texts cut at ``max_seq_length``, like the
+    served load's two ends."""
     lengths = [len(e.ids) for e in bundle.tokenize(texts)]
     by_length = sorted(range(len(texts)), key=lambda i: lengths[i])
     short = [texts[i] for i in by_length if 8 <= lengths[i] <= 32] or [texts[i] for i in by_length]
     long = [texts[i] for i in by_length if lengths[i] >= bundle.max_seq_length] or [texts[by_length[-1]]]
     cycle = lambda pool, n: [pool[i % len(pool)] for i in range(n)]  # noqa: E731
-    return {"short": cycle(short, SHORT_BATCH), "long": cycle(long, LONG_BATCH)}
+    small = {str(n): cycle(short[len(short) // 2 :], n) for n in SMALL_BATCHES}
+    return {"short": cycle(short, SHORT_BATCH), "long": cycle(long, LONG_BATCH), **small}
 
 
-def time_engines(bundles: Mapping[str, OnnxBundle], texts: Sequence[str], rounds: int = TIMING_ROUNDS) -> dict:
-    """Best seconds per engine and timing batch: a warm-up pass, then ``rounds`` rounds in alternating order so
-    a drift of a shared machine hits every candidate alike (the best is the run least disturbed by it)."""
+def time_engines(
+    bundles: Mapping[str, OnnxBundle], texts: Sequence[str], rounds: int = TIMING_ROUNDS
+) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    """Best seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
+    rounds in alternating order so a drift of a shared machine hits every candidate alike (the best is the run
+    least disturbed by it)."""
     first = next(iter(bundles.values()))
     feeds = {name: first.pad(first.tokenize(batch)) for name, batch in _timing_batches(first, texts).items()}
     best = {engine: dict.fromkeys(feeds, math.inf) for engine in bundles}
@@ -158,11 +187,12 @@ def time_engines(bundles: Mapping[str, OnnxBundle], texts: Sequence[str], rounds
     for round_ in range(rounds + 1):
         for engine in names if round_ % 2 else reversed(names):
             for shape, feed in feeds.items():
-                started = time.perf_counter()
-                bundles[engine].run(feed)
-                if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
-                    best[engine][shape] = min(best[engine][shape], time.perf_counter() - started)
-    return best
+                for _ in range(3 if feed["input_ids"].shape[0] < SHORT_BATCH else 1):  # small ones are noisier
+                    started = time.perf_counter()
+                    bundles[engine].run(feed)
+                    if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
+                        best[engine][shape] = min(best[engine][shape], time.perf_counter() - started)
+    return best, {shape: int(feed["input_ids"].size) for shape, feed in feeds.items()}
 
 
 def check_parity(
@@ -219,18 +249,26 @@ def load_engine(
         if trial.status not in ("passed", "not-tried"):
             log.info("bundle %s: engine %s %s: %s", path, trial.engine, trial.status, trial.reason)
         trials.append(trial)
+    small, small_tokens = None, 0
     if engine != AUTO and engine in bundles:
         served, reason = engine, "pinned by the engine setting; kept the parity bars on this CPU"
     elif engine != AUTO:
         served, reason = FALLBACK, f"{engine} is pinned but did not pass here: serving the fp32 reference graph"
     else:
-        timed = time_engines(bundles, probes[0]) if len(bundles) > 1 and probes is not None else {}
+        timed, tokens = time_engines(bundles, probes[0]) if len(bundles) > 1 and probes is not None else ({}, {})
         for trial in trials:
-            trial.seconds = {shape: round(s, 5) for shape, s in timed.get(trial.engine, {}).items()}
+            trial.seconds = {shape: round(s, 6) for shape, s in timed.get(trial.engine, {}).items()}
         served, reason = pick(trials)
+        small, small_tokens = pick_small(trials, served, tokens)
     bundle = bundles.pop(served, None) or _open(path, BY_NAME[served], **session)
+    if small is not None:
+        bundle.route_small_batches(bundles[small], small_tokens)
+        reason += f"; batches of at most {small_tokens} padded tokens run on {small}, faster there"
     bundles.clear()  # free the candidates not served
-    choice = EngineChoice(served, engine, reason, trials, round(time.perf_counter() - started, 2))
+    choice = EngineChoice(
+        served, engine, reason, trials, round(time.perf_counter() - started, 2), small_batch_engine=small,
+        small_batch_tokens=small_tokens,
+    )  # fmt: skip
     log_level = logging.WARNING if served == FALLBACK and (has_int8 or engine != AUTO) else logging.INFO
     log.log(
         log_level, "bundle %s: serving %s on this CPU (%s; %s), chosen in %.1f s: %s",

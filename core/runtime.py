@@ -188,6 +188,7 @@ class OnnxBundle:
         else:
             raise ValueError(f"unknown runtime {runtime!r}; use one of {RUNTIMES}")
         self.runtime = runtime
+        self._small: tuple[int, _OrtRunner | _OpenVinoRunner] | None = None
         self.precision = precision if runtime == "openvino" else self.variant
         self.input_names = self._runner.input_names
         self.max_seq_length = int(self.manifest["max_seq_length"])
@@ -228,7 +229,16 @@ class OnnxBundle:
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         """Padded inputs → ``(B, dim)`` float32 embeddings (pooled and normalised in the graph)."""
+        if self._small is not None and feeds["input_ids"].size <= self._small[0]:
+            return self._small[1].run(feeds)
         return self._runner.run(feeds)
+
+    def route_small_batches(self, other: OnnxBundle, max_tokens: int) -> None:
+        """Run batches of at most ``max_tokens`` padded tokens on ``other``'s engine (a bundle of the same folder
+        whose engine is faster on them: one built for large matrices can lose several times over on one text)."""
+        if other.path != self.path:
+            raise ValueError(f"small batches must run the same bundle: {other.path} is not {self.path}")
+        self._small = (max_tokens, other._runner)
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Embed texts in length-sorted batches; rows come back in input order."""

@@ -14,8 +14,12 @@ from core import engines, runtime
 from core.engines import BASELINE, ENGINES, FALLBACK, Trial, load_engine, pick
 
 
-def _passed(engine: str, short: float, long: float) -> Trial:
-    return Trial(engine, "passed", mean_cosine=0.995, min_cosine=0.98, seconds={"short": short, "long": long})
+def _passed(engine: str, short: float, long: float, *small: float) -> Trial:
+    seconds = {"short": short, "long": long} | dict(zip(("1", "4", "16"), small or (0.002, 0.006, 0.02), strict=True))
+    return Trial(engine, "passed", mean_cosine=0.995, min_cosine=0.98, seconds=seconds)
+
+
+TOKENS = {"1": 20, "4": 80, "16": 320, "short": 640, "long": 2048}
 
 
 # --- pick: the rules ---------------------------------------------------------------------------------------------
@@ -50,6 +54,16 @@ def test_within_the_tolerance_the_earlier_engine_wins() -> None:
     trials[1] = _passed("openvino-f32", 0.040 / far, 0.200 / far)
     engine, reason = pick(trials)
     assert engine == "openvino-f32" and "openvino-f32" in reason and BASELINE in reason
+
+
+def test_small_batches_go_to_the_engine_faster_on_them() -> None:
+    # OpenVINO serves (faster on large batches); onnxruntime int8 is faster on 1 and 4 texts, not on 16.
+    trials = [_passed(BASELINE, 0.04, 0.2, 0.001, 0.004, 0.02), _passed("openvino-bf16", 0.03, 0.1, 0.003, 0.005, 0.01)]
+    assert pick(trials)[0] == "openvino-bf16"
+    assert engines.pick_small(trials, "openvino-bf16", TOKENS) == (BASELINE, TOKENS["4"])
+    assert engines.pick_small(trials, BASELINE, TOKENS) == (None, 0)  # the main engine is fastest on one text
+    trials[0].status = "failed"  # never a small-batch engine below the parity bars
+    assert engines.pick_small(trials, "openvino-bf16", TOKENS) == (None, 0)
 
 
 def test_the_baseline_comes_first_and_the_reference_graph_last() -> None:
@@ -95,9 +109,13 @@ def test_auto_serves_a_passing_engine_no_slower_than_onnxruntime_int8(int8_bundl
     assert trials["openvino-f32"].status == "passed"  # every x86 CPU has OpenVINO's f32 kernels
     baseline = trials[BASELINE]
     if baseline.status == "passed":
-        assert all(served.seconds[k] <= baseline.seconds[k] for k in baseline.seconds)
-    for trial in trials.values():  # timed exactly when it passed, on both batches
-        assert set(trial.seconds) == ({"short", "long"} if trial.status == "passed" else set())
+        assert all(served.seconds[k] <= baseline.seconds[k] for k in engines.BATCH_SHAPES)
+    for trial in trials.values():  # timed exactly when it passed, on every batch
+        assert set(trial.seconds) == ({"short", "long", "1", "4", "16"} if trial.status == "passed" else set())
+    if choice.small_batch_engine is not None:
+        small = trials[choice.small_batch_engine]
+        assert small.status == "passed" and small.seconds["1"] < served.seconds["1"]
+        assert choice.small_batch_tokens > 0 and bundle.run(bundle.pad(bundle.tokenize(["a text"]))).shape[0] == 1
     assert choice.cpu == runtime.cpu_features() and choice.seconds > 0
     texts, reference = runtime.read_probes(int8_bundle)
     assert runtime.cosines(bundle.encode(texts), reference).min() >= 0.97
