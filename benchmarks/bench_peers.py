@@ -179,12 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         choice = served_engine(servers[OURS][1])
         engine = ENGINES_BY_NAME[choice["engine"]]
-        print(f"ours serves {engine.name} ({choice['reason']}; chosen in {choice['seconds']} s)", flush=True)
+        print(f"ours serves {engine.name}: {choice['reason']} (chosen in {choice['seconds']} s)", flush=True)
         in_process = {
             variant: OnnxBundle(bundle_dir, variant=e.graph, runtime=e.runtime, precision=e.precision,
                                 intra_op_threads=args.threads, allow_spinning=False)
             for variant, e in {"served": engine, "int8": ENGINES_BY_NAME["onnxruntime-int8"]}.items()
         }  # fmt: skip
+        if choice["small_batch_engine"]:  # the same routing of small batches as the server's
+            small = ENGINES_BY_NAME[choice["small_batch_engine"]]
+            in_process["served"].route_small_batches(
+                OnnxBundle(bundle_dir, variant=small.graph, runtime=small.runtime, precision=small.precision,
+                           intra_op_threads=args.threads, allow_spinning=False),
+                choice["small_batch_tokens"],
+            )  # fmt: skip
         reference = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=args.threads)
         same = parity_texts(reference, short, paragraphs)
         expected = reference.encode(same)
