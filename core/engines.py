@@ -14,8 +14,9 @@ are measured here, where the bundle is served:
    order, keeping each one's best;
 3. choice — `pick`: the fastest by the geometric mean of the 32-short and 8-long times among those no slower than
    onnxruntime's int8 graph on either batch, preferring `ENGINES`' order within `SPEED_TOLERANCE` of the fastest;
-   then `pick_small`: where another passing engine is faster on one text (OpenVINO pays a fixed cost per call that
-   onnxruntime does not: ~1 ms against ~0.1 ms), it runs the small batches it was faster on.
+   then `pick_small`: where another passing engine is faster on one text (OpenVINO pays a larger fixed cost per
+   call: on one short text it ran 1.3-3x slower than onnxruntime int8 on a busy 2-core Xeon with AMX), it runs the
+   small batches it was faster on.
 
 A setting pins one engine instead (checked for parity, never timed); when the pinned engine or every candidate
 misses the bars, the fp32 graph on onnxruntime — checked against torch at export — is served, and the

@@ -107,6 +107,13 @@ def test_auto_serves_a_passing_engine_no_slower_than_onnxruntime_int8(int8_bundl
     assert served.status == "passed" and served.mean_cosine >= 0.99 and served.min_cosine >= 0.97
     assert (bundle.runtime, bundle.variant) == (engines.BY_NAME[choice.engine].runtime, choice.graph)
     assert trials["openvino-f32"].status == "passed"  # every x86 CPU has OpenVINO's f32 kernels
+    import openvino as ov
+
+    bf16 = trials["openvino-bf16"]
+    if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        assert bf16.status in ("passed", "failed") and bf16.mean_cosine is not None
+    else:  # an AVX2-only CPU: skipped, and says why
+        assert bf16.status == "unavailable" and "no bf16 units" in bf16.reason
     baseline = trials[BASELINE]
     if baseline.status == "passed":
         assert all(served.seconds[k] <= baseline.seconds[k] for k in engines.BATCH_SHAPES)
