@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         parity = {}
         for arm, (_, url) in servers.items():
             cos = cosines(embed(url, same), expected)
-            parity[arm] = {"mean_cosine": round(float(cos.mean()), 4), "min_cosine": round(float(cos.min()), 4)}
+            parity[arm] = {"mean_cosine": round(float(cos.mean()), 5), "min_cosine": round(float(cos.min()), 5)}
         print(json.dumps({"parity_texts": len(same), "parity": parity}), flush=True)
         for _, url in servers.values():  # warm-up
             run_load(url, "1 text, 32 clients", short[-64:])
