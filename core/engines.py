@@ -257,7 +257,9 @@ def load_engine(
     if engine != AUTO and engine in bundles:
         served, reason = engine, "pinned by the engine setting; kept the parity bars on this CPU"
     elif engine != AUTO:
-        served, reason = FALLBACK, f"{engine} is pinned but did not pass here: serving the fp32 reference graph"
+        pinned = next(t for t in trials if t.engine == engine)
+        served = FALLBACK
+        reason = f"{engine} is pinned but did not pass here ({pinned.status}): serving the fp32 reference graph"
     else:
         timed, tokens = time_engines(bundles, probes[0]) if len(bundles) > 1 and probes is not None else ({}, {})
         for trial in trials:
@@ -273,7 +275,8 @@ def load_engine(
         served, engine, reason, trials, round(time.perf_counter() - started, 2), small_batch_engine=small,
         small_batch_tokens=small_tokens,
     )  # fmt: skip
-    log_level = logging.WARNING if served == FALLBACK and (has_int8 or engine != AUTO) else logging.INFO
+    missed = any(t.status in ("failed", "unavailable") for t in trials)  # something that should run here did not
+    log_level = logging.WARNING if served == FALLBACK and missed else logging.INFO
     log.log(
         log_level, "bundle %s: serving %s on this CPU (%s; %s), chosen in %.1f s: %s",
         path, served, choice.cpu["model"], ",".join(choice.cpu["flags"]) or "no int8/bf16 extensions",
