@@ -78,10 +78,11 @@ class ServiceSettings(BaseSettings):
         default="auto",
         description="Which engine runs each model. auto: at load, every candidate (onnxruntime int8 and fp32, "
         "OpenVINO bf16 where the CPU has bf16 units, OpenVINO f32) is checked against the bundle's fp32 reference "
-        "embeddings on this CPU and the passing ones timed on two batches (a few seconds per model); the fastest is "
-        "served, never one slower than onnxruntime int8 (on a Xeon with AMX, OpenVINO bf16 ran paragraphs ~2x faster; "
-        "docs/BENCHMARKS.md). A name pins that engine (still parity-checked: fp32 on onnxruntime where it misses). "
-        "/v1/models and embed_model_engine say which and why.",
+        "embeddings on this CPU and the passing ones timed on a few batches; the fastest is served, never one slower "
+        "than onnxruntime int8 (on a Xeon with AMX, OpenVINO bf16 served paragraphs 1.9x faster; docs/BENCHMARKS.md). "
+        "This costs load time and memory: minilm-l6 took 24-50 s and 1.2 GB at peak on a busy 2-core Xeon, against "
+        "1 s pinned. A name pins that engine (still parity-checked: fp32 on onnxruntime where it misses). /v1/models "
+        "and embed_model_engine say which and why.",
     )
 
     # --- onnxruntime threads -----------------------------------------------------------------------
