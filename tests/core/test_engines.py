@@ -62,6 +62,9 @@ def test_small_batches_go_to_the_engine_faster_on_them() -> None:
     assert pick(trials)[0] == "openvino-bf16"
     assert engines.pick_small(trials, "openvino-bf16", TOKENS) == (BASELINE, TOKENS["4"])
     assert engines.pick_small(trials, BASELINE, TOKENS) == (None, 0)  # the main engine is fastest on one text
+    # A thin win of the main engine on 16 texts (under SMALL_BATCH_MARGIN) leaves them to the small-batch engine.
+    trials[1].seconds["16"] = 0.02 / (engines.SMALL_BATCH_MARGIN - 0.1)
+    assert engines.pick_small(trials, "openvino-bf16", TOKENS) == (BASELINE, TOKENS["16"])
     trials[0].status = "failed"  # never a small-batch engine below the parity bars
     assert engines.pick_small(trials, "openvino-bf16", TOKENS) == (None, 0)
 
