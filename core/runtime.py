@@ -1,20 +1,20 @@
-"""Run an exported bundle with onnxruntime and the fast tokenizer — no torch.
+"""Run an exported bundle with onnxruntime (or OpenVINO) and the fast tokenizer — no torch.
 
 Used by the service backend, the evaluation suite (bundles as models) and export's parity check.
 The graph already pools and normalises, so a forward pass returns final embeddings.
 
 An int8 graph's numbers depend on the CPU that runs it (onnxruntime's u8×s8 kernels saturate on
 CPUs without VNNI), so a bundle carries the fp32 reference embeddings of its probe texts
-(``probes.npz``) and `load_checked` re-checks the int8 graph on *this* CPU before serving it,
-falling back to fp32 when it misses the bars.
+(``probes.npz``); `core.engines.load_engine` checks every candidate engine on *this* CPU against them
+before serving the fastest that keeps the bars.
 """
 
 from __future__ import annotations
 
-import logging
 import platform
+import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,12 @@ from tokenizers import Encoding, Tokenizer
 
 from core.registry import read_manifest
 
-log = logging.getLogger(__name__)
-
 OUTPUT_NAME = "sentence_embedding"
 PROBES_FILE = "probes.npz"  # probe texts and their fp32 (torch) reference embeddings
-# CPU features that decide which int8 kernels onnxruntime runs (and so the int8 graph's numbers).
-_KERNEL_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+# CPU features that decide which int8 and bf16 kernels the engines run (and so their numbers and speed).
+_KERNEL_FLAGS = (
+    "avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "asimddp", "i8mm",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,16 +69,17 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.maximum(denom, 1e-12)
 
 
-def int8_failures(cos: np.ndarray, bars: ParityBars, texts: Sequence[str]) -> list[str]:
-    """What an int8 graph's cosines to the reference miss of the bars (empty when it passes)."""
+def int8_failures(cos: np.ndarray, bars: ParityBars, texts: Sequence[str], label: str = "int8") -> list[str]:
+    """What a reduced-precision graph's cosines to the reference miss of the int8 bars (empty when it passes);
+    ``label`` names the graph or engine in the messages."""
     failures = []
     if not np.isfinite(cos).all():
-        return ["int8: output has NaN or infinite values"]
+        return [f"{label}: output has NaN or infinite values"]
     if cos.mean() < bars.int8_mean_cosine:
-        failures.append(f"int8: mean cosine to torch {cos.mean():.5f} < {bars.int8_mean_cosine}")
+        failures.append(f"{label}: mean cosine to torch {cos.mean():.5f} < {bars.int8_mean_cosine}")
     if cos.min() < bars.int8_min_cosine:
         worst = repr(texts[int(np.argmin(cos))][:60])
-        failures.append(f"int8: min cosine to torch {cos.min():.5f} < {bars.int8_min_cosine} (probe {worst})")
+        failures.append(f"{label}: min cosine to torch {cos.min():.5f} < {bars.int8_min_cosine} (probe {worst})")
     return failures
 
 
@@ -101,6 +102,49 @@ def session_options(
     return options
 
 
+class _OrtRunner:
+    """An onnxruntime session (thread-safe: ``run`` may be called from several threads)."""
+
+    def __init__(self, file: Path, options: ort.SessionOptions, providers: Sequence[str]) -> None:
+        self.session = ort.InferenceSession(str(file), sess_options=options, providers=list(providers))
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        (out,) = self.session.run([OUTPUT_NAME], feeds)
+        return out
+
+
+class _OpenVinoRunner:
+    """The same ONNX graph compiled by OpenVINO for this CPU at ``precision`` (``bf16`` or ``f32``).
+
+    One infer request behind a lock: the service runs one batch at a time per model, and a request per
+    caller would hold a second copy of the intermediate buffers for nothing.
+    """
+
+    def __init__(self, file: Path, threads: int, precision: str) -> None:
+        import openvino as ov  # optional: only a process that loads this engine pays for the import
+
+        config = {
+            "INFERENCE_PRECISION_HINT": precision,
+            "INFERENCE_NUM_THREADS": threads,
+            "NUM_STREAMS": 1,
+            "PERFORMANCE_HINT": "LATENCY",
+        }
+        compiled = ov.Core().compile_model(str(file), "CPU", config)
+        self.input_names = [port.get_any_name() for port in compiled.inputs]
+        self._output = compiled.output(OUTPUT_NAME)
+        self._request = compiled.create_infer_request()
+        self._lock = threading.Lock()
+
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        with self._lock:
+            result = self._request.infer(feeds)
+            return np.array(result[self._output], dtype=np.float32, copy=True)  # the request reuses its buffers
+
+
+RUNTIMES = ("onnxruntime", "openvino")
+
+
 class OnnxBundle:
     """One bundle folder loaded for inference.
 
@@ -111,6 +155,8 @@ class OnnxBundle:
         allow_spinning: let idle intra-op threads busy-wait for the next run (see `session_options`).
         providers: onnxruntime execution providers (default CPU).
         onnx_file: a graph file in the folder to run instead of the variant's (export tries candidates this way).
+        runtime: ``onnxruntime`` or ``openvino`` (which reads the same ONNX file; see `core.engines`).
+        precision: OpenVINO's inference precision, ``bf16`` or ``f32`` (onnxruntime runs the graph as stored).
     """
 
     def __init__(
@@ -123,6 +169,8 @@ class OnnxBundle:
         providers: Sequence[str] | None = None,
         allow_spinning: bool = True,
         onnx_file: str | None = None,
+        runtime: str = "onnxruntime",
+        precision: str = "f32",
     ) -> None:
         self.path = Path(path)
         self.manifest: dict[str, Any] = read_manifest(self.path)
@@ -130,12 +178,19 @@ class OnnxBundle:
         files = self.manifest["onnx"]
         if onnx_file is None and self.variant not in files:
             raise ValueError(f"bundle {self.path} has no {self.variant!r} variant; it has {sorted(files)}")
-        self.session = ort.InferenceSession(
-            str(self.path / (onnx_file or files[self.variant])),
-            sess_options=session_options(intra_op_threads, inter_op_threads, allow_spinning),
-            providers=list(providers or ["CPUExecutionProvider"]),
-        )
-        self.input_names = [i.name for i in self.session.get_inputs()]
+        file = self.path / (onnx_file or files[self.variant])
+        self._runner: _OrtRunner | _OpenVinoRunner
+        if runtime == "onnxruntime":
+            options = session_options(intra_op_threads, inter_op_threads, allow_spinning)
+            self._runner = _OrtRunner(file, options, providers or ["CPUExecutionProvider"])
+        elif runtime == "openvino":
+            self._runner = _OpenVinoRunner(file, intra_op_threads, precision)
+        else:
+            raise ValueError(f"unknown runtime {runtime!r}; use one of {RUNTIMES}")
+        self.runtime = runtime
+        self._small: tuple[int, _OrtRunner | _OpenVinoRunner] | None = None
+        self.precision = precision if runtime == "openvino" else self.variant
+        self.input_names = self._runner.input_names
         self.max_seq_length = int(self.manifest["max_seq_length"])
         self.pad_token_id = int(self.manifest.get("pad_token_id", 0))
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
@@ -174,8 +229,16 @@ class OnnxBundle:
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         """Padded inputs → ``(B, dim)`` float32 embeddings (pooled and normalised in the graph)."""
-        (out,) = self.session.run([OUTPUT_NAME], feeds)
-        return out
+        if self._small is not None and feeds["input_ids"].size <= self._small[0]:
+            return self._small[1].run(feeds)
+        return self._runner.run(feeds)
+
+    def route_small_batches(self, other: OnnxBundle, max_tokens: int) -> None:
+        """Run batches of at most ``max_tokens`` padded tokens on ``other``'s engine (a bundle of the same folder
+        whose engine is faster on them: one built for large matrices can lose several times over on one text)."""
+        if other.path != self.path:
+            raise ValueError(f"small batches must run the same bundle: {other.path} is not {self.path}")
+        self._small = (max_tokens, other._runner)
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Embed texts in length-sorted batches; rows come back in input order."""
@@ -188,22 +251,6 @@ class OnnxBundle:
             rows = order[start : start + batch_size]
             out[rows] = self.run(self.pad([encodings[i] for i in rows]))
         return out
-
-
-@dataclass(frozen=True)
-class Int8Check:
-    """Which graph `load_checked` chose, and why: ``status`` is ``passed``, ``failed``, ``disabled``,
-    ``no-int8`` (the bundle has only fp32) or ``no-references`` (exported before probes were stored)."""
-
-    variant: str
-    status: str
-    reason: str = ""
-    mean_cosine: float | None = None
-    min_cosine: float | None = None
-    cpu: dict[str, Any] = field(default_factory=cpu_features)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def read_probes(path: str | Path) -> tuple[list[str], np.ndarray] | None:
@@ -219,40 +266,3 @@ def write_probes(path: str | Path, texts: Sequence[str], embeddings: np.ndarray)
     file = Path(path) / PROBES_FILE
     np.savez_compressed(file, texts=np.asarray(list(texts), dtype=str), embeddings=embeddings.astype(np.float32))
     return file
-
-
-def check_int8(bundle: OnnxBundle, bars: ParityBars = ParityBars()) -> Int8Check:
-    """Embed the bundle's probes with its int8 graph on this CPU and hold them against the stored references."""
-    probes = read_probes(bundle.path)
-    if probes is None:
-        return Int8Check("fp32", "no-references", f"{bundle.path} stores no {PROBES_FILE}; re-export it to serve int8")
-    texts, reference = probes
-    cos = cosines(bundle.encode(texts, batch_size=16), reference)
-    failures = int8_failures(cos, bars, texts)
-    figures = {"mean_cosine": float(np.mean(cos)), "min_cosine": float(np.min(cos))}
-    if failures:
-        return Int8Check("fp32", "failed", "; ".join(failures), **figures)
-    return Int8Check("int8", "passed", "", **figures)
-
-
-def load_checked(path: str | Path, *, serve_int8: bool = True, **session: Any) -> tuple[OnnxBundle, Int8Check]:
-    """Load the bundle's int8 graph if it has one and it keeps the parity bars on this CPU, else its fp32 graph.
-
-    ``session`` are `OnnxBundle`'s keyword arguments (threads, spinning, providers). Never silently worse
-    vectors: a failed check is logged with its figures and returned, so callers can show it.
-    """
-    manifest = read_manifest(Path(path))
-    if "int8" not in manifest.get("onnx", {}):
-        return OnnxBundle(path, variant="fp32", **session), Int8Check("fp32", "no-int8")
-    if not serve_int8:
-        return OnnxBundle(path, variant="fp32", **session), Int8Check("fp32", "disabled", "int8 serving is off")
-    bundle = OnnxBundle(path, variant="int8", **session)
-    check = check_int8(bundle)
-    if check.variant == "int8":
-        return bundle, check
-    cpu = check.cpu
-    log.warning(
-        "bundle %s: serving fp32, not int8, on this CPU (%s; %s): %s",
-        path, cpu["model"], ",".join(cpu["flags"]) or "no int8 extensions", check.reason,
-    )  # fmt: skip
-    return OnnxBundle(path, variant="fp32", **session), check

@@ -9,7 +9,7 @@ with optimum's ``reduce_range`` (7-bit weights, no saturation). Each candidate b
 the bars on MiniLM, min cosine ≈ 0.92).
 
 The chosen graph is recorded in the manifest with the CPU it was checked on; because the serving
-CPU may differ, the service checks it again at load (`core.runtime.load_checked`).
+CPU may differ, the service checks it again at load (`core.engines.load_engine`).
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def settings_from_args(argv: list[str]) -> ServiceSettings:
 
 def export_command(settings: ServiceSettings) -> list[str]:
     """The subprocess that builds the default bundle from the built-in model of the same name, with both graphs
-    (int8 is served where it passes the probe check on this CPU)."""
+    (the engine that serves it is chosen on this CPU at load: `core.engines`)."""
     name = settings.default_model
     return [
         sys.executable, "-m", "embedder.cli", "export", name, "--name", name,

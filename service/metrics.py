@@ -109,6 +109,13 @@ class ServiceMetrics:
             ["key_id", "outcome"],
             registry=r,
         )
+        self.model_engine = Gauge(
+            "embed_model_engine",
+            "1 for the engine and precision serving the model (chosen at load on this CPU, or pinned; /v1/models "
+            "says why).",
+            ["model", "engine", "precision"],
+            registry=r,
+        )
         self.tokens = Counter("embed_tokens", "Tokens embedded.", ["model"], registry=r)
         self.embeddings = Counter("embed_embeddings", "Embeddings returned.", ["model"], registry=r)
         self.register_model(NO_MODEL)

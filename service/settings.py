@@ -77,9 +77,23 @@ class ServiceSettings(BaseSettings):
 
     serve_int8: bool = Field(
         default=True,
-        description="Serve a bundle's int8 graph when it keeps the parity bars (cosine to fp32 ≥ 0.99 mean, 0.97 "
-        "min on the bundle's probes) on this CPU, checked at load; else its fp32 graph (logged, shown in /v1/models "
-        "and embed_model_int8). int8 is 1.3-2x faster on CPU. Off: always fp32.",
+        description="Let the engine choice serve a bundle's int8 graph when it keeps the parity bars (cosine to fp32 "
+        "≥ 0.99 mean, 0.97 min on the bundle's probes) on this CPU, checked at load (shown in /v1/models and "
+        "embed_model_int8). Off: no int8 graph is served; the choice is among the other engines.",
+    )
+    engine: Literal["auto", "onnxruntime-int8", "openvino-bf16", "openvino-f32", "onnxruntime-fp32"] = Field(
+        default="onnxruntime-int8",
+        description="Which engine runs each model. Default onnxruntime-int8: the bundle's int8 graph where it keeps "
+        "the parity bars on this CPU (checked at load, about 1 s), else its fp32 graph. auto: at load, every "
+        "candidate (onnxruntime int8 and fp32, "
+        "OpenVINO bf16 where the CPU has bf16 units, OpenVINO f32) is checked against the bundle's fp32 reference "
+        "embeddings on this CPU and the passing ones timed on a few batches; the fastest is served, never one slower "
+        "than onnxruntime int8 (on a Xeon with AMX, OpenVINO bf16 served paragraphs 1.9x faster; docs/BENCHMARKS.md). "
+        "This costs load time and memory: minilm-l6 took 24-50 s and 1.2 GB at peak on a busy 2-core Xeon, against "
+        "1 s pinned, the choice flipped between runs on that busy machine, and a text alone may be embedded by "
+        "another engine than inside a large batch (small batches go to the engine fastest on them). A name pins "
+        "that engine (still parity-checked: fp32 on onnxruntime where it misses). /v1/models and embed_model_engine "
+        "say which and why.",
     )
 
     # --- onnxruntime threads -----------------------------------------------------------------------

@@ -96,11 +96,21 @@ class ModelCard(BaseModel):
     version: str
     dim: int
     max_seq_length: int
-    quantization: str = Field(description="The graph being served: int8, or none (fp32).")
+    quantization: str = Field(description="The precision the served engine computes in: int8, bf16, or none (fp32).")
+    engine: str | None = Field(
+        default=None,
+        description="The engine serving the model (onnxruntime-int8, openvino-bf16, openvino-f32, onnxruntime-fp32): "
+        "the fastest that kept the parity bars on this CPU at load, or the one EMBED_ENGINE pins.",
+    )
+    engine_choice: dict[str, Any] | None = Field(
+        default=None,
+        description="Why that engine: the setting, the reason, every candidate's trial (status passed / failed / "
+        "unavailable / disabled / no-int8 / no-references / not-tried, probe cosines to fp32, best seconds per "
+        "timing batch), the CPU and how long the choice took.",
+    )
     int8_check: dict[str, Any] | None = Field(
         default=None,
-        description="Why that graph: status passed / failed / disabled / no-int8 / no-references, the reason, the "
-        "probe cosines to fp32 on this CPU, and the CPU.",
+        description="The int8 graph's trial on this CPU (status, reason, probe cosines to fp32) and the CPU.",
     )
     base_model: str | None = None
     method: str | None = None

@@ -146,16 +146,31 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Respon
         return _json(scores.astype(np.float32), track.headers())
 
 
+_QUANTIZATION = {"int8": "int8", "bf16": "bf16"}  # an engine's precision -> the card's quantization (else none)
+
+
+def _int8_check(choice: dict[str, Any]) -> dict[str, Any] | None:
+    """The int8 graph's trial from the engine choice, with the CPU (what the card showed before engines)."""
+    trial = next((t for t in choice.get("trials", []) if t["engine"] == "onnxruntime-int8"), None)
+    if trial is None:
+        return None
+    figures = ("status", "reason", "mean_cosine", "min_cosine")
+    return {key: trial[key] for key in figures} | {"cpu": choice["cpu"]}
+
+
 def _card(model: ServedModel) -> ModelCard:
     manifest = model.info.manifest
+    choice = model.info.engine
     return ModelCard(
         id=model.name,
         created=int(model.loaded_at),
         version=model.info.version,
         dim=model.info.dim,
         max_seq_length=model.info.max_seq_length,
-        quantization="int8" if model.info.variant == "int8" else "none",
-        int8_check=model.info.int8_check or None,
+        quantization=_QUANTIZATION.get(choice.get("precision", model.info.variant), "none"),
+        engine=choice.get("engine"),
+        engine_choice=choice or None,
+        int8_check=_int8_check(choice),
         base_model=manifest.get("base_model"),
         method=(manifest.get("method") or {}).get("name"),
     )

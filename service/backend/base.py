@@ -36,7 +36,7 @@ class ModelInfo:
     path: Path
     manifest: dict[str, Any] = field(repr=False, default_factory=dict)
     variant: str = "fp32"  # the graph being served: "int8" only where it passed the probe check on this CPU
-    int8_check: dict[str, Any] = field(default_factory=dict)  # `core.runtime.Int8Check.as_dict()`
+    engine: dict[str, Any] = field(default_factory=dict)  # `core.engines.EngineChoice.as_dict()`: which and why
 
 
 class Backend(ABC):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from core.runtime import load_checked
+from core.engines import load_engine
 from service.backend.base import Backend, ModelInfo, Tokenized
 from service.settings import ServiceSettings
 
@@ -26,9 +26,9 @@ def resolve_threads(intra_op_threads: int) -> int:
 
 
 class OnnxBackend(Backend):
-    """Tokenise with the bundle's fast tokenizer; embed with its onnxruntime session (pooled and normalised
-    in the graph, so one `run` gives final embeddings). The int8 graph is served only if it passes the probe
-    check on this CPU (`core.runtime.load_checked`); otherwise the fp32 one, and ``info`` says why."""
+    """Tokenise with the bundle's fast tokenizer; embed with the engine chosen for this CPU (pooled and normalised
+    in the graph, so one `run` gives final embeddings): the fastest candidate that keeps the parity bars on the
+    bundle's probes here, or the pinned one (`core.engines.load_engine`); ``info`` says which and why."""
 
     def __init__(
         self,
@@ -38,9 +38,11 @@ class OnnxBackend(Backend):
         inter_op_threads: int = 1,
         allow_spinning: bool = False,
         serve_int8: bool = True,
+        engine: str = "auto",
     ) -> None:
-        self.bundle, check = load_checked(
+        self.bundle, choice = load_engine(
             bundle_dir,
+            engine=engine,
             serve_int8=serve_int8,
             intra_op_threads=resolve_threads(intra_op_threads),
             inter_op_threads=inter_op_threads,
@@ -56,7 +58,7 @@ class OnnxBackend(Backend):
             path=Path(bundle_dir),
             manifest=manifest,
             variant=self.bundle.variant,
-            int8_check=check.as_dict(),
+            engine=choice.as_dict(),
         )
         self._counter: Tokenizer | None = None
         self._counter_lock = threading.Lock()
@@ -84,4 +86,5 @@ def onnx_backend_factory(bundle_dir: Path, settings: ServiceSettings) -> Backend
         inter_op_threads=settings.inter_op_threads,
         allow_spinning=settings.ort_allow_spinning,
         serve_int8=settings.serve_int8,
+        engine=settings.engine,
     )

@@ -158,9 +158,9 @@ class ModelManager:
             metrics=self.metrics,
         )
         log.info(
-            "model %s version %s loaded from %s in %.1fs (dim %d, max_seq_length %d, %s graph)",
+            "model %s version %s loaded from %s in %.1fs (dim %d, max_seq_length %d, %s graph, engine %s)",
             name, backend.info.version, bundle, time.perf_counter() - started, backend.info.dim,
-            backend.info.max_seq_length, backend.info.variant,
+            backend.info.max_seq_length, backend.info.variant, backend.info.engine.get("engine", "-"),
         )  # fmt: skip
         return ServedModel(name=name, backend=backend, batcher=batcher, loaded_at=time.time())
 
@@ -174,8 +174,12 @@ class ModelManager:
         name = model.name
         self.metrics.register_model(name)
         self.metrics.model_int8.labels(name).set(1 if model.info.variant == "int8" else 0)
-        model.batcher.start()
         old = self._models.get(name)
+        if old is not None and old.info.engine:
+            self.metrics.model_engine.remove(name, old.info.engine["engine"], old.info.engine["precision"])
+        if model.info.engine:
+            self.metrics.model_engine.labels(name, model.info.engine["engine"], model.info.engine["precision"]).set(1)
+        model.batcher.start()
         self._models[name] = model
         self._failed.pop(name, None)
         self.metrics.models_loaded.set(len(self._models))

@@ -18,6 +18,7 @@ import torch
 
 from core import registry, runtime
 from core.catalog import sha256_file
+from core.engines import load_engine
 from core.runtime import OnnxBundle, cosines
 from evaluation.models import load_model
 from export import api, graph, quantize
@@ -110,24 +111,22 @@ def test_int8_setting_chosen_by_measurement_on_this_cpu(l3_registry: Path, minil
     assert runtime.cosines(torch_reference(minilm_l3_path).encode(texts[:8]), reference[:8]).min() >= 0.9999
 
 
-def test_load_checked_serves_int8_only_where_it_passes(l3_registry: Path, tmp_path: Path) -> None:
+def test_the_int8_graph_is_served_only_where_it_passes(l3_registry: Path, tmp_path: Path) -> None:
     source = registry.current_bundle(l3_registry, "minilm-l3")
-    served, check = runtime.load_checked(source)
-    assert (served.variant, check.status, check.variant) == ("int8", "passed", "int8")
-    assert check.min_cosine >= 0.97 and check.cpu == runtime.cpu_features()
-    assert runtime.load_checked(source, serve_int8=False)[1].status == "disabled"
+    served, choice = load_engine(source, engine="onnxruntime-int8")
+    check = choice.trial("onnxruntime-int8")
+    assert (served.variant, check.status, choice.engine) == ("int8", "passed", "onnxruntime-int8")
+    assert check.min_cosine >= 0.97 and choice.cpu == runtime.cpu_features()
+    assert load_engine(source, serve_int8=False)[1].trial("onnxruntime-int8").status == "disabled"
 
     # The same graphs against references they cannot match (as on a CPU whose int8 kernels lose precision).
     bundle = tmp_path / "bundle"
     shutil.copytree(source, bundle)
     texts, reference = runtime.read_probes(bundle)
     runtime.write_probes(bundle, texts, np.roll(reference, 1, axis=1))
-    served, check = runtime.load_checked(bundle)
-    assert (served.variant, check.status) == ("fp32", "failed")
-    assert "int8: mean cosine to torch" in check.reason
-
-    (bundle / runtime.PROBES_FILE).unlink()  # a bundle without references is never served int8 unchecked
-    assert runtime.load_checked(bundle)[1].status == "no-references"
+    served, choice = load_engine(bundle, engine="onnxruntime-int8")
+    assert (served.variant, choice.trial("onnxruntime-int8").status) == ("fp32", "failed")
+    assert "onnxruntime-int8: mean cosine to torch" in choice.trial("onnxruntime-int8").reason
 
 
 def test_auto_publishes_fp32_when_no_int8_setting_passes(

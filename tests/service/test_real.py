@@ -16,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.runtime import OnnxBundle, read_probes, write_probes
+from core.runtime import OnnxBundle, cosines, read_probes, write_probes
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.ports import free_port
@@ -30,9 +30,11 @@ def reference(tiny_registry: Path) -> OnnxBundle:
 
 
 def _settings(registry: Path, **overrides) -> ServiceSettings:
+    """Settings for a real server; the fp32 graph on onnxruntime unless told, so its vectors can be held against
+    `reference` to 1e-5 (under ``engine=auto`` another engine may serve some batches, within the parity bars)."""
     values = {
         "registry_dir": registry, "default_model": "tiny", "registry_poll_seconds": 0, "adapt_enabled": False,
-        "intra_op_threads": 1, "max_batch_size": 16, "max_batch_tokens": 2048,
+        "intra_op_threads": 1, "max_batch_size": 16, "max_batch_tokens": 2048, "engine": "onnxruntime-fp32",
     } | overrides  # fmt: skip
     return ServiceSettings.from_flat(**values)
 
@@ -222,7 +224,7 @@ def int8_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path
 
 
 def test_int8_is_served_only_where_it_passes_the_probe_check_on_this_cpu(int8_registry, serve, varied_texts):
-    app = create_app(_settings(int8_registry, default_model="good"), include_adapt=False)
+    app = create_app(_settings(int8_registry, default_model="good", engine="onnxruntime-int8"), include_adapt=False)
     with serve(app) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
         cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
         assert cards["good"]["quantization"] == "int8" and cards["good"]["int8_check"]["status"] == "passed"
@@ -235,7 +237,35 @@ def test_int8_is_served_only_where_it_passes_the_probe_check_on_this_cpu(int8_re
         families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
         flags = {s.labels["model"]: s.value for s in families["embed_model_int8"].samples}
         assert flags == {"good": 1.0, "bad": 0.0}
-    fp32_only = create_app(_settings(int8_registry, default_model="good", serve_int8=False), include_adapt=False)
+    fp32_only = create_app(
+        _settings(int8_registry, default_model="good", serve_int8=False, engine="onnxruntime-fp32"),
+        include_adapt=False,
+    )
     with serve(fp32_only) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
         card = client.get("/v1/models").json()["data"][1]
-        assert (card["id"], card["quantization"], card["int8_check"]["status"]) == ("good", "none", "disabled")
+        assert (card["id"], card["quantization"], card["engine"]) == ("good", "none", "onnxruntime-fp32")
+        assert card["int8_check"]["status"] == "not-tried"
+
+
+def test_the_engine_chosen_on_this_cpu_is_shown_and_serves_what_it_says(int8_registry, serve, varied_texts):
+    app = create_app(_settings(int8_registry, default_model="good", engine="auto"), include_adapt=False)
+    with serve(app) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        card = next(c for c in client.get("/v1/models").json()["data"] if c["id"] == "good")
+        choice = card["engine_choice"]
+        assert card["engine"] == choice["engine"] and choice["setting"] == "auto" and choice["reason"]
+        trials = {t["engine"]: t for t in choice["trials"]}
+        assert trials[card["engine"]]["status"] == "passed" and trials[card["engine"]]["min_cosine"] >= 0.97
+        assert card["quantization"] == {"int8": "int8", "bf16": "bf16"}.get(choice["precision"], "none")
+        assert client.get("/info").json()["models"][1]["engine_choice"] == choice
+        assert choice["small_batch_engine"] is None or trials[choice["small_batch_engine"]]["status"] == "passed"
+        # Whichever engine ran each batch, every vector keeps the parity bar against the fp32 graph.
+        vectors = client.post("/embed", json={"inputs": varied_texts, "model": "good", "truncate": True}).json()
+        fp32 = OnnxBundle(int8_registry / "good" / "current", variant="fp32").encode(varied_texts)
+        assert cosines(np.asarray(vectors), fp32).min() >= 0.97
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        (sample,) = [s for s in families["embed_model_engine"].samples if s.labels["model"] == "good"]
+        assert (sample.labels["engine"], sample.labels["precision"], sample.value) == (
+            card["engine"],
+            choice["precision"],
+            1.0,
+        )

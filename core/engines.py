@@ -1,0 +1,322 @@
+"""Which engine runs a bundle on this CPU: chosen by measurement at load, like the int8 graph before it.
+
+A candidate is an engine × precision over one of the bundle's graphs (`ENGINES`): onnxruntime's int8 and fp32
+graphs as exported, and OpenVINO compiling the same fp32 ``model.onnx`` for this CPU — at bf16 where the CPU has
+bf16 units (AMX or AVX-512 BF16: OpenVINO's own default there), and at f32. Which is fastest depends on the CPU's
+matrix units (on a Xeon with AMX, OpenVINO's bf16 ran MiniLM paragraphs ~2x faster than onnxruntime's int8; on
+an AVX2-only CPU there is no bf16 to run), and so does what its reduced precision does to the vectors, so both
+are measured here, where the bundle is served:
+
+1. parity — every candidate embeds the bundle's probe texts and is held against their fp32 (torch) reference
+   embeddings (``probes.npz``) with the int8 bars of `ParityBars`; a candidate below them is never served;
+2. speed — the candidates that pass embed batches shaped like the served load (32 short texts; 8 texts at
+   ``max_seq_length``; and 1, 4 and 16 short texts), a warm-up and then `TIMING_ROUNDS` rounds in alternating
+   order, keeping each one's best;
+3. choice — `pick`: the fastest by the geometric mean of the 32-short and 8-long times among those no slower than
+   onnxruntime's int8 graph on either batch, preferring `ENGINES`' order within `SPEED_TOLERANCE` of the fastest;
+   then `pick_small`: where another passing engine is faster on one text (OpenVINO pays a larger fixed cost per
+   call: on one short text it ran 1.3-3x slower than onnxruntime int8 on a busy 2-core Xeon with AMX), it runs the
+   small batches it was faster on.
+
+A setting pins one engine instead (checked for parity, never timed); when the pinned engine or every candidate
+misses the bars, the fp32 graph on onnxruntime — checked against torch at export — is served, and the
+`EngineChoice` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.registry import read_manifest
+from core.runtime import PROBES_FILE, OnnxBundle, ParityBars, cosines, cpu_features, int8_failures, read_probes
+
+log = logging.getLogger(__name__)
+
+SPEED_TOLERANCE = 0.05  # a candidate this much slower than the fastest still wins if it comes first in ENGINES
+TIMING_ROUNDS = 2
+SHORT_BATCH = 32  # texts of the short timing batch (probe sentences)
+LONG_BATCH = 8  # texts of the long timing batch (probes cut at max_seq_length)
+SMALL_BATCHES = (1, 4, 16)  # texts of the small timing batches (probe sentences): where a second engine may serve
+# The main engine takes a small batch size from the small-batch engine only when this much faster on it: OpenVINO's
+# 1.18x win on 16 short texts at load became a 0.85-0.88x loss at 1 text x 32 clients served (docs/BENCHMARKS.md).
+SMALL_BATCH_MARGIN = 1.3
+BATCH_SHAPES = ("short", "long")  # the batches that decide the main engine
+OUT_OF_RACE = 1.3  # after one timed round, an engine this much slower than the fastest on every batch is not timed on
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One candidate: a runtime, the bundle graph it reads and the precision it computes in."""
+
+    name: str
+    runtime: str  # core.runtime.RUNTIMES
+    graph: str  # the manifest's variant: int8 or fp32
+    precision: str  # what the arithmetic runs in
+    why: str
+
+
+# In order of preference at equal speed: the baseline first, the reference graph last.
+ENGINES = (
+    Engine("onnxruntime-int8", "onnxruntime", "int8", "int8", "the exported int8 graph (u8×s8 matmuls)"),
+    Engine("openvino-bf16", "openvino", "fp32", "bf16", "OpenVINO on bf16 units (AMX, AVX-512 BF16)"),
+    Engine("openvino-f32", "openvino", "fp32", "f32", "OpenVINO at f32: its own kernels and fusions"),
+    Engine("onnxruntime-fp32", "onnxruntime", "fp32", "fp32", "the fp32 reference graph, checked against torch"),
+)
+BY_NAME = {engine.name: engine for engine in ENGINES}
+BASELINE = "onnxruntime-int8"  # nothing slower than it is served where it passes
+FALLBACK = "onnxruntime-fp32"  # served when nothing else passes
+AUTO = "auto"
+ENGINE_SETTINGS = (AUTO, *BY_NAME)
+
+
+@dataclass
+class Trial:
+    """What one candidate did on this CPU. ``status``: ``passed``, ``failed`` (below the parity bars),
+    ``unavailable`` (could not load here), ``disabled`` (int8 serving is off), ``no-int8`` (the bundle has no
+    int8 graph), ``no-references`` (no probes to check against), ``not-tried`` (another engine is pinned)."""
+
+    engine: str
+    status: str
+    reason: str = ""
+    mean_cosine: float | None = None
+    min_cosine: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # best time per timing batch (short, long, 1, 4, 16)
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine served, the setting that asked for it, why, every candidate's trial, the CPU and how long the
+    choice took (parity checks and timing, graph compilation included)."""
+
+    engine: str
+    setting: str
+    reason: str
+    trials: list[Trial]
+    seconds: float = 0.0
+    cpu: dict[str, Any] = field(default_factory=cpu_features)
+    small_batch_engine: str | None = None  # runs batches of at most small_batch_tokens padded tokens, when faster
+    small_batch_tokens: int = 0
+
+    @property
+    def graph(self) -> str:
+        return BY_NAME[self.engine].graph
+
+    @property
+    def precision(self) -> str:
+        return BY_NAME[self.engine].precision
+
+    def trial(self, name: str) -> Trial | None:
+        return next((t for t in self.trials if t.engine == name), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"precision": self.precision}
+
+
+def _score(seconds: Mapping[str, float]) -> float:
+    """Geometric mean of the main batches' times: each shape counts alike, whatever its length."""
+    return math.exp(sum(math.log(seconds[shape]) for shape in BATCH_SHAPES) / len(BATCH_SHAPES))
+
+
+def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[str, str]:
+    """The engine to serve among timed trials, and why (pure: the choice logic, apart from loading and timing).
+
+    Only a ``passed`` trial is eligible. Where the baseline passed, a candidate slower than it on any timed batch is
+    not. Among the eligible, the first in `ENGINES` order within ``tolerance`` of the fastest wins.
+    """
+    passed = [t for t in trials if t.status == "passed"]
+    if not passed:
+        return FALLBACK, "no candidate kept the parity bars on this CPU: serving the fp32 reference graph"
+    if len(passed) == 1:
+        return passed[0].engine, "the only candidate that kept the parity bars on this CPU"
+    baseline = next((t for t in passed if t.engine == BASELINE), None)
+    eligible = [
+        t for t in passed
+        if t.seconds and (baseline is None or all(t.seconds[k] <= baseline.seconds[k] for k in BATCH_SHAPES))
+    ]  # fmt: skip
+    fastest = min(_score(t.seconds) for t in eligible)
+    order = [engine.name for engine in ENGINES]
+    winner = min(
+        (t for t in eligible if _score(t.seconds) <= fastest * (1 + tolerance)), key=lambda t: order.index(t.engine)
+    )
+    times = ", ".join(f"{t.engine} {_score(t.seconds) * 1e3:.1f} ms" for t in passed)
+    return winner.engine, f"fastest of the candidates that kept the parity bars (geometric mean per batch: {times})"
+
+
+def pick_small(trials: Sequence[Trial], main: str, tokens: Mapping[str, int]) -> tuple[str | None, int]:
+    """A second engine for small batches, and up to how many padded tokens it runs them: (None, 0) when ``main``
+    is at least as fast on one text. Otherwise the engine fastest on one text serves every small timing batch on
+    which ``main`` does not beat it by `SMALL_BATCH_MARGIN` (`SMALL_BATCHES` in ascending order, stopping at the
+    first it loses), up to that batch's padded tokens (``tokens``): an engine built for large matrices can lose
+    several times over on one text, and its thin wins on mid-sized batches did not hold under a crowded machine."""
+    timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
+    if main not in timed:
+        return None, 0
+    small = min(timed, key=lambda engine: timed[engine]["1"])
+    limit = 0
+    for size in SMALL_BATCHES:
+        if timed[small][str(size)] >= timed[main][str(size)] * SMALL_BATCH_MARGIN:
+            break
+        limit = tokens[str(size)]
+    return (small, limit) if limit and small != main else (None, 0)
+
+
+def _timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[str]]:
+    """Batches of short probe texts (1, 4, 16 and 32) and one of texts cut at ``max_seq_length``, like the
+    served load's two ends."""
+    lengths = [len(e.ids) for e in bundle.tokenize(texts)]
+    by_length = sorted(range(len(texts)), key=lambda i: lengths[i])
+    short = [texts[i] for i in by_length if 8 <= lengths[i] <= 32] or [texts[i] for i in by_length]
+    long = [texts[i] for i in by_length if lengths[i] >= bundle.max_seq_length] or [texts[by_length[-1]]]
+    cycle = lambda pool, n: [pool[i % len(pool)] for i in range(n)]  # noqa: E731
+    small = {str(n): cycle(short[len(short) // 2 :], n) for n in SMALL_BATCHES}
+    return {"short": cycle(short, SHORT_BATCH), "long": cycle(long, LONG_BATCH), **small}
+
+
+def time_engines(
+    bundles: Mapping[str, OnnxBundle], texts: Sequence[str], rounds: int = TIMING_ROUNDS
+) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    """Best seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
+    rounds in alternating order so a drift of a shared machine hits every candidate alike (the best is the run
+    least disturbed by it)."""
+    first = next(iter(bundles.values()))
+    feeds = {name: first.pad(first.tokenize(batch)) for name, batch in _timing_batches(first, texts).items()}
+    best = {engine: dict.fromkeys(feeds, math.inf) for engine in bundles}
+    names = list(bundles)
+    for round_ in range(rounds + 1):
+        for engine in names if round_ % 2 else reversed(names):
+            for shape, feed in feeds.items():
+                for _ in range(3 if feed["input_ids"].shape[0] < SHORT_BATCH else 1):  # small ones are noisier
+                    started = time.perf_counter()
+                    bundles[engine].run(feed)
+                    if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
+                        best[engine][shape] = min(best[engine][shape], time.perf_counter() - started)
+        if round_ == 1:  # keep timing only the engines that may still win a batch: load time is readiness
+            names = [e for e in names if any(best[e][k] <= OUT_OF_RACE * min(best[o][k] for o in best) for k in feeds)]
+    return best, {shape: int(feed["input_ids"].size) for shape, feed in feeds.items()}
+
+
+def check_parity(
+    bundle: OnnxBundle, engine: str, texts: Sequence[str], reference: np.ndarray, bars: ParityBars
+) -> Trial:
+    """Embed the probes with ``bundle`` and hold them against the references with the int8 bars."""
+    cos = cosines(bundle.encode(texts, batch_size=16), reference)
+    failures = int8_failures(cos, bars, texts, label=engine)
+    figures = {"mean_cosine": float(np.mean(cos)), "min_cosine": float(np.min(cos))}
+    return Trial(engine, "failed" if failures else "passed", "; ".join(failures), **figures)
+
+
+def _unavailable_here(engine: Engine) -> str:
+    """Why ``engine`` cannot run on this machine, or '' when it can be tried."""
+    if engine.runtime != "openvino":
+        return ""
+    try:
+        import openvino as ov  # optional dependency: a missing or broken install skips its engines
+    except ImportError as error:
+        return f"openvino is not importable: {error}"
+    if engine.precision == "bf16":
+        capabilities = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        if "BF16" not in capabilities:
+            return f"this CPU has no bf16 units (OpenVINO's CPU capabilities: {', '.join(capabilities)})"
+    return ""
+
+
+def _open(path: Path, engine: Engine, **session: Any) -> OnnxBundle:
+    return OnnxBundle(path, variant=engine.graph, runtime=engine.runtime, precision=engine.precision, **session)
+
+
+def load_engine(
+    path: str | Path, *, engine: str = AUTO, serve_int8: bool = True, bars: ParityBars = ParityBars(), **session: Any
+) -> tuple[OnnxBundle, EngineChoice]:
+    """Load ``path`` with the engine chosen for this CPU (``engine="auto"``) or the one pinned by ``engine``.
+
+    ``session`` are `OnnxBundle`'s keyword arguments (threads, spinning). Never silently worse vectors: a
+    candidate that misses the bars or fails to load is skipped, logged with its reason and kept in the choice.
+    """
+    if engine not in ENGINE_SETTINGS:
+        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINE_SETTINGS)}")
+    started = time.perf_counter()
+    path = Path(path)
+    has_int8 = "int8" in read_manifest(path).get("onnx", {})
+    probes = read_probes(path)
+    trials: list[Trial] = []
+    bundles: dict[str, OnnxBundle] = {}
+    for candidate in ENGINES:
+        trial = _skip_reason(candidate, engine, serve_int8, has_int8, probes is not None, path)
+        if trial is None:
+            trial, bundle = _try(path, candidate, probes, bars, session)
+            if bundle is not None:
+                bundles[candidate.name] = bundle
+        if trial.status not in ("passed", "not-tried"):
+            log.info("bundle %s: engine %s %s: %s", path, trial.engine, trial.status, trial.reason)
+        trials.append(trial)
+    small, small_tokens = None, 0
+    if engine != AUTO and engine in bundles:
+        served, reason = engine, "pinned by the engine setting; kept the parity bars on this CPU"
+    elif engine != AUTO:
+        pinned = next(t for t in trials if t.engine == engine)
+        served = FALLBACK
+        reason = f"{engine} is pinned but did not pass here ({pinned.status}): serving the fp32 reference graph"
+    else:
+        timed, tokens = time_engines(bundles, probes[0]) if len(bundles) > 1 and probes is not None else ({}, {})
+        for trial in trials:
+            trial.seconds = {shape: round(s, 6) for shape, s in timed.get(trial.engine, {}).items()}
+        served, reason = pick(trials)
+        small, small_tokens = pick_small(trials, served, tokens)
+    bundle = bundles.pop(served, None) or _open(path, BY_NAME[served], **session)
+    if small is not None:
+        bundle.route_small_batches(bundles[small], small_tokens)
+        reason += f"; batches of at most {small_tokens} padded tokens run on {small}, faster there"
+    bundles.clear()  # free the candidates not served
+    choice = EngineChoice(
+        served, engine, reason, trials, round(time.perf_counter() - started, 2), small_batch_engine=small,
+        small_batch_tokens=small_tokens,
+    )  # fmt: skip
+    missed = any(t.status in ("failed", "unavailable") for t in trials)  # something that should run here did not
+    log_level = logging.WARNING if served == FALLBACK and missed else logging.INFO
+    log.log(
+        log_level, "bundle %s: serving %s on this CPU (%s; %s), chosen in %.1f s: %s",
+        path, served, choice.cpu["model"], ",".join(choice.cpu["flags"]) or "no int8/bf16 extensions",
+        choice.seconds, reason,
+    )  # fmt: skip
+    return bundle, choice
+
+
+def _skip_reason(
+    candidate: Engine, setting: str, serve_int8: bool, has_int8: bool, has_probes: bool, path: Path
+) -> Trial | None:
+    """A trial for a candidate that is not tried at all, or None when it is."""
+    name = candidate.name
+    if setting not in (AUTO, name):
+        return Trial(name, "not-tried", f"the engine setting pins {setting}")
+    if candidate.graph == "int8" and not has_int8:
+        return Trial(name, "no-int8", "the bundle has no int8 graph")
+    if candidate.graph == "int8" and not serve_int8:
+        return Trial(name, "disabled", "int8 serving is off")
+    if not has_probes and name != FALLBACK:
+        return Trial(name, "no-references", f"{path} stores no {PROBES_FILE}; re-export it to check other engines")
+    return None
+
+
+def _try(
+    path: Path, candidate: Engine, probes: tuple[list[str], np.ndarray] | None, bars: ParityBars, session: dict
+) -> tuple[Trial, OnnxBundle | None]:
+    """Load ``candidate`` and check its parity; the bundle is kept only when it passed."""
+    reason = _unavailable_here(candidate)
+    if reason:
+        return Trial(candidate.name, "unavailable", reason), None
+    try:
+        bundle = _open(path, candidate, **session)
+    except Exception as error:  # a runtime that cannot read or compile this graph: skip it, say why
+        return Trial(candidate.name, "unavailable", f"{type(error).__name__}: {str(error)[:300]}"), None
+    if probes is None:  # only the reference graph gets here: there is nothing to check it against
+        return Trial(candidate.name, "passed", "no probes: the reference graph, unchecked here"), bundle
+    trial = check_parity(bundle, candidate.name, *probes, bars)
+    return trial, bundle if trial.status == "passed" else None
