@@ -9,7 +9,10 @@ job's checks and the domain's real task (`domain_checks.py`):
 - ``distil``: first distil the *unadapted* teacher into the base student (the recipe's SCT + MSE on whole texts: the
   customer's training documents and a sentence of each, plus as many of the base student's own texts — whose targets
   are the teacher's, as in the build), ``--distil-steps`` steps or ``--distil-budget`` seconds, then the same crop step;
-- ``distil-only``: the distillation alone.
+- ``distil-only``: the distillation alone;
+- ``adapted-teacher``: the job's crop fine-tune of the teacher itself (what a job without a student publishes) —
+  needs no base student (``--base-student`` may be left out), and is the pair that tests whether a check rewards
+  what adapting learns while the real task falls.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/student_levers.py --domain cwe --seed 0 \\
         --base-student runs/bench-student/registry/minilm-l6--sct-tiny/1/checkpoint --variants default,distil \\
@@ -34,6 +37,7 @@ from report_file import write_report
 from adapt.pipeline import split_corpus
 from adapt.settings import AdaptSettings
 from adapt.spec import JobSpec
+from adapt.stages import adapt_config
 from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE
 from core.runtime import cpu_features
@@ -46,13 +50,12 @@ from training.data import text_units
 from training.inputs import recipe_training_texts
 from training.trainer import train
 
-VARIANTS = ("default", "distil", "distil-only")
+UNBOUNDED_S = 86_400.0
+VARIANTS = ("default", "distil", "distil-only", "adapted-teacher")
 
 
 def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule: Any, general: list[str], out: Path):
     """The job's crop step on the student (as `adapt.student.student_stage` runs it), from ``start``."""
-    from adapt.stages import adapt_config
-
     plan = spec.student
     assert plan is not None
     rehearsal = {"rehearsal_weight": plan.rehearsal_weight, "rehearsal_texts": tuple(general),
@@ -95,16 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--domain", required=True, help="drug, cwe, hpo or spdx")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--base-student", type=Path, required=True, help="the base student's torch checkpoint")
+    parser.add_argument("--base-student", type=Path, default=None, help="the base student's torch checkpoint")
     parser.add_argument("--teacher", default=None, help="also score this model (e.g. minilm-l6)")
     parser.add_argument("--variants", default="default,distil")
     parser.add_argument("--distil-steps", type=int, default=60)
     parser.add_argument("--distil-budget", type=float, default=120.0)
     parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--crop-steps", type=int, default=None, help="default: the service's student_adapt_steps")
+    parser.add_argument("--steps-only", action="store_true", help="no time budgets (a busy machine): steps decide")
     parser.add_argument("--workdir", type=Path, default=Path("runs/levers"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    spec = JobSpec.build(AdaptSettings(), base_model="minilm-l6", name="lever", seed=args.seed, student="sct-tiny")
+    overrides: dict[str, Any] = {} if args.crop_steps is None else {"student_adapt_steps": args.crop_steps}
+    if args.steps_only:
+        overrides |= {"time_budget_s": UNBOUNDED_S, "student_adapt_time_budget_s": UNBOUNDED_S}
+        args.distil_budget = UNBOUNDED_S
+    settings = AdaptSettings(**overrides)
+    spec = JobSpec.build(settings, base_model="minilm-l6", name="lever", seed=args.seed, student="sct-tiny")
     plan = spec.student
     assert plan is not None
     docs = unseen_documents(args.domain, args.documents, 0, max_chars=20_000)  # bench_adapt's draw (its --seed 0)
@@ -112,24 +122,30 @@ def main(argv: list[str] | None = None) -> int:
     rule = choose_crop_rule(split.train)
     crops = CropPairRetrieval.from_corpus(split.held_out, seed=args.seed, name=IN_DOMAIN_TASK, rule=rule).crop_pairs()
     base = args.base_student
-    own = recipe_training_texts(base / RECIPE_FILE)
+    own = recipe_training_texts(base / RECIPE_FILE) if base is not None else []
     general = random.Random(args.seed).sample(own, min(plan.general_texts, len(own)))
     cache = args.workdir / "cache"
     teacher = resolve_model("minilm-l6")
     work = args.workdir / f"{args.domain}-{args.seed}"
     results: dict[str, Any] = {"domain": args.domain, "seed": args.seed, "cpu": cpu_features(), "variants": {}}
-    models = {"base_student": str(base), **({"teacher": args.teacher} if args.teacher else {})}
+    models = {**({"base_student": str(base)} if base else {}), **({"teacher": args.teacher} if args.teacher else {})}
     for variant in args.variants.split(","):
         if variant not in VARIANTS:
             parser.error(f"unknown variant {variant!r}: use {', '.join(VARIANTS)}")
+        if base is None and variant != "adapted-teacher":
+            parser.error(f"the variant {variant!r} needs --base-student")
         tick, stages = time.perf_counter(), {}
         start = base
-        if variant.startswith("distil"):
+        if variant == "adapted-teacher":
+            run = train(adapt_config(spec, teacher, split.train, work / variant, threads=2), crop_rule=rule)
+            stages["crops"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
+            start = run.best_dir
+        elif variant.startswith("distil"):
             run = distil(base, teacher, split.train, general, args.seed, args.distil_steps, args.distil_budget,
                          work / f"{variant}-distil", cache)  # fmt: skip
             stages["distil"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
-        if variant != "distil-only":
+        if variant not in ("distil-only", "adapted-teacher"):
             run = crop_step(spec, base, start, split.train, rule, general, work / f"{variant}-crops")
             stages["crops"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
