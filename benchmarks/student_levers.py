@@ -15,7 +15,7 @@ job's checks and the domain's real task (`domain_checks.py`):
   what adapting learns while the real task falls.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/student_levers.py --domain cwe --seed 0 \\
-        --base-student runs/bench-student/registry/minilm-l6--sct-tiny/1/checkpoint --variants default,distil \\
+        --base-student runs/sct-tiny-base/best --variants default,distil \\
         --workdir runs/levers --out runs/levers_cwe_0.json
 """
 
@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     rule = choose_crop_rule(split.train)
     crops = CropPairRetrieval.from_corpus(split.held_out, seed=args.seed, name=IN_DOMAIN_TASK, rule=rule).crop_pairs()
     base = args.base_student
-    own = recipe_training_texts(base / RECIPE_FILE) if base is not None else []
+    recipe = None if base is None else next(p for p in (base / RECIPE_FILE, base.parent / RECIPE_FILE) if p.is_file())
+    own = recipe_training_texts(recipe) if recipe is not None else []  # a bundle's checkpoint/ or a run's best/
     general = random.Random(args.seed).sample(own, min(plan.general_texts, len(own)))
     cache = args.workdir / "cache"
     teacher = resolve_model("minilm-l6")
