@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_overload import drive, start_server
+from bench_overload import check_run_args, drive, start_server
 from bench_service import MODEL, ROOT, _stop, workloads
 from report_file import write_report
 
@@ -79,11 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of alone / flooded")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    if not 0 < args.seconds <= 120 or not 1 <= args.rounds <= 5:
-        parser.error("keep it bounded: at most 120 s per run and 5 rounds")
-    if not (args.registry / MODEL / "current").exists():
-        parser.error(f"{args.registry} has no promoted {MODEL}; run: embedder export {MODEL} --name {MODEL} "
-                     f"--promote --quantize auto --registry {args.registry}")  # fmt: skip
+    check_run_args(parser, args)
     short, _ = workloads()
     payloads = [json.dumps({"input": short[i : i + 32], "model": MODEL}).encode() for i in range(0, 1969, 32)]
     proc, url = start_server(

@@ -119,6 +119,15 @@ def histogram_p99(before: dict[str, float], after: dict[str, float], name: str) 
     return next(le for le, count in buckets if count >= 0.99 * total)
 
 
+def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace, max_rounds: int = 5) -> None:
+    """What every load benchmark keeps to: bounded runs, and the promoted bundle it serves."""
+    if not 0 < args.seconds <= 120 or not 1 <= args.rounds <= max_rounds:
+        parser.error(f"keep it bounded: at most 120 s per run and {max_rounds} rounds")
+    if not (args.registry / MODEL / "current").exists():
+        parser.error(f"{args.registry} has no promoted {MODEL}; run: embedder export {MODEL} --name {MODEL} "
+                     f"--promote --quantize auto --registry {args.registry}")  # fmt: skip
+
+
 def admission_limits(url: str) -> dict[str, Any]:
     return httpx.get(f"{url}/info", timeout=30).json()["limits"]
 
@@ -295,11 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sdk", action="store_true", help="also run the OpenAI SDK bulk check on both graphs")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    if not 0 < args.seconds <= 120 or not 1 <= args.rounds <= 5:
-        parser.error("keep it bounded: at most 120 s per run and 5 rounds")
-    if not (args.registry / MODEL / "current").exists():
-        parser.error(f"{args.registry} has no promoted {MODEL}; run: embedder export {MODEL} --name {MODEL} "
-                     f"--promote --quantize auto --registry {args.registry}")  # fmt: skip
+    check_run_args(parser, args)
     loads = [load for load in LOADS if load.name in args.loads.split(",")]
     short, paragraphs = workloads()
     payloads = {

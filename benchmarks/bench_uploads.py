@@ -30,10 +30,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from bench_overload import check_run_args
 from bench_service import MODEL, ROOT, _free_port, _pct, _stop, _wait_ready, workloads
 from report_file import write_report
 
 from core.runtime import cpu_features
+from core.settings import DEFAULT_REGISTRY_DIR
 
 TARGET_MS = 50.0
 
@@ -127,7 +129,7 @@ async def drive(url: str, clients: int, seconds: float, corpora: list[tuple[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--registry", type=Path, default=ROOT / "registry", help="registry with minilm-l6")
+    parser.add_argument("--registry", type=Path, default=ROOT / DEFAULT_REGISTRY_DIR, help="registry with minilm-l6")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
     parser.add_argument("--clients", type=int, default=4, help="embedding clients, one text per request")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each run")
@@ -135,11 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=20_000, help="documents per upload (~2 KB each)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    if not 0 < args.seconds <= 120 or not 1 <= args.rounds <= 6:
-        parser.error("keep it bounded: at most 120 s per run and 6 rounds")
-    if not (args.registry / MODEL / "current").exists():
-        parser.error(f"{args.registry} has no promoted {MODEL}; run: embedder export {MODEL} --name {MODEL} "
-                     f"--promote --quantize auto --registry {args.registry}")  # fmt: skip
+    check_run_args(parser, args, max_rounds=6)
     corpora = uploads(args.documents)
     sizes = {kind: len(p if kind == "json" else p[1]) for kind, p in corpora}
     print(f"uploads: {sizes} bytes, {args.documents} documents each", flush=True)

@@ -6,6 +6,7 @@ exported once per session with `export.api.export_bundle`.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import zlib
@@ -163,6 +164,22 @@ def backends_of(app: FastAPI) -> dict[str, FakeBackend]:
 @pytest.fixture
 def fake_backends() -> Callable[[FastAPI], dict[str, FakeBackend]]:
     return backends_of
+
+
+def wait_ready(proc: subprocess.Popen[str], url: str, seconds: float = 90) -> None:
+    """Until an `embedder serve` process answers ``/ready`` with 200 (fails with its output if it exits first)."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.1)
+    pytest.fail(f"embedder serve did not become ready in {seconds:g} s")
 
 
 @contextmanager

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.ports import free_port
+from tests.service.conftest import wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,19 +43,6 @@ def test_serve_on_every_interface_with_adapt_and_no_admin_key_exits_with_what_to
     assert not (tmp_path / "adapt").exists()  # refused before anything was created
 
 
-def _wait_ready(proc: subprocess.Popen[str], url: str) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        time.sleep(0.1)
-    pytest.fail("embedder serve did not become ready in 90 s")
-
-
 def test_serve_on_loopback_starts_keyless_and_serves_metrics_on_their_own_port(tiny_registry, tmp_path):
     port, metrics_port = free_port(), free_port()
     command = _command(tiny_registry, tmp_path, "--host", "127.0.0.1", "--port", str(port),
@@ -63,7 +50,7 @@ def test_serve_on_loopback_starts_keyless_and_serves_metrics_on_their_own_port(t
     proc = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
     try:
-        _wait_ready(proc, url)
+        wait_ready(proc, url)
         assert httpx.post(f"{url}/embed", json={"inputs": "hello"}).status_code == 200
         assert httpx.get(f"{url}/adapt").status_code == 200  # keyless /adapt is this machine's user's own
         assert httpx.get(f"{url}/metrics").status_code == 404

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from core.runtime import OnnxBundle, cosines, read_probes, write_probes
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.ports import free_port
+from tests.service.conftest import wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,17 +165,7 @@ def test_embedder_serve_end_to_end_and_sigterm(tiny_registry, tmp_path):
     ]  # fmt: skip
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.1)
-        else:
-            pytest.fail("embedder serve did not become ready in 60 s")
+        wait_ready(proc, f"http://127.0.0.1:{port}")
         url = f"http://127.0.0.1:{port}/v1/embeddings"
         assert httpx.post(url, json={"input": "hi"}).status_code == 401
         ok = httpx.post(url, json={"input": "hi"}, headers={"Authorization": "Bearer s3cret"})
