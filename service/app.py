@@ -28,14 +28,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from service.api.routes import SERVICE_VERSION, metrics_router, router
-from service.api.serving import REQUEST, EmbeddingService
+from service.api.tracking import RouteMetrics
+from service.auth import ApiKeys
 from service.backend.base import BackendFactory
 from service.engine.admission import Ticket
+from service.engine.engine import Engine
 from service.engine.models import ModelManager
 from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response, validation_message
 from service.metrics import EMBEDDING_ROUTES, NO_MODEL, MetricsListener, ServiceMetrics
 from service.observability import (
     KEY_ID,
+    REQUEST,
     REQUEST_ID,
     RequestContext,
     build_tracer,
@@ -123,12 +126,13 @@ class GuardMiddleware:
         if path in _ALWAYS_OPEN:
             await self.app(scope, receive, send)
             return
-        svc: EmbeddingService = self.state.embedding_service
+        svc: RouteMetrics = self.state.route_metrics
+        keys: ApiKeys = self.state.keys
         headers = dict(scope.get("headers", ()))
         authorization = headers.get(b"authorization")
         context = RequestContext(
             request_id=request_id(headers.get(b"x-request-id")),
-            caller=svc.keys.identify(authorization.decode("latin-1") if authorization is not None else None),
+            caller=keys.identify(authorization.decode("latin-1") if authorization is not None else None),
         )
         scope.setdefault("state", {})[REQUEST] = context
         request_token = REQUEST_ID.set(context.request_id)
@@ -160,7 +164,7 @@ class GuardMiddleware:
 
     async def _guard(
         self, scope: Scope, receive: Receive, send: Send, context: RequestContext, route: str | None,
-        svc: EmbeddingService,
+        svc: RouteMetrics,
     ) -> None:  # fmt: skip
         if self.state.draining:
             if route:
@@ -171,7 +175,7 @@ class GuardMiddleware:
             return
         if scope["path"] in CLIENT_ROUTES:
             try:
-                svc.keys.check_client(context.caller)
+                self.state.keys.check_client(context.caller)
             except ServiceError as err:
                 if route:
                     svc.count_failure(route, NO_MODEL, err.kind)
@@ -183,7 +187,7 @@ class GuardMiddleware:
                 await self._refuse(route, svc, scope, receive, send, _too_large(limit, setting))
                 return
         if route is not None and scope["method"] == "POST":
-            admitted = await svc.gate.enter(context.caller.key_id)
+            admitted = await self.state.engine.gate.enter(context.caller.key_id)
             svc.metrics.admissions.labels(context.caller.key_id, _outcome(admitted)).inc()
             if isinstance(admitted, ServiceError):
                 svc.count_failure(route, NO_MODEL, admitted.kind)
@@ -232,7 +236,7 @@ class GuardMiddleware:
             if context.ticket is not None:
                 context.ticket.done()
 
-    async def _refuse(self, route: str | None, svc: EmbeddingService, scope: Scope, receive: Receive, send: Send,
+    async def _refuse(self, route: str | None, svc: RouteMetrics, scope: Scope, receive: Receive, send: Send,
                       err: _BodyRefused) -> None:  # fmt: skip
         if route:
             svc.count_failure(route, NO_MODEL, err.kind)
@@ -292,12 +296,15 @@ def create_app(
         backend_factory = onnx_backend_factory
     metrics = ServiceMetrics()
     models = ModelManager(settings, backend_factory, metrics)
-    embedding_service = EmbeddingService(settings, models, metrics)
+    engine = Engine(settings, models, metrics)
+    route_metrics = RouteMetrics(metrics)
+    keys = ApiKeys.from_settings(settings)
+    metrics.register_keys(keys.key_ids())
     metrics_listener = MetricsListener(metrics.registry, settings.host, settings.metrics_port)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not embedding_service.keys.client_auth_enabled:
+        if not keys.client_auth_enabled:
             log.warning(
                 "no API keys configured (EMBED_API_KEYS): the embedding routes are open to anyone who can reach "
                 "%s:%s", settings.host, settings.port,
@@ -324,7 +331,10 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.embedding_service = embedding_service
+    app.state.engine = engine
+    app.state.route_metrics = route_metrics
+    app.state.keys = keys
+    app.state.metrics = metrics
     app.state.draining = False
     app.state.in_flight = 0
     app.include_router(router)
@@ -335,7 +345,7 @@ def create_app(
         from service.adapt.api_router import build_adapt_router
 
         config = AdaptConfig(registry_dir=settings.registry_dir, cache_dir=settings.cache_dir, settings=settings.adapt)
-        app.include_router(build_adapt_router(config, embedding_service.keys))
+        app.include_router(build_adapt_router(config, keys))
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, err: ServiceError) -> Response:
@@ -343,7 +353,7 @@ def create_app(
 
     def _invalid_request(request: Request, message: str) -> Response:
         if request.url.path in EMBEDDING_ROUTES:
-            embedding_service.count_failure(request.url.path, NO_MODEL, ErrorKind.invalid_request)
+            route_metrics.count_failure(request.url.path, NO_MODEL, ErrorKind.invalid_request)
         return error_response(ErrorKind.invalid_request, message)
 
     @app.exception_handler(RequestValidationError)

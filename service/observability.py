@@ -31,6 +31,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 from service.auth import Caller
 from service.engine.admission import Ticket
 
+REQUEST = "embed_request"  # key in the ASGI scope's "state": the request's `RequestContext` (guard middleware)
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 KEY_ID: ContextVar[str | None] = ContextVar("key_id", default=None)
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")

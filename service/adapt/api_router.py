@@ -73,10 +73,10 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await api.start()
         app.state.adapt = api
-        service = getattr(app.state, "embedding_service", None)
-        if service is not None:  # inside the full service: job gauges and failures on its /metrics
-            service.metrics.registry.register(AdaptCollector(api))
-            api.metrics = service.metrics
+        metrics = getattr(app.state, "metrics", None)
+        if metrics is not None:  # inside the full service: job gauges and failures on its /metrics
+            metrics.registry.register(AdaptCollector(api))
+            api.metrics = metrics
         try:
             yield
         finally:

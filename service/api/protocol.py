@@ -1,7 +1,7 @@
 """Request and response schemas: OpenAI embeddings, TEI ``/embed`` and ``/similarity``, model listings.
 
 Request models ignore unknown fields (clients send extras such as ``user``). Limits that need the
-server's settings (input count, characters, tokens) are checked in `service.api.serving` so the
+server's settings (input count, characters, tokens) are checked in `service.engine.engine` so the
 error messages can name the offending index and the configured limit.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 # What the server accepts, declared in the OpenAPI schema so generated clients and validators agree with it: no empty
-# text, no empty list. Enforced by `service.api.serving.EmbeddingService.check_texts`, not by pydantic, so the 422
+# text, no empty list. Enforced by `service.engine.engine.Engine.check_texts`, not by pydantic, so the 422
 # names the offending index ("input[3] is an empty string") instead of listing every branch of the union.
 _TEXT_SCHEMA = {"type": "string", "minLength": 1}
 Text = Annotated[str, WithJsonSchema(_TEXT_SCHEMA)]

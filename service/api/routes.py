@@ -1,4 +1,4 @@
-"""Thin HTTP routes: parse → `EmbeddingService` → render. See docs/API.md for every shape and error."""
+"""Thin HTTP routes: parse → `Engine` (service.engine.engine) → render. See docs/API.md for every shape and error."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from service.api.protocol import (
     TEIEmbedRequest,
     TEISimilarityRequest,
 )
-from service.api.serving import REQUEST, EmbeddingService, shape_embeddings, to_base64
+from service.api.tracking import RouteMetrics, shape_embeddings, to_base64
+from service.engine.engine import Engine
 from service.engine.models import ServedModel
-from service.observability import RequestContext
+from service.observability import REQUEST, RequestContext
 
 router = APIRouter()
 # Mounted on the main port unless metrics_port gives the metrics a listener of their own (service.metrics).
@@ -48,8 +49,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _service(request: Request) -> EmbeddingService:
-    return request.app.state.embedding_service
+def _engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def _tracked(request: Request) -> RouteMetrics:
+    return request.app.state.route_metrics
 
 
 def _context(request: Request) -> RequestContext | None:
@@ -76,12 +81,12 @@ def _as_list(value: str | list[str]) -> list[str]:
 )
 async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
     """Texts longer than the model's max_seq_length are truncated (OpenAI clients have no truncate flag)."""
-    svc = _service(request)
-    async with svc.track("/v1/embeddings", _context(request)) as track:
-        model = svc.resolve(track, body.model)
-        texts = _as_list(body.input)
-        svc.check_texts(texts, "input")
-        result = await svc.embed(track, model, texts, truncate=True, field_name="input")
+    engine, context = _engine(request), _context(request)
+    async with _tracked(request).track("/v1/embeddings", context) as track:
+        model = engine.resolve(body.model)
+        track.bind(model)
+        result = await engine.embed(model, _as_list(body.input), truncate=True, field_name="input", context=context)
+        track.timings.update(result.timings)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=True,
             already_normalized=model.info.normalized,
@@ -115,12 +120,13 @@ async def tei_root(body: TEIEmbedRequest, request: Request) -> Response:
 
 
 async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Response:
-    svc = _service(request)
-    async with svc.track(route, _context(request)) as track:
-        model = svc.resolve(track, body.model)
+    engine, context = _engine(request), _context(request)
+    async with _tracked(request).track(route, context) as track:
+        model = engine.resolve(body.model)
+        track.bind(model)
         texts = _as_list(body.inputs)
-        svc.check_texts(texts, "inputs")
-        result = await svc.embed(track, model, texts, truncate=body.truncate, field_name="inputs")
+        result = await engine.embed(model, texts, truncate=body.truncate, field_name="inputs", context=context)
+        track.timings.update(result.timings)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=body.normalize,
             already_normalized=model.info.normalized,
@@ -133,14 +139,15 @@ async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Res
 )
 async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Response:
     """Cosine similarity of each of ``sentences`` with ``source_sentence``."""
-    svc = _service(request)
-    async with svc.track("/similarity", _context(request)) as track:
-        model = svc.resolve(track, body.model)
+    engine, context = _engine(request), _context(request)
+    async with _tracked(request).track("/similarity", context) as track:
+        model = engine.resolve(body.model)
+        track.bind(model)
         if not body.inputs.sentences:
-            svc.check_texts([], "inputs.sentences")
+            engine.check_texts([], "inputs.sentences")
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
-        svc.check_texts(texts, "inputs")
-        result = await svc.embed(track, model, texts, truncate=body.truncate, field_name="inputs")
+        result = await engine.embed(model, texts, truncate=body.truncate, field_name="inputs", context=context)
+        track.timings.update(result.timings)
         unit = shape_embeddings(result.embeddings, dimensions=None, normalize=True, already_normalized=False)
         scores = unit[1:] @ unit[0]
         return _json(scores.astype(np.float32), track.headers())
@@ -178,18 +185,17 @@ def _card(model: ServedModel) -> ModelCard:
 
 @router.get("/v1/models", response_model=ModelList, responses=_ERRORS, tags=["models"])
 async def list_models(request: Request) -> ModelList:
-    svc = _service(request)
-    return ModelList(data=[_card(model) for model in svc.models.models()])
+    return ModelList(data=[_card(model) for model in _engine(request).models.models()])
 
 
 @router.get("/info", response_model=Info, responses=_ERRORS, tags=["models"])
 async def info(request: Request) -> Info:
-    svc = _service(request)
-    s = svc.settings
+    engine = _engine(request)
+    s = engine.settings
     return Info(
         version=SERVICE_VERSION,
         default_model=s.default_model,
-        models=[_card(model) for model in svc.models.models()],
+        models=[_card(model) for model in engine.models.models()],
         limits=Limits(
             max_client_batch_size=s.max_client_batch_size,
             max_input_chars=s.max_input_chars,
@@ -202,7 +208,7 @@ async def info(request: Request) -> Info:
             overload_hold_seconds=s.overload_hold_seconds,
             max_concurrent_requests=s.max_concurrent_requests,
         ),
-        auth=svc.keys.client_auth_enabled,
+        auth=request.app.state.keys.client_auth_enabled,
     )
 
 
@@ -215,9 +221,9 @@ async def health() -> dict[str, str]:
 @router.get("/ready", tags=["operations"], responses={503: {"model": ErrorResponse}})
 async def ready(request: Request) -> Response:
     """Readiness: every model loaded and warmed, and not shutting down."""
-    svc = _service(request)
-    if svc.models.ready and not request.app.state.draining:
-        return _json({"status": "ready", "models": svc.models.names}, {})
+    models = _engine(request).models
+    if models.ready and not request.app.state.draining:
+        return _json({"status": "ready", "models": models.names}, {})
     reason = "shutting down" if request.app.state.draining else "models are loading"
     return Response(
         orjson.dumps({"error": {"message": f"not ready: {reason}", "type": "unavailable_error",
@@ -234,4 +240,4 @@ async def ready(request: Request) -> Response:
 )
 async def metrics(request: Request) -> Response:
     """Prometheus text format (not JSON)."""
-    return Response(generate_latest(_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -158,7 +158,7 @@ def make_app(make_settings: Callable[..., Any]) -> Callable[..., FastAPI]:
 
 def backends_of(app: FastAPI) -> dict[str, FakeBackend]:
     """The live backend of each served model (to read the batches it ran)."""
-    return {m.name: m.backend for m in app.state.embedding_service.models.models()}  # type: ignore[misc]
+    return {m.name: m.backend for m in app.state.engine.models.models()}  # type: ignore[misc]
 
 
 @pytest.fixture

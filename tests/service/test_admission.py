@@ -111,7 +111,7 @@ def _one_model_app(make_app, **settings):
 def test_over_the_bound_a_request_is_refused_before_its_body_is_read(make_app, serve):
     app = _one_model_app(make_app, overload_hold_seconds=0, max_queue_size=8, max_client_batch_size=8)
     with serve(app) as (url, _):
-        batcher = app.state.embedding_service.models.get("fake-a").batcher
+        batcher = app.state.engine.models.get("fake-a").batcher
         batcher._queued = batcher._queued_by["anonymous"] = 8  # the queue is full (no texts are really there)
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as conn:
@@ -146,7 +146,7 @@ def test_a_retry_storm_costs_one_refusal_per_client_per_hold(make_app, serve, ho
         return statuses
 
     with serve(app) as (url, _):
-        served = app.state.embedding_service.models.get("fake-a")
+        served = app.state.engine.models.get("fake-a")
         served.backend.delay_s = 0.05  # 20 requests/s: the line of 24 clients takes longer than the hold to drain
         served.batcher.throughput.update(100, 1.0)  # known and slow: 0.05 s of work is a queue of 5 texts
         statuses = asyncio.run(storm(url))
@@ -170,7 +170,7 @@ def test_a_request_let_in_from_the_line_is_timed_from_its_arrival(make_app, serv
             return [held, *await asyncio.gather(running, queued)]
 
     with serve(app) as (url, _):
-        served = app.state.embedding_service.models.get("fake-a")
+        served = app.state.engine.models.get("fake-a")
         served.backend.delay_s = 0.5
         served.batcher.throughput.update(1, 1.0)  # 1 token/s: anything queued ahead is over the 0.05 s bound
         held, *others = asyncio.run(traffic(url))

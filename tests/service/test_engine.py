@@ -118,7 +118,7 @@ def test_flood_against_a_tiny_queue_gets_429s_and_no_other_errors(make_app, serv
             )
 
     with serve(app) as (url, _):
-        for backend in app.state.embedding_service.models.models():
+        for backend in app.state.engine.models.models():
             backend.backend.delay_s = 0.02
         started = time.perf_counter()
         responses = asyncio.run(flood(url))
@@ -227,7 +227,7 @@ def test_wait_bound_429_comes_before_tokenising_and_is_counted(make_app, serve):
             return rejected, list(await asyncio.gather(running, queued))
 
     with serve(app) as (url, _):
-        served = app.state.embedding_service.models.get("fake-a")
+        served = app.state.engine.models.get("fake-a")
         served.backend.delay_s = 1.5
         served.batcher.throughput.update(1, 1.0)  # 1 token/s: anything queued ahead is too long a wait
         tokenized: list[str] = []
@@ -305,7 +305,7 @@ def test_a_few_bulk_clients_are_served_whole_on_a_model_far_slower_than_the_wait
     for floor in (16, 1):
         app = make_app(max_queue_wait_seconds=0.05, queue_wait_min_requests=floor, overload_hold_seconds=0)
         with serve(app) as (url, _):
-            app.state.embedding_service.models.get("fake-a").backend.delay_s = 0.05  # one batch of 8 texts: 0.05 s
+            app.state.engine.models.get("fake-a").backend.delay_s = 0.05  # one batch of 8 texts: 0.05 s
             statuses[floor] = asyncio.run(clients(url))
     assert statuses[16] == [200] * 24
     assert 429 in statuses[1]

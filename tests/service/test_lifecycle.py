@@ -28,7 +28,7 @@ def test_new_version_is_served_without_a_restart_and_no_request_fails(
                 results.append((r.status_code, r.headers.get("x-model-version")))
 
     with serve(app) as (url, _):
-        models = app.state.embedding_service.models
+        models = app.state.engine.models
         old = models.get("fake-a")
         old.backend.delay_s = 0.01
         threads = [threading.Thread(target=client_loop, args=(url,)) for _ in range(3)]
@@ -59,7 +59,7 @@ def test_new_version_is_served_without_a_restart_and_no_request_fails(
 
 def test_new_model_name_appears_and_broken_bundle_keeps_old_one(fake_registry, make_app, publish_fake):
     with TestClient(make_app(), raise_server_exceptions=False) as client:
-        models = client.app.state.embedding_service.models
+        models = client.app.state.engine.models
         publish_fake(fake_registry, "fake-c", dim=4)
         # a bundle whose manifest cannot be read must not take the served version down
         broken = publish_fake(fake_registry, "fake-b", dim=8)
@@ -87,7 +87,7 @@ def test_missing_models_fail_at_start_with_what_to_do(make_app, tmp_path):
 def test_graceful_shutdown_finishes_in_flight_and_refuses_new(make_app, serve):
     app = make_app()
     with serve(app, grace_seconds=10) as (url, server):
-        app.state.embedding_service.models.get("fake-a").backend.delay_s = 0.6
+        app.state.engine.models.get("fake-a").backend.delay_s = 0.6
         slow: list[httpx.Response] = []
         thread = threading.Thread(target=lambda: slow.append(httpx.post(f"{url}/embed", json={"inputs": "slow"})))
         thread.start()

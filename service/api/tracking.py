@@ -1,0 +1,108 @@
+"""The API layer's bookkeeping of a request and the shaping of its answer: every embedding request runs inside
+`RouteMetrics.track`, which counts it, times it and labels any failure with its `ErrorKind` code; the engine
+(`service.engine.engine.Engine`) does the work in between; `shape_embeddings` and `to_base64` turn the matrix into
+the response's shape.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.engine.models import ServedModel
+from service.errors import ErrorKind, ServiceError
+from service.metrics import NO_MODEL, ServiceMetrics
+from service.observability import RequestContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Track:
+    """Per-request bookkeeping filled in as the request proceeds."""
+
+    route: str
+    started: float
+    context: RequestContext | None = None
+    model: str = NO_MODEL
+    version: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def bind(self, model: ServedModel) -> None:
+        """The request's model is known: its series are labelled with it, its version goes in the headers."""
+        self.model = model.name
+        self.version = model.info.version
+
+    def headers(self) -> dict[str, str]:
+        """TEI-style timing headers in milliseconds."""
+        total = time.perf_counter() - self.started
+        out = {"x-total-time": f"{total * 1000:.3f}"}
+        if self.version is not None:
+            out["x-model-version"] = self.version
+        for key in ("tokenization", "queue", "inference"):
+            if key in self.timings:
+                out[f"x-{key}-time"] = f"{self.timings[key] * 1000:.3f}"
+        return out
+
+
+class RouteMetrics:
+    """The API layer's own series: requests, failures (by `ErrorKind`) and durations, by route and model."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    # ------------------------------------------------------------------------------------ tracking
+    @asynccontextmanager
+    async def track(self, route: str, context: RequestContext | None = None) -> AsyncIterator[Track]:
+        """Count and time one request from its arrival at the gate (its ``context``'s ticket; now without one: an
+        app run without `service.app.GuardMiddleware`); label a failure with its kind (unexpected errors become
+        ``internal``)."""
+        ticket = context.ticket if context is not None else None
+        started = time.perf_counter() if ticket is None else ticket.arrived
+        track = Track(route=route, started=started, context=context)
+        try:
+            yield track
+        except ServiceError as err:
+            self.count_failure(route, track.model, err.kind)
+            raise
+        except Exception:
+            self.count_failure(route, track.model, ErrorKind.internal)
+            raise
+        else:
+            self.metrics.requests.labels(route, track.model).inc()
+            self.metrics.request_duration.labels(route, track.model).observe(time.perf_counter() - track.started)
+
+    def count_failure(self, route: str, model: str, kind: ErrorKind) -> None:
+        self.metrics.requests.labels(route, model).inc()
+        self.metrics.failures.labels(route, model, kind.code).inc()
+
+
+def shape_embeddings(
+    embeddings: np.ndarray, *, dimensions: int | None, normalize: bool, already_normalized: bool
+) -> np.ndarray:
+    """Matryoshka truncation to ``dimensions`` and (re-)normalisation. Bundles usually normalise in the graph,
+    so only truncation forces a new normalisation."""
+    dim = embeddings.shape[1]
+    if dimensions is not None:
+        if dimensions > dim:
+            raise ServiceError(
+                ErrorKind.invalid_request, f"dimensions={dimensions} exceeds the model's {dim}; send at most {dim}"
+            )
+        if dimensions < dim:
+            embeddings = embeddings[:, :dimensions]
+            already_normalized = False
+    if normalize and not already_normalized:
+        norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+        embeddings = embeddings / np.maximum(norms, 1e-12)
+    return np.ascontiguousarray(embeddings, dtype=np.float32)
+
+
+def to_base64(vector: np.ndarray) -> str:
+    """OpenAI's base64 format: the raw little-endian float32 bytes."""
+    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
