@@ -25,7 +25,7 @@ from evaluation.diagnostics import knn_accuracy
 from evaluation.models import EmbeddingModel
 from evaluation.suite import run_suite
 from evaluation.tasks import CropPairRetrieval, resolve_task
-from export.api import build_bundle, publish_bundle
+from export.bundle import build_bundle, publish_bundle
 from training.config import TrainConfig
 from training.encoder import Encoder
 from training.trainer import TrainResult, train

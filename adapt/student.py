@@ -65,7 +65,7 @@ from core.text import CropRule
 from evaluation.gate import adapt_gate
 from evaluation.models import EmbeddingModel, load_model
 from evaluation.tasks import CropPairRetrieval
-from export.api import build_bundle
+from export.bundle import build_bundle
 from training.config import TrainConfig, load_config
 from training.data import text_units
 from training.encoder import Encoder

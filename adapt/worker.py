@@ -120,7 +120,7 @@ def process_job(
 
 def _preload() -> None:
     """Import the heavy stack (torch, transformers, onnx, mteb) while idle, so a job does not wait for it."""
-    for module in ("training.trainer", "export.api", "evaluation.suite", "evaluation.tasks"):
+    for module in ("training.trainer", "export.bundle", "evaluation.suite", "evaluation.tasks"):
         try:
             importlib.import_module(module)
         except Exception:  # the job that needs it will report the failure with its reason

@@ -31,7 +31,7 @@ from core.catalog import resolve_model
 from core.registry import read_manifest
 from core.runtime import OnnxBundle
 from export import graph
-from export.api import export_bundle
+from export.bundle import export_bundle
 from export.parity import cosines
 from training.encoder import Encoder
 

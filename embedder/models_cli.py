@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
             for name in names:
                 print(f"{name}: {prepare(name, settings.cache_dir)}")
             if "minilm-l6" in names and not args.no_default_bundle:
-                from export.api import ensure_default_bundle  # imports torch: only when a bundle is made
+                from export.bundle import ensure_default_bundle  # imports torch: only when a bundle is made
 
                 print(f"default bundle: {ensure_default_bundle(settings.registry_dir)}")
         else:

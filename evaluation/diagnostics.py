@@ -18,8 +18,8 @@ import numpy as np
 from sklearn.neighbors import KNeighborsClassifier
 from tqdm.auto import tqdm
 
-from evaluation.adapter import EmbeddingMemo
 from evaluation.models import EmbeddingModel
+from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.suite import score_task
 from evaluation.tasks import resolve_task
 

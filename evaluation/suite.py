@@ -22,8 +22,8 @@ from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from evaluation import data
-from evaluation.adapter import EmbeddingMemo, MtebEncoder
 from evaluation.models import EmbeddingModel, load_model
+from evaluation.mteb_bridge import EmbeddingMemo, MtebEncoder
 from evaluation.tasks import DEFAULT_TASKS, OfflineTask, resolve_task
 
 log = logging.getLogger(__name__)

@@ -12,10 +12,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from core import corpora
-from evaluation.adapter import EmbeddingMemo
 from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
 from evaluation.gate import GateResult, check
 from evaluation.models import EmbeddingModel, OnnxModel, load_model
+from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.report import write_report
 from evaluation.speed import measure_speed
 from evaluation.suite import read_cached_result, result_cache_dir, run_suite, score_task, write_cached_result

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
 
     from core.catalog import ChecksumError, ModelNotFoundError
     from core.registry import RegistryError
-    from export.api import export_bundle  # imports torch: only once the arguments are known to be valid
+    from export.bundle import export_bundle  # imports torch: only once the arguments are known to be valid
     from export.parity import ParityError
 
     if settings.num_threads is not None:

@@ -164,7 +164,7 @@ def varied_texts() -> list[str]:
 def tiny_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
     """A registry with the tiny random BERT exported to ONNX and promoted as ``tiny`` (version 1): a real bundle
     (tokenizer, onnxruntime) that is fast to load. Shared by the whole session: tests only read it."""
-    from export.api import export_bundle
+    from export.bundle import export_bundle
 
     root = tmp_path_factory.mktemp("tiny-registry")
     export_bundle(tiny_bert_path, root, "tiny", promote=True)

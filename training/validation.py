@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
-from evaluation.adapter import EmbeddingMemo
 from evaluation.diagnostics import alignment, effective_rank, layerwise_scores, uniformity
+from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.suite import score_task
 from evaluation.tasks.crops import CropPairRetrieval
 from training.data import ScoredPair

@@ -13,7 +13,7 @@ from core.corpora import lee_background
 @pytest.fixture(scope="session")
 def base_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
     """Read-only: each test copies it into its own folder."""
-    from export.api import export_bundle
+    from export.bundle import export_bundle
 
     root = tmp_path_factory.mktemp("base-registry")
     export_bundle(tiny_bert_path, root, "tiny-base", promote=True)

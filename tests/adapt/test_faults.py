@@ -95,7 +95,7 @@ def test_sigkill_during_publish_leaves_no_version_visible(tmp_path: Path, base_r
 import os, shutil, signal
 from pathlib import Path
 from core import registry
-from export import api
+from export import bundle as exporter
 
 def copy_one_file_then_die(src, dst, **kwargs):
     os.makedirs(dst)
@@ -103,15 +103,15 @@ def copy_one_file_then_die(src, dst, **kwargs):
     shutil.copy2(os.path.join(src, first), os.path.join(dst, first))
     os.kill(os.getpid(), signal.SIGKILL)
 
-api.shutil.copytree = copy_one_file_then_die
+exporter.shutil.copytree = copy_one_file_then_die
 manifest = registry.read_manifest(Path({str(staging)!r})) | {{"name": "published"}}
-api.publish_bundle(Path({str(staging)!r}), Path({str(target)!r}), manifest, promote=True)
+exporter.publish_bundle(Path({str(staging)!r}), Path({str(target)!r}), manifest, promote=True)
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert any(p.name.startswith(".") for p in (target / "published").iterdir())  # it did die mid-publish
     assert _visible(target, "published") == [] and "published" not in registry.served_models(target)
-    from export.api import publish_bundle
+    from export.bundle import publish_bundle
 
     manifest = registry.read_manifest(staging) | {"name": "published"}
     again = publish_bundle(staging, target, manifest, promote=True)

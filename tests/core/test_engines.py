@@ -89,7 +89,7 @@ def test_the_setting_lists_exactly_the_engines() -> None:
 @pytest.fixture(scope="module")
 def int8_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
     """The tiny random BERT exported with an int8 graph and its probes (fp32 references)."""
-    from export.api import export_bundle
+    from export.bundle import export_bundle
 
     root = tmp_path_factory.mktemp("engines-registry")
     return export_bundle(tiny_bert_path, root, "tiny", quantize="int8")

@@ -11,7 +11,7 @@ import pytest
 
 from core import corpora
 from evaluation import frozen_corpora
-from evaluation.adapter import EmbeddingMemo
+from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.suite import score_task
 from evaluation.tasks import (
     TASKS,

@@ -13,7 +13,7 @@ from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
 from core import corpora
 from evaluation import data
-from evaluation.adapter import EmbeddingMemo
+from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.suite import score_task
 from evaluation.tasks import (
     ACLSumRetrieval,

@@ -13,7 +13,7 @@ from core import registry
 from core.runtime import OnnxBundle
 from embedder import models_cli as catalog_cli
 from embedder.cli import main as embedder_main
-from export import api
+from export import bundle as exporter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_service_spawn_command_then_default_bundle_is_reused(tmp_path: Path, min
     manifest = registry.read_manifest(bundle)
     assert (manifest["base_model"], manifest["layers"], manifest["dim"]) == ("minilm-l6", 6, 384)
     assert manifest["parity"]["fp32"]["min_cosine"] >= 0.9999
-    assert api.ensure_default_bundle(tmp_path) == bundle  # already served: no second export
+    assert exporter.ensure_default_bundle(tmp_path) == bundle  # already served: no second export
     assert registry.list_versions(tmp_path, "minilm-l6") == ["1"]
 
 
@@ -64,13 +64,13 @@ def test_models_prepare_creates_default_bundle_once(
     """`embedder models prepare minilm-l6` exports the default bundle only when none is served
     (a tiny model stands in for minilm-l6 so the test stays fast)."""
     calls = []
-    real_export = api.export_bundle
+    real_export = exporter.export_bundle
 
     def recording_export(model: str, root: Path, name: str, **kwargs: object) -> Path:
         calls.append((model, name, kwargs))
         return real_export(tiny_bert_path, root, name, **kwargs)
 
-    monkeypatch.setattr(api, "export_bundle", recording_export)
+    monkeypatch.setattr(exporter, "export_bundle", recording_export)
     monkeypatch.setenv("EMBED_REGISTRY_DIR", str(tmp_path))
     assert catalog_cli.main(["prepare", "minilm-l6"]) == 0
     assert catalog_cli.main(["prepare", "minilm-l6"]) == 0

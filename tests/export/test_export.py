@@ -21,7 +21,8 @@ from core.catalog import sha256_file
 from core.engines import load_engine
 from core.runtime import OnnxBundle, cosines
 from evaluation.models import load_model
-from export import api, graph, quantize
+from export import bundle as exporter
+from export import graph, quantize
 from export.parity import ParityError
 from export.probes import probe_texts
 from training.encoder import Encoder
@@ -60,7 +61,7 @@ def batch_of_17(texts: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def l3_registry(tmp_path_factory: pytest.TempPathFactory, minilm_l3_path: Path) -> Path:
     root = tmp_path_factory.mktemp("registry")
-    api.export_bundle(minilm_l3_path, root, "minilm-l3", quantize="int8", promote=True, parent="base@1")
+    exporter.export_bundle(minilm_l3_path, root, "minilm-l3", quantize="int8", promote=True, parent="base@1")
     return root
 
 
@@ -133,13 +134,13 @@ def test_auto_publishes_fp32_when_no_int8_setting_passes(
     tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     impossible = runtime.ParityBars(int8_mean_cosine=1.01)
-    monkeypatch.setattr(api, "choose_int8", functools.partial(quantize.choose_int8, bars=impossible))
-    bundle_dir = api.export_bundle(tiny_bert_path, tmp_path, "tiny", quantize="auto")
+    monkeypatch.setattr(exporter, "choose_int8", functools.partial(quantize.choose_int8, bars=impossible))
+    bundle_dir = exporter.export_bundle(tiny_bert_path, tmp_path, "tiny", quantize="auto")
     manifest = registry.read_manifest(bundle_dir)
     assert manifest["onnx"] == {"fp32": "model.onnx"} and manifest["serve_variant"] == "fp32"
     assert manifest["quantization"] == "none" and manifest["int8"]["chosen"] is None
     with pytest.raises(ParityError, match=r"(?s)avx512-reduce-range: int8: mean cosine.*avx2: int8: mean"):
-        api.export_bundle(tiny_bert_path, tmp_path, "tiny", quantize="int8")
+        exporter.export_bundle(tiny_bert_path, tmp_path, "tiny", quantize="int8")
     assert registry.list_versions(tmp_path, "tiny") == ["1"]
 
 
@@ -173,7 +174,7 @@ def test_architectures_pool_in_graph(
     varied_texts: list[str],
 ) -> None:  # fmt: skip
     path = request.getfixturevalue(fixture)
-    bundle_dir = api.export_bundle(path, tmp_path, "tiny")
+    bundle_dir = exporter.export_bundle(path, tmp_path, "tiny")
     manifest = registry.read_manifest(bundle_dir)
     assert manifest["pooling"] == pooling and manifest["inputs"] == inputs
     assert manifest["serve_variant"] == "fp32" and registry.current_version(tmp_path, "tiny") is None
@@ -185,7 +186,7 @@ def test_architectures_pool_in_graph(
 
 def test_truncated_export_equals_truncated_torch(tiny_bert_path: Path, tmp_path: Path, varied_texts: list[str]) -> None:
     caller_encoder = Encoder.from_pretrained(tiny_bert_path)
-    bundle_dir = api.export_bundle(caller_encoder, tmp_path, "tiny-l2", layers=2, method={"name": "tmft"})
+    bundle_dir = exporter.export_bundle(caller_encoder, tmp_path, "tiny-l2", layers=2, method={"name": "tmft"})
     assert caller_encoder.num_layers == 4  # the caller's encoder is copied, never truncated
     manifest = registry.read_manifest(bundle_dir)
     assert (manifest["layers"], manifest["source_layers"]) == (2, 4)
@@ -202,13 +203,13 @@ def test_output_layer_is_in_the_graph(minilm_l3_path: Path, tmp_path: Path, vari
     are the torch model's, at the output layer's width."""
     student = tiny_bert_student(Encoder.from_pretrained(minilm_l3_path), hidden_size=32, num_heads=2, output_dim=384)
     student.save(tmp_path / "student")
-    bundle_dir = api.export_bundle(tmp_path / "student", tmp_path / "registry", "tiny-dense")
+    bundle_dir = exporter.export_bundle(tmp_path / "student", tmp_path / "registry", "tiny-dense")
     assert registry.read_manifest(bundle_dir)["dim"] == 384
     assert onnx_vs_torch(bundle_dir, torch_reference(tmp_path / "student"), varied_texts).min() >= 0.9999
 
 
 def test_int8_within_tolerance_on_random_model(tiny_bert_path: Path, tmp_path: Path, varied_texts: list[str]) -> None:
-    bundle_dir = api.export_bundle(tiny_bert_path, tmp_path, "tiny-int8", quantize="int8")
+    bundle_dir = exporter.export_bundle(tiny_bert_path, tmp_path, "tiny-int8", quantize="int8")
     int8 = onnx_vs_torch(bundle_dir, torch_reference(tiny_bert_path), varied_texts, variant="int8")
     assert int8.mean() >= 0.99 and int8.min() >= 0.97
     assert OnnxBundle(bundle_dir).variant == "int8"
@@ -237,7 +238,7 @@ def test_parity_failure_lists_all_and_publishes_nothing(
     root = tmp_path / "registry"
     listing = r"(?s)nothing was published.*fp32: min cosine .* < 0.9999.*int8: mean cosine"
     with pytest.raises(ParityError, match=listing) as info:
-        api.export_bundle(tiny_bert_path, root, "broken", quantize="int8", promote=True)
+        exporter.export_bundle(tiny_bert_path, root, "broken", quantize="int8", promote=True)
     assert len(info.value.failures) >= 2
     assert info.value.figures["fp32"]["min_cosine"] < 0.9999
     assert not root.exists()
@@ -249,7 +250,7 @@ def test_validate_hook_report_and_veto(tiny_bert_path: Path, tmp_path: Path) -> 
         (staging / "report.md").write_text("# validation\n")
         return {"passed": True, "score": 0.5}
 
-    bundle_dir = api.export_bundle(tiny_bert_path, tmp_path, "gated", validate=passing, promote=True)
+    bundle_dir = exporter.export_bundle(tiny_bert_path, tmp_path, "gated", validate=passing, promote=True)
     manifest = registry.read_manifest(bundle_dir)
     assert manifest["validation"] == {"passed": True, "score": 0.5}
     assert manifest["files"]["report.md"] == sha256_file(bundle_dir / "report.md")
@@ -258,7 +259,7 @@ def test_validate_hook_report_and_veto(tiny_bert_path: Path, tmp_path: Path) -> 
         raise RuntimeError("gate says no")
 
     with pytest.raises(RuntimeError, match="gate says no"):
-        api.export_bundle(tiny_bert_path, tmp_path, "gated", validate=failing, promote=True)
+        exporter.export_bundle(tiny_bert_path, tmp_path, "gated", validate=failing, promote=True)
     assert registry.list_versions(tmp_path, "gated") == ["1"]
     assert registry.current_version(tmp_path, "gated") == "1"
     assert sorted(p.name for p in (tmp_path / "gated").iterdir()) == ["1", "current"]
@@ -278,7 +279,7 @@ def test_bad_arguments_say_what_to_fix(
 ) -> None:
     arguments = {"name": "tiny", **kwargs}
     with pytest.raises(error, match=match):
-        api.export_bundle(tiny_bert_path, tmp_path / "registry", **arguments)
+        exporter.export_bundle(tiny_bert_path, tmp_path / "registry", **arguments)
     assert not (tmp_path / "registry").exists()
 
 
@@ -286,7 +287,7 @@ def test_concurrent_exports_get_distinct_versions(tiny_bert_path: Path, tmp_path
     context = multiprocessing.get_context("spawn")
     # Two processes, as two /adapt workers would be; one torch thread each on the 2-core machine.
     with ProcessPoolExecutor(2, mp_context=context, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-        futures = [pool.submit(api.export_bundle, tiny_bert_path, tmp_path, "same") for _ in range(2)]
+        futures = [pool.submit(exporter.export_bundle, tiny_bert_path, tmp_path, "same") for _ in range(2)]
         versions = [future.result().name for future in futures]
     assert sorted(versions) == ["1", "2"]
     assert registry.list_versions(tmp_path, "same") == ["1", "2"]
@@ -306,11 +307,11 @@ def test_manifest_records_the_corpora_of_the_checkpoints_recipe(tiny_bert_path: 
     run = tmp_path / "runs" / "acl"
     shutil.copytree(tiny_bert_path, run / "best")
     (run / "recipe.json").write_text(json.dumps({"corpus": "enwiki+aclsum", "trained_on": ["enwiki", "aclsum"]}))
-    bundle = api.export_bundle(run / "best", tmp_path / "registry", "acl")
+    bundle = exporter.export_bundle(run / "best", tmp_path / "registry", "acl")
     assert registry.read_manifest(bundle)["trained_on"] == ["enwiki", "aclsum"]
     assert load_model(bundle).trained_on == ("enwiki", "aclsum")
-    adapted = api.export_bundle(run / "best", tmp_path / "registry", "acl", trained_on=["enwiki", "adapt:acl"])
+    adapted = exporter.export_bundle(run / "best", tmp_path / "registry", "acl", trained_on=["enwiki", "adapt:acl"])
     assert registry.read_manifest(adapted)["trained_on"] == ["enwiki", "adapt:acl"]
     # a folder without a recipe (a downloaded model) declares nothing: every task is out-of-domain for it
-    plain = api.export_bundle(tiny_bert_path, tmp_path / "registry", "plain")
+    plain = exporter.export_bundle(tiny_bert_path, tmp_path / "registry", "plain")
     assert registry.read_manifest(plain)["trained_on"] == []

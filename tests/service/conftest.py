@@ -1,6 +1,6 @@
 """Service test fixtures: a deterministic fake backend (API edge cases, timing control), fake bundles in a
 temporary registry, an app factory, a live uvicorn server on a free loopback port, and real ONNX bundles
-exported once per session with `export.api.export_bundle`.
+exported once per session with `export.bundle.export_bundle`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The real path: ONNX bundles exported by `export.api`, served by uvicorn, called by real clients."""
+"""The real path: ONNX bundles exported by `export.bundle`, served by uvicorn, called by real clients."""
 
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def test_the_spinning_setting_reaches_the_onnxruntime_session(tiny_registry, ref
 def int8_registry(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) -> Path:
     """Two int8 bundles of the tiny model: ``good``, and ``bad`` whose stored probe references no graph can
     match (as on a CPU whose int8 kernels lose precision)."""
-    from export.api import export_bundle
+    from export.bundle import export_bundle
 
     root = tmp_path_factory.mktemp("int8-registry")
     for name in ("good", "bad"):
