@@ -1,4 +1,5 @@
-"""Served int8 vs served fp32 of the same default bundle, paired round by round (issue 14's table).
+"""Served int8 vs served fp32 of the same default bundle, paired round by round (docs/BENCHMARKS.md, "int8 vs fp32,
+served").
 
 Exports ``minilm-l6`` with ``--quantize auto`` into a scratch registry (or uses ``--registry``), starts two
 ``embedder serve`` processes on it — ``EMBED_SERVE_INT8=true`` and ``false`` — and loads them in alternating

@@ -1,4 +1,4 @@
-"""Overload: three loads against the int8 and the fp32 graph of one bundle, beside the unflooded figure (issue 21).
+"""Overload: three loads against the int8 and the fp32 graph of one bundle, beside the unflooded figure.
 
 Two ``embedder serve`` processes on one ``minilm-l6`` bundle — ``EMBED_SERVE_INT8=true`` and ``false``, default
 admission settings — are loaded in turn, round by round, with the loads alternated so that a drift of the shared
@@ -14,7 +14,7 @@ a 429 is retried **at once** (a server must survive impolite clients; ``--backof
   and the work of ``queue_wait_min_requests`` requests (here at the unflooded texts/s of the same graph and round)
   in the queue, then 1 s for the request's own batch and the estimate's error.
 
-``--sdk`` also runs issue 21's client check on each graph: the OpenAI Python SDK (its default two retries, honouring
+``--sdk`` also runs a client check on each graph: the OpenAI Python SDK (its default two retries, honouring
 ``Retry-After``), 8 threads × 5 requests × 32 paragraphs; counts the requests answered and the ``RateLimitError``s.
 
 ``--compare-hold`` adds a third server (int8, ``EMBED_OVERLOAD_HOLD_SECONDS=0``: refusals answered at once) to the
@@ -249,7 +249,7 @@ def latency_bound(limits: dict[str, Any], texts_per_s: float, texts_per_request:
 
 
 def checks(rows: list[dict], limits: dict[str, Any]) -> list[str]:
-    """The issue's targets, per graph and round (the flood against the unflooded run of the same graph and round)."""
+    """The overload targets, per graph and round (the flood against the unflooded run of the same graph and round)."""
     lines = []
     by = {(r["round"], r["arm"], r["load"]): r for r in rows}
     for (round_, arm, load), r in sorted(by.items()):

@@ -1,4 +1,4 @@
-"""Service throughput and latency against the in-process ceiling and a naive server (issue 4's benchmark).
+"""Service throughput and latency against the in-process ceiling and a naive server.
 
 In one run, on the same ``minilm-l6`` fp32 bundle and fixed seeded workloads (2,000 short sentences of
 8–20 words; 500 paragraphs of 120–200 words):

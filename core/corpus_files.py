@@ -1,5 +1,5 @@
 """The one reader of corpus files: `embedder train --set corpus=PATH` and /adapt uploads read a file through it, so
-one file is one corpus everywhere (issue: a ``.txt`` was one document per line for training and one per blank-line
+one file is one corpus everywhere (before it, a ``.txt`` was one document per line for training and one per blank-line
 block for /adapt).
 
 The format comes from the file name's suffix:

@@ -1,7 +1,7 @@
 """Plain embedding distillation: the student regresses the teacher's embedding of the same text.
 
-The baseline SCT distillation is measured against (issue: "a plain MSE-distilled 2-layer copy of the teacher's
-first and last layers already reached 95 %"); it is the multilingual-distillation loss of Reimers & Gurevych
+The baseline SCT distillation is measured against (a plain MSE-distilled 2-layer copy of the teacher's first and
+last layers already reached 95 %, docs/RESULTS.md); it is the multilingual-distillation loss of Reimers & Gurevych
 (2020, §2, Eq. 1: ``1/|B| Σ_j ||M(s_j) − M̂(s_j)||²``) with the teacher M frozen. Both views of a pair are
 regressed on their own teacher vectors (they are just two texts here; nothing is contrastive).
 
