@@ -41,7 +41,7 @@ from adapt.settings import AdaptConfig
 from adapt.spec import JobSpec, SpecError
 from adapt.stages import (
     CACHE_VOLUME,
-    adapt_config,
+    crop_train_config,
     export_stage,
     general_tasks,
     guarded,
@@ -70,7 +70,7 @@ HELD_OUT_FRACTION, MIN_HELD_OUT, MAX_HELD_OUT = 0.2, 8, 200
 
 
 @dataclass(frozen=True)
-class Split:
+class HeldOutSplit:
     train: list[str]
     held_out: list[str]
     held_out_indices: list[int]
@@ -84,7 +84,7 @@ def split_corpus(
     min_held_out: int = MIN_HELD_OUT,
     max_held_out: int = MAX_HELD_OUT,
     usable: Callable[[str], bool] = can_crop,
-) -> Split:
+) -> HeldOutSplit:
     """Hold out a seeded sample of crop-able documents for evaluation; train on the rest.
 
     Held-out documents are drawn only from documents that yield two crops (``CropPairRetrieval``
@@ -99,7 +99,7 @@ def split_corpus(
             f"(half to train on, half to evaluate with); send more multi-sentence documents",
         )
     held_set = set(held)
-    return Split(
+    return HeldOutSplit(
         train=[texts[i] for i in range(len(texts)) if i not in held_set],
         held_out=[texts[i] for i in held],
         held_out_indices=held,
@@ -166,7 +166,7 @@ def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- stages
-def prepare(spec: JobSpec, ctx: JobContext, texts: list[str]) -> tuple[Split, CropRule]:
+def prepare(spec: JobSpec, ctx: JobContext, texts: list[str]) -> tuple[HeldOutSplit, CropRule]:
     """Split the corpus and choose the job's one crop rule; refuse a corpus too few documents of which crop."""
     split = split_corpus(texts, seed=spec.hyperparameters.seed)
     rule = choose_crop_rule(split.train)
@@ -203,7 +203,7 @@ def train_stage(
     work: Path,
 ) -> Path:
     """Fine-tune the base model on the training documents, cropped with the job's rule; the best checkpoint."""
-    config = adapt_config(spec, base_path, documents, work / "train", threads=threads)
+    config = crop_train_config(spec, base_path, documents, work / "train", threads=threads)
     return run_training(ctx, config, crop_rule=rule).best_dir
 
 

@@ -87,7 +87,7 @@ class _TrainingProgress:
         self.ctx.progress({"stage": self.stage, **progress, "eta_s": record.get("eta")})
 
 
-def adapt_config(spec: JobSpec, model: Path, documents: list[str], out: Path, *, threads: int) -> TrainConfig:
+def crop_train_config(spec: JobSpec, model: Path, documents: list[str], out: Path, *, threads: int) -> TrainConfig:
     """The job's crop recipe (``papers/000`` §2: two crops of a document, InfoNCE, the MSE anchor to the start model)
     on ``model`` with the job's hyperparameters (a student's adaptation `TrainConfig.replace`s its own budget)."""
     hp = spec.hyperparameters

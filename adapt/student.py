@@ -50,7 +50,7 @@ from adapt.spec import (
 from adapt.stages import (
     CACHE_VOLUME,
     SCRATCH_VOLUME,
-    adapt_config,
+    crop_train_config,
     general_tasks,
     guarded,
     publish_stage,
@@ -232,7 +232,7 @@ def student_stage(
                      "rehearsal_model": str(models[plan.general_targets]),
                      "rehearsal_temperature": plan.rehearsal_temperature,
                      "rehearsal_position_weight": plan.rehearsal_position_weight}  # fmt: skip
-    adapt = adapt_config(spec, start, documents, work / "student-adapt",
+    adapt = crop_train_config(spec, start, documents, work / "student-adapt",
                          threads=config.settings.worker_threads).replace(
         lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s,
         **rehearsal,

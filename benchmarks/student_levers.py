@@ -37,7 +37,7 @@ from report_file import write_report
 from adapt.pipeline import split_corpus
 from adapt.settings import AdaptSettings
 from adapt.spec import JobSpec
-from adapt.stages import adapt_config
+from adapt.stages import crop_train_config
 from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE
 from core.runtime import cpu_features
@@ -61,7 +61,7 @@ def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule
     rehearsal = {"rehearsal_weight": plan.rehearsal_weight, "rehearsal_texts": tuple(general),
                  "rehearsal_model": str(base), "rehearsal_temperature": plan.rehearsal_temperature,
                  "rehearsal_position_weight": plan.rehearsal_position_weight}  # fmt: skip
-    config = adapt_config(spec, start, documents, out, threads=2).replace(
+    config = crop_train_config(spec, start, documents, out, threads=2).replace(
         lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s,
         **rehearsal,
     )  # fmt: skip
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         tick, stages = time.perf_counter(), {}
         start = base
         if variant == "adapted-teacher":
-            run = train(adapt_config(spec, teacher, split.train, work / variant, threads=2), crop_rule=rule)
+            run = train(crop_train_config(spec, teacher, split.train, work / variant, threads=2), crop_rule=rule)
             stages["crops"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
         elif variant.startswith("distil"):

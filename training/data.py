@@ -101,17 +101,17 @@ def load_corpus(spec: str | Path | Sequence[str], *, max_documents: int | None =
 
 
 @dataclass(frozen=True)
-class Split:
+class ValidationSplit:
     train: list[str]
     validation: list[str]
 
 
-def split_documents(documents: Sequence[str], fraction: float, *, seed: int, max_validation: int) -> Split:
+def split_documents(documents: Sequence[str], fraction: float, *, seed: int, max_validation: int) -> ValidationSplit:
     """Hold out a seeded random ``fraction`` of the documents (at most ``max_validation``) for validation."""
     held = set(hold_out(documents, fraction, seed=seed, minimum=1, maximum=max_validation))
     if len(documents) - len(held) < 2:
         raise CorpusError(f"{len(documents)} documents are too few to hold out {len(held)} for validation")
-    return Split(
+    return ValidationSplit(
         train=[d for i, d in enumerate(documents) if i not in held],
         validation=[d for i, d in enumerate(documents) if i in held],
     )
