@@ -31,8 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from adapt.context import JobCancelled, JobContext, JobFailed, WorkerStopping
-from adapt.corpus import remove_ended_jobs
-from adapt.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Ended, Job, LeaseLost, StoreUnavailable
+from adapt.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Job, LeaseLost, StoreUnavailable
 from adapt.pipeline import run_job
 from adapt.retention import release_orphans
 from adapt.settings import AdaptConfig
@@ -93,7 +92,8 @@ def process_job(
     store: JobStore, job: Job, config: AdaptConfig, stop: threading.Event, pipeline: Pipeline = run_job
 ) -> str:
     """Run one claimed job to its end (or back to the queue) and clean up; returns how it ended: a terminal state,
-    ``queued`` (handed back), or ``abandoned`` (the lease was lost)."""
+    ``queued`` (handed back), or ``abandoned`` (the lease was lost). The store frees the corpus of a job that ended;
+    the worker deletes its attempt's scratch."""
     settings = config.settings
     ctx = JobContext(store, job, stop, lease_s=settings.lease_seconds)
     try:
@@ -113,7 +113,6 @@ def process_job(
         log.exception("%s: unexpected failure in attempt %d", job.id, job.attempt)
         outcome = _end(ctx, FAILED, "internal", f"{INTERNAL_MESSAGE} ({job.id})")
     shutil.rmtree(scratch_dir(job), ignore_errors=True)
-    remove_ended_jobs([Ended(job.id, outcome, job.corpus_dir)], settings.keep_uploads)
     log.info("%s: attempt %d %s", job.id, job.attempt, outcome)
     return outcome
 
@@ -150,7 +149,7 @@ class Worker:
     def _open(self) -> JobStore:
         while self.store is None:
             try:
-                self.store = JobStore(self.config.store_url)
+                self.store = JobStore(self.config.store_url, keep_uploads=self.config.settings.keep_uploads)
             except StoreUnavailable as err:
                 log.warning("adapt worker %s: the job store is unavailable, retrying (%s)", self.worker_id, err)
                 if self.stop.wait(self.config.settings.heartbeat_seconds):
@@ -163,8 +162,8 @@ class Worker:
         store = self._open()
         try:
             if time.monotonic() - self._last_rescue >= settings.heartbeat_seconds:  # a write: not at every poll
-                remove_ended_jobs(store.rescue_expired(), settings.keep_uploads)
-                release_orphans(store, settings.keep_uploads)
+                store.rescue_expired()
+                release_orphans(store)
                 self._last_rescue = time.monotonic()
             return store.claim_next(
                 self.worker_id, max_running=settings.max_concurrent_jobs, lease_s=settings.lease_seconds
