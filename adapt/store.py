@@ -36,7 +36,6 @@ from adapt.jobs import (
     JOB_KIND_ADAPT,
     QUEUED,
     RUNNING,
-    SUCCEEDED,
     TERMINAL_STATES,
     Event,
     Job,
@@ -49,6 +48,7 @@ from adapt.jobs import (
 )
 from adapt.store_core import CLAIM_LOCK, CREATE_LOCK
 from adapt.store_db import events_table, jobs_table, row_to_job
+from adapt.store_ready import ready_jobs
 from adapt.store_upkeep import StoreUpkeep
 
 
@@ -161,7 +161,8 @@ class JobStore(StoreUpkeep):
 
     # ------------------------------------------------------------- worker side
     def claim_next(self, worker_id: str, *, max_running: int, lease_s: float) -> Job | None:
-        """Take the oldest queued job for ``worker_id`` under a lease of ``lease_s`` seconds (a new attempt).
+        """Take the oldest ready job (`adapt.store_ready`: queued, waiting for nothing or for a job that succeeded)
+        for ``worker_id`` under a lease of ``lease_s`` seconds (a new attempt).
 
         Returns None when nothing is queued or ``max_running`` jobs already run (the concurrency limit holds across
         every worker sharing this store).
@@ -173,18 +174,7 @@ class JobStore(StoreUpkeep):
             ).scalar_one()
             if running >= max_running:
                 return None
-            dependency = jobs_table.alias("dependency")
-            ready = sa.or_(
-                jobs_table.c.after_job.is_(None),
-                sa.exists().where(dependency.c.id == jobs_table.c.after_job, dependency.c.state == SUCCEEDED),
-            )
-            row = conn.execute(
-                sa.select(jobs_table)
-                .where(jobs_table.c.state == QUEUED, ready)
-                .order_by(jobs_table.c.seq)
-                .limit(1)
-                .with_for_update(skip_locked=True)
-            ).first()
+            row = conn.execute(ready_jobs().limit(1).with_for_update(skip_locked=True)).first()
             if row is None:
                 return None
             now = self._now(conn)
