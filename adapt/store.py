@@ -50,6 +50,7 @@ from adapt.jobs import (
 )
 from adapt.store_core import CLAIM_LOCK, CREATE_LOCK
 from adapt.store_db import events_table, jobs_table, row_to_job
+from adapt.store_notify import CLAIMABLE_CHANNEL
 from adapt.store_ready import ready_jobs
 from adapt.store_upkeep import StoreUpkeep
 
@@ -101,6 +102,7 @@ class JobStore(StoreUpkeep):
                 raise QueueFullError(pending, max_pending)
             self._add_event(conn, job_id, "state", {"state": QUEUED}, now)
             self._add_event(conn, job_id, AUDIT_EVENT, audit_record("created", created_by, params), now)
+            self._notify(conn, CLAIMABLE_CHANNEL)
         return self.get(job_id)
 
     @staticmethod

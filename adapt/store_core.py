@@ -11,7 +11,8 @@ past its retention deletes."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from adapt.jobs import (
     StoreUnavailable,
 )
 from adapt.store_db import db_now, engine_url, events_table, jobs_table, make_engine
+from adapt.store_notify import CLAIMABLE_CHANNEL, EVENTS_CHANNEL, Listener
 
 # PostgreSQL transaction advisory-lock keys: serialise the checks that count rows (jobs pending, jobs running),
 # migrations, and the grant of a named lease.
@@ -61,10 +63,39 @@ class StoreCore:
         self.keep_uploads = keep_uploads
         self.engine = make_engine(self.url, timeout_s)
         self.postgresql = self.url.get_backend_name() == "postgresql"
+        self._timeout_s = timeout_s
+        self._listener: Listener | None = None
+        self._listener_lock = threading.Lock()
         self._migrate()
 
     def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
         self.engine.dispose()
+
+    # ---------------------------------------------------------------- wake-ups (PostgreSQL LISTEN/NOTIFY)
+    def wake_when_claimable(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` once when a job may have become claimable (queued, back in the queue, or one ended); returns
+        the function that disarms it. PostgreSQL only (`adapt.store_notify`); on SQLite nothing calls it, and the
+        caller's poll interval is the wake-up."""
+        return self._arm(CLAIMABLE_CHANNEL, "", wake)
+
+    def wake_on_event(self, job_id: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` once when an event of ``job_id`` is committed; as `wake_when_claimable`."""
+        return self._arm(EVENTS_CHANNEL, job_id, wake)
+
+    def _arm(self, channel: str, key: str, wake: Callable[[], None]) -> Callable[[], None]:
+        if not self.postgresql:
+            return lambda: None
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = Listener(self.url, self._timeout_s)
+        return self._listener.arm(channel, key, wake)
+
+    def _notify(self, conn: Connection, channel: str, payload: str = "") -> None:
+        """Sent when the transaction commits (and not at all if it rolls back)."""
+        if self.postgresql:
+            conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
 
     def describe(self) -> str:
         """The store for logs: backend and place, never the password."""
@@ -130,8 +161,7 @@ class StoreCore:
             raise JobNotFound(f"no adapt job with id {job_id!r}")
         return row
 
-    @staticmethod
-    def _add_event(conn: Connection, job_id: str, type_: str, data: dict[str, Any], now: float) -> int:
+    def _add_event(self, conn: Connection, job_id: str, type_: str, data: dict[str, Any], now: float) -> int:
         # The job's own counter, bumped under its row lock: event ids of one job are in commit order, so an SSE
         # client resuming after id n never misses an event committed later with a smaller id.
         seq = conn.execute(
@@ -141,6 +171,7 @@ class StoreCore:
             .returning(jobs_table.c.event_seq)
         ).scalar_one()
         conn.execute(sa.insert(events_table).values(job_id=job_id, seq=seq, created_at=now, type=type_, data=data))
+        self._notify(conn, EVENTS_CHANNEL, job_id)
         return int(seq)
 
     def _transition(
@@ -165,6 +196,8 @@ class StoreCore:
         if done.rowcount != 1:
             raise JobStoreError(f"adapt job {job.id} changed state while it was being moved to {state!r}")
         self._add_event(conn, job.id, "state", {"state": state, **(data or {})}, now)
+        if state == QUEUED or state in TERMINAL_STATES:  # a job to take, a slot freed, or a dependency ended
+            self._notify(conn, CLAIMABLE_CHANNEL)
         if state in TERMINAL_STATES:
             self._ended(conn, job.id, state, job.corpus_dir)
         if state in (FAILED, CANCELLED):

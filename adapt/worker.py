@@ -41,6 +41,7 @@ from adapt.store import JobStore
 log = logging.getLogger("adapt.worker")
 
 ABANDONED = "abandoned"  # the worker lost the job (lease lapsed, store gone): whoever rescues it decides
+_STOP_CHECK_S = 0.1  # how soon an idle worker sees its stop event while it waits for a job
 INTERNAL_MESSAGE = "internal error in the adapt worker; its log has the details (search for the job id)"
 
 Pipeline = Callable[[Job, JobContext, AdaptConfig], None]
@@ -133,8 +134,16 @@ def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
             stop.set()
 
 
+def _wait(wake: threading.Event, stop: threading.Event, timeout_s: float) -> None:
+    """Until ``wake`` (the store says a job may be claimable: PostgreSQL), ``stop``, or ``timeout_s`` (the poll)."""
+    deadline = time.monotonic() + timeout_s
+    while not (stop.is_set() or wake.is_set()) and (left := deadline - time.monotonic()) > 0:
+        wake.wait(min(_STOP_CHECK_S, left))
+
+
 class Worker:
-    """The loop: take back lapsed leases (now and then), claim the oldest queued job, run it; until told to stop."""
+    """The loop: take back lapsed leases (now and then), claim the oldest queued job, run it; until told to stop. An
+    idle worker claims again after ``poll_seconds``, or at once when the store wakes it (PostgreSQL)."""
 
     def __init__(
         self, config: AdaptConfig, worker_id: str, stop: threading.Event, pipeline: Pipeline = run_job
@@ -175,12 +184,18 @@ class Worker:
     def run(self, *, once: bool = False) -> None:
         log.info("adapt worker %s polling %s", self.worker_id, self._open().describe())
         while not self.stop.is_set():
-            job = self.claim()
-            if job is None:
-                if once:
-                    return
-                self.stop.wait(self.config.settings.poll_seconds)
-                continue
+            wake = threading.Event()
+            # armed before the claim, so no notification slips in between; a --once worker never waits
+            disarm = (lambda: None) if once else self._open().wake_when_claimable(wake.set)
+            try:
+                job = self.claim()
+                if job is None:
+                    if once:
+                        return
+                    _wait(wake, self.stop, self.config.settings.poll_seconds)
+                    continue
+            finally:
+                disarm()
             log.info("%s: attempt %d claimed (%s → %s)", job.id, job.attempt, job.params["base_model"],
                      job.params["name"])  # fmt: skip
             process_job(self._open(), job, self.config, self.stop, self.pipeline)

@@ -332,24 +332,31 @@ async def stream_events(
     request: Request, store: JobStore, job_id: str, after_id: int, poll_s: float
 ) -> AsyncIterator[str]:
     last_sent = time.monotonic()
+    loop = asyncio.get_running_loop()
     while True:
+        wake = asyncio.Event()  # armed before the read, so an event committed meanwhile does not wait for the poll
+        disarm = store.wake_on_event(job_id, lambda wake=wake: loop.call_soon_threadsafe(wake.set))
         try:
-            events = await run_in_threadpool(store.events, job_id, after_id=after_id)
-        except StoreUnavailable:  # a database restart: keep the stream open and read on when it is back
-            events = []
-        for event in events:
-            after_id = event.id
-            yield _sse(event.id, event.type, {"job_id": job_id, "created_at": event.created_at, **event.data})
-            last_sent = time.monotonic()
-            if event.type == "state" and event.data.get("state") in TERMINAL_STATES:
-                with contextlib.suppress(StoreUnavailable):
-                    job = await run_in_threadpool(store.get, job_id)
-                    yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
-                return
-        if not events:
-            if await request.is_disconnected():
-                return
-            if time.monotonic() - last_sent > KEEPALIVE_S:
-                yield ": keep-alive\n\n"
+            try:
+                events = await run_in_threadpool(store.events, job_id, after_id=after_id)
+            except StoreUnavailable:  # a database restart: keep the stream open and read on when it is back
+                events = []
+            for event in events:
+                after_id = event.id
+                yield _sse(event.id, event.type, {"job_id": job_id, "created_at": event.created_at, **event.data})
                 last_sent = time.monotonic()
-            await asyncio.sleep(poll_s)
+                if event.type == "state" and event.data.get("state") in TERMINAL_STATES:
+                    with contextlib.suppress(StoreUnavailable):
+                        job = await run_in_threadpool(store.get, job_id)
+                        yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
+                    return
+            if not events:
+                if await request.is_disconnected():
+                    return
+                if time.monotonic() - last_sent > KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    last_sent = time.monotonic()
+                with contextlib.suppress(TimeoutError):  # woken when the store notifies (PostgreSQL), else the poll
+                    await asyncio.wait_for(wake.wait(), poll_s)
+        finally:
+            disarm()
