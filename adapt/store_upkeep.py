@@ -56,12 +56,6 @@ class StoreUpkeep(StoreCore):
                 self._fail_dependant(conn, row, row.dependency_state, row.dep_error, now)
             return [Ended(row.id, FAILED, row.corpus_dir) for row in rows]
 
-    def record(self, job_id: str, type_: str, data: dict[str, Any]) -> None:
-        """Add an event to a job no worker holds (an ended job's corpus deleted; an audit record of the API's)."""
-        with self._transaction(write=True) as conn:
-            self._row(conn, job_id, lock=True)
-            self._add_event(conn, job_id, type_, data, self._now(conn))
-
     # ---------------------------------------------------------------- leases on chores
     def take_lease(self, name: str, holder: str, lease_s: float) -> bool:
         """Take (or, for its holder, renew) the lease ``name`` for ``lease_s`` seconds; False while another holder's
