@@ -18,13 +18,12 @@ import shutil
 import time
 from pathlib import Path
 
-from adapt.jobs import CORPUS_REMOVED_EVENT, Ended
+from adapt.jobs import Ended
 from adapt.settings import AdaptConfig
 from adapt.store import JobStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CORPUS_REMOVED_EVENT", "prune_expired", "prune_job_folders", "release_orphans"]
 _BATCH = 500
 
 

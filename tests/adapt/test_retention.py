@@ -14,8 +14,17 @@ import pytest
 import sqlalchemy as sa
 
 from adapt.corpus import CORPUS_FILE
-from adapt.jobs import CANCELLED, FAILED, JOB_KIND_STUDENT_BUILD, PRUNED, QUEUED, RUNNING, SUCCEEDED
-from adapt.retention import CORPUS_REMOVED_EVENT, prune_expired, release_orphans
+from adapt.jobs import (
+    CANCELLED,
+    CORPUS_REMOVED_EVENT,
+    FAILED,
+    JOB_KIND_STUDENT_BUILD,
+    PRUNED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+)
+from adapt.retention import prune_expired, release_orphans
 from adapt.settings import AdaptConfig, AdaptSettings
 from adapt.store import JobStore
 from adapt.store_db import jobs_table
