@@ -16,13 +16,10 @@ out only documents that rule can crop, and reports its yield.
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapt.jobs import TERMINAL_STATES, Ended
 from adapt.settings import AdaptSettings
 from core.corpus_files import ReadLimits, read_corpus_bytes
 from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop
@@ -106,14 +103,6 @@ def check_corpus(texts: list[str], labels: list[str] | None, limits: AdaptSettin
             details={"documents": len(texts), "usable_documents": usable, "min_documents": limits.min_documents},
         )
     return Corpus(texts=texts, labels=labels, usable=usable)
-
-
-def remove_ended_jobs(ended: Iterable[Ended], keep_uploads: bool) -> None:
-    """Delete the folders (corpus and scratch) of jobs that ended; a job back in the queue keeps its corpus for the
-    next attempt. Whoever ends a job calls this: its worker, a rescuer, the API cancelling a queued job."""
-    for job in ended:
-        if job.state in TERMINAL_STATES and not keep_uploads:
-            shutil.rmtree(job.corpus_dir, ignore_errors=True)
 
 
 def read_job_corpus(folder: Path) -> tuple[list[str], list[str] | None]:

@@ -42,6 +42,9 @@ INTERRUPTED = "interrupted"  # a failure reason, and the outcome of an attempt w
 HANDED_BACK = "handed_back"  # the outcome of an attempt whose worker stopped on purpose (not counted)
 PRUNED = "pruned"  # what became of an ended job removed past its retention (`Ended.state`)
 
+# The event of a job whose corpus was deleted because it will never run (data: reason).
+CORPUS_REMOVED_EVENT = "corpus_removed"
+
 # Audit: an event of this type records who created, cancelled or promoted a job (data: action, actor, name).
 AUDIT_EVENT = "audit"
 

@@ -1,8 +1,9 @@
 """What is kept of ended jobs, and for how long (torch-free: every replica's rescuer runs it, idle workers too).
 
-- A job that failed because the job it waited for did not succeed (`JobStore.fail_orphans`) never runs: its corpus is
-  deleted at once and a ``corpus_removed`` event says why.
-- Every other ended job's folder is deleted when it ends (`adapt.corpus.remove_ended_jobs`, unless ``keep_uploads``).
+- A job that failed because the job it waited for did not succeed never runs: the store fails it in the same
+  transaction that ended that job (`adapt.store_core`; `JobStore.fail_dependants` sweeps up any it could not take),
+  deletes its corpus and records a ``corpus_removed`` event saying why.
+- Every other ended job's folder is deleted by the store when the job ends, whoever ends it (unless ``keep_uploads``).
 - Ended jobs older than ``job_retention`` are deleted with their events and whatever folder they still have, by the
   one process that holds the store's prune lease (`JobStore.prune`); that process also deletes any folder under the
   jobs directory that no job names once it is older than the retention (left by a crash between the store's delete
@@ -17,43 +18,33 @@ import shutil
 import time
 from pathlib import Path
 
-from adapt.corpus import remove_ended_jobs
 from adapt.jobs import Ended
 from adapt.settings import AdaptConfig
 from adapt.store import JobStore
 
 log = logging.getLogger(__name__)
 
-CORPUS_REMOVED_EVENT = "corpus_removed"
-_ORPHAN_CORPUS = (
-    "the job it waited for did not succeed, so this job will never run: its corpus was deleted (failed on dependency)"
-)
 _BATCH = 500
 
 
-def release_orphans(store: JobStore, keep_uploads: bool) -> list[Ended]:
-    """End the queued jobs whose dependency failed or was cancelled, delete their corpora and record why."""
-    orphans = store.fail_orphans()
+def release_orphans(store: JobStore) -> list[Ended]:
+    """The sweep: end the queued jobs whose dependency failed or was cancelled that no transition took (the store
+    frees their corpora and records why), and log them."""
+    orphans = store.fail_dependants()
     if orphans:
         log.warning("adapt: %d job(s) failed because the job they waited for did not succeed: %s", len(orphans),
                     ", ".join(o.job_id for o in orphans))  # fmt: skip
-    remove_ended_jobs(orphans, keep_uploads)
-    if not keep_uploads:
-        for orphan in orphans:
-            store.record(orphan.job_id, CORPUS_REMOVED_EVENT, {"reason": _ORPHAN_CORPUS})
     return orphans
 
 
 def prune_expired(store: JobStore, config: AdaptConfig, holder: str) -> list[Ended] | None:
-    """Prune ended jobs past the retention, and their folders, if ``holder`` gets the prune lease (None if another
-    process holds it)."""
+    """Prune ended jobs past the retention, and their folders (the store deletes them), if ``holder`` gets the prune
+    lease (None if another process holds it); then the folders under the jobs directory that no job names."""
     settings = config.settings
     older_than_s = settings.job_retention.total_seconds()
     pruned = store.prune(holder, older_than_s=older_than_s, lease_s=settings.lease_seconds)
     if pruned is None:
         return None
-    for job in pruned:
-        shutil.rmtree(job.corpus_dir, ignore_errors=True)
     if pruned:
         log.info("adapt: pruned %d job(s) that ended over %s ago, with their events and folders", len(pruned),
                  settings.job_retention)  # fmt: skip

@@ -82,8 +82,9 @@ class AdaptSettings(BaseSettings):
         default=0.5,
         gt=0.0,
         le=60.0,
-        description="How often idle workers look for queued jobs and event streams look for new events; shorter "
-        "starts jobs sooner at the cost of more store queries.",
+        description="How often idle workers look for queued jobs and event streams look for new events; on "
+        "PostgreSQL they are also woken at once by LISTEN/NOTIFY and this is the fallback. Shorter starts jobs "
+        "sooner at the cost of more store queries.",
     )
 
     # --- corpus limits -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from adapt.jobs import (
     ACTIVE_STATES,
@@ -34,9 +35,9 @@ from adapt.jobs import (
     FAILED,
     HANDED_BACK,
     JOB_KIND_ADAPT,
+    JOB_KIND_STUDENT_BUILD,
     QUEUED,
     RUNNING,
-    SUCCEEDED,
     TERMINAL_STATES,
     Event,
     Job,
@@ -49,6 +50,8 @@ from adapt.jobs import (
 )
 from adapt.store_core import CLAIM_LOCK, CREATE_LOCK
 from adapt.store_db import events_table, jobs_table, row_to_job
+from adapt.store_notify import CLAIMABLE_CHANNEL
+from adapt.store_ready import ready_jobs
 from adapt.store_upkeep import StoreUpkeep
 
 
@@ -73,38 +76,64 @@ class JobStore(StoreUpkeep):
         """Queue a job, or raise :class:`QueueFullError` when ``max_pending`` jobs already wait.
 
         ``after_job``: the job is claimed only once that job succeeded, and fails (reason ``dependency``) when it
-        failed or was cancelled. ``reuse_active``: if a queued or running job of the same ``kind`` and
+        failed or was cancelled. ``reuse_active`` (student builds only): if a queued or running build of the same
         ``params["name"]`` exists, return it instead of queueing another (one build of a base student at a time,
-        however many replicas ask for it at once). ``created_by``: the caller's API key id, kept on the job and in
+        however many replicas ask for it at once: a unique index on the active builds' names holds it, and its
+        violation returns the build that exists). ``created_by``: the caller's API key id, kept on the job and in
         its ``audit`` event (action ``created``)."""
+        if reuse_active and kind != JOB_KIND_STUDENT_BUILD:
+            raise JobStoreError(f"reuse_active needs kind {JOB_KIND_STUDENT_BUILD!r} (one active build per name)")
         job_id = job_id or new_job_id()
         with self._transaction(write=True) as conn:
             self._serialize(conn, CREATE_LOCK)
-            if reuse_active:
-                for row in conn.execute(
-                    sa.select(jobs_table)
-                    .where(jobs_table.c.kind == kind, jobs_table.c.state.in_((QUEUED, *ACTIVE_STATES)))
-                    .order_by(jobs_table.c.seq)
-                ).all():
-                    if row.params.get("name") == params.get("name"):
-                        return row_to_job(row)
             pending = conn.execute(
                 sa.select(sa.func.count()).select_from(jobs_table).where(jobs_table.c.state == QUEUED)
             ).scalar_one()
-            if pending >= max_pending:
-                raise QueueFullError(pending, max_pending)
             now = self._now(conn)
-            conn.execute(
-                sa.insert(jobs_table).values(
-                    id=job_id, state=QUEUED, created_at=now, params=params, corpus_dir=str(corpus_dir),
-                    n_documents=n_documents, progress={}, result={}, cancel_requested=False, attempt=0,
-                    max_attempts=max_attempts, attempts=[], event_seq=0, kind=kind, after_job=after_job,
-                    created_by=created_by,
-                )
-            )  # fmt: skip
+            try:
+                with conn.begin_nested():  # the unique index adapt_jobs_one_active_build: one active build per name
+                    self._insert(conn, job_id, params, corpus_dir, n_documents, max_attempts, kind, after_job,
+                                 created_by, now)  # fmt: skip
+            except IntegrityError:
+                if reuse_active and (existing := self._active(conn, kind, params.get("name"))) is not None:
+                    return existing  # the build asked for exists: depend on it, even when the queue is full
+                raise
+            if pending >= max_pending:  # the insert is rolled back with the transaction
+                raise QueueFullError(pending, max_pending)
             self._add_event(conn, job_id, "state", {"state": QUEUED}, now)
             self._add_event(conn, job_id, AUDIT_EVENT, audit_record("created", created_by, params), now)
+            self._notify(conn, CLAIMABLE_CHANNEL)
         return self.get(job_id)
+
+    @staticmethod
+    def _active(conn: Connection, kind: str, name: Any) -> Job | None:
+        """The queued or running job of this ``kind`` and ``params["name"]``, the one whose entry in the unique index
+        ``adapt_jobs_one_active_build`` (one active student build per name) an insert ran into."""
+        row = conn.execute(
+            sa.select(jobs_table)
+            .where(
+                jobs_table.c.kind == kind,
+                jobs_table.c.state.in_((QUEUED, *ACTIVE_STATES)),
+                jobs_table.c.params["name"].as_string() == name,
+            )
+            .order_by(jobs_table.c.seq)
+            .limit(1)
+        ).first()
+        return row_to_job(row) if row is not None else None
+
+    @staticmethod
+    def _insert(
+        conn: Connection, job_id: str, params: dict[str, Any], corpus_dir: Path | str, n_documents: int,
+        max_attempts: int, kind: str, after_job: str | None, created_by: str | None, now: float,
+    ) -> None:  # fmt: skip
+        conn.execute(
+            sa.insert(jobs_table).values(
+                id=job_id, state=QUEUED, created_at=now, params=params, corpus_dir=str(corpus_dir),
+                n_documents=n_documents, progress={}, result={}, cancel_requested=False, attempt=0,
+                max_attempts=max_attempts, attempts=[], event_seq=0, kind=kind, after_job=after_job,
+                created_by=created_by,
+            )
+        )  # fmt: skip
 
     def get(self, job_id: str) -> Job:
         with self._transaction() as conn:
@@ -161,7 +190,8 @@ class JobStore(StoreUpkeep):
 
     # ------------------------------------------------------------- worker side
     def claim_next(self, worker_id: str, *, max_running: int, lease_s: float) -> Job | None:
-        """Take the oldest queued job for ``worker_id`` under a lease of ``lease_s`` seconds (a new attempt).
+        """Take the oldest ready job (`adapt.store_ready`: queued, waiting for nothing or for a job that succeeded)
+        for ``worker_id`` under a lease of ``lease_s`` seconds (a new attempt).
 
         Returns None when nothing is queued or ``max_running`` jobs already run (the concurrency limit holds across
         every worker sharing this store).
@@ -173,18 +203,7 @@ class JobStore(StoreUpkeep):
             ).scalar_one()
             if running >= max_running:
                 return None
-            dependency = jobs_table.alias("dependency")
-            ready = sa.or_(
-                jobs_table.c.after_job.is_(None),
-                sa.exists().where(dependency.c.id == jobs_table.c.after_job, dependency.c.state == SUCCEEDED),
-            )
-            row = conn.execute(
-                sa.select(jobs_table)
-                .where(jobs_table.c.state == QUEUED, ready)
-                .order_by(jobs_table.c.seq)
-                .limit(1)
-                .with_for_update(skip_locked=True)
-            ).first()
+            row = conn.execute(ready_jobs().limit(1).with_for_update(skip_locked=True)).first()
             if row is None:
                 return None
             now = self._now(conn)

@@ -2,10 +2,10 @@
 rescuer, any idle worker), ending jobs whose dependency did not succeed, and pruning ended jobs past their retention
 under a named lease the store grants to one process at a time. Part of `adapt.store.JobStore`.
 
-Retention: an ended job (succeeded, failed, cancelled) is deleted with its events once it finished longer ago than the
-retention, unless a job that has not ended still waits for it. The caller deletes the pruned jobs' folders (corpus and
-scratch) — and any folder under the jobs directory that no job in the store names, once it is older than the
-retention (`adapt.corpus.prune_job_folders`), so nothing uploaded outlives its job's retention.
+Retention: an ended job (succeeded, failed, cancelled) is deleted with its events and whatever is left of its folder
+once it finished longer ago than the retention, unless a job that has not ended still waits for it. The caller deletes
+any folder under the jobs directory that no job in the store names, once it is older than the retention
+(`adapt.retention.prune_job_folders`), so nothing uploaded outlives its job's retention.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from sqlalchemy.engine import Connection
 from adapt.jobs import (
     ACTIVE_STATES,
     CANCELLED,
-    DEPENDENCY_FAILED,
     FAILED,
     INTERRUPTED,
     PRUNED,
@@ -37,9 +36,10 @@ PRUNE_LEASE = "prune"  # the lease on pruning ended jobs
 class StoreUpkeep(StoreCore):
     """Rescuing, orphans, leases on chores and pruning."""
 
-    def fail_orphans(self) -> list[Ended]:
-        """End ``failed`` (reason ``dependency``) every queued job whose `after_job` failed or was cancelled. Nothing
-        will read their corpora: the caller deletes them (`adapt.corpus.remove_ended_jobs`) and says so (`record`)."""
+    def fail_dependants(self) -> list[Ended]:
+        """The sweep behind the transitions: end ``failed`` (reason ``dependency``) every queued job whose `after_job`
+        failed or was cancelled and that the transition which ended that job could not take (it was locked, or the
+        store predates this rule). Their corpora are freed like any ended job's."""
         with self._transaction(write=True) as conn:
             dependency = jobs_table.alias("dependency")
             rows = conn.execute(
@@ -48,23 +48,13 @@ class StoreUpkeep(StoreCore):
                 )
                 .join(dependency, dependency.c.id == jobs_table.c.after_job)
                 .where(jobs_table.c.state == QUEUED, dependency.c.state.in_((FAILED, CANCELLED)))
+                .order_by(jobs_table.c.seq)
                 .with_for_update(of=jobs_table, skip_locked=True)
             ).all()
             now = self._now(conn) if rows else 0.0
             for row in rows:
-                why = (row.dep_error or {}).get("message") or row.dependency_state
-                error = {
-                    "reason": DEPENDENCY_FAILED,
-                    "message": f"job {row.after_job}, which this job waited for, ended {row.dependency_state}: {why}",
-                }
-                self._transition(conn, row, FAILED, now, {"error": error}, error=error)
+                self._fail_dependant(conn, row, row.dependency_state, row.dep_error, now)
             return [Ended(row.id, FAILED, row.corpus_dir) for row in rows]
-
-    def record(self, job_id: str, type_: str, data: dict[str, Any]) -> None:
-        """Add an event to a job no worker holds (an ended job's corpus deleted; an audit record of the API's)."""
-        with self._transaction(write=True) as conn:
-            self._row(conn, job_id, lock=True)
-            self._add_event(conn, job_id, type_, data, self._now(conn))
 
     # ---------------------------------------------------------------- leases on chores
     def take_lease(self, name: str, holder: str, lease_s: float) -> bool:
@@ -91,8 +81,8 @@ class StoreUpkeep(StoreCore):
     def prune(self, holder: str, *, older_than_s: float, lease_s: float, limit: int = 500) -> list[Ended] | None:
         """Delete, with their events, up to ``limit`` ended jobs that finished more than ``older_than_s`` seconds ago
         — if ``holder`` holds the prune lease (taken or renewed here for ``lease_s``); None while another process
-        holds it. A job that an unfinished job still waits for stays. Returns the pruned jobs: the caller deletes their
-        folders."""
+        holds it. A job that an unfinished job still waits for stays. Returns the pruned jobs; their folders are deleted
+        once the deletion has committed."""
         with self._transaction(write=True) as conn:
             if not self._take_lease(conn, PRUNE_LEASE, holder, lease_s):
                 return None
@@ -113,7 +103,7 @@ class StoreUpkeep(StoreCore):
             if ids:
                 conn.execute(sa.delete(events_table).where(events_table.c.job_id.in_(ids)))
                 conn.execute(sa.delete(jobs_table).where(jobs_table.c.id.in_(ids)))
-        return [Ended(row.id, PRUNED, row.corpus_dir) for row in rows]
+            return [self._ended(conn, row.id, PRUNED, row.corpus_dir) for row in rows]
 
     def existing(self, job_ids: Iterable[str]) -> set[str]:
         """Which of ``job_ids`` the store holds."""

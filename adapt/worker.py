@@ -31,8 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from adapt.context import JobCancelled, JobContext, JobFailed, WorkerStopping
-from adapt.corpus import remove_ended_jobs
-from adapt.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Ended, Job, LeaseLost, StoreUnavailable
+from adapt.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Job, LeaseLost, StoreUnavailable
 from adapt.pipeline import run_job
 from adapt.retention import release_orphans
 from adapt.settings import AdaptConfig
@@ -42,6 +41,7 @@ from adapt.store import JobStore
 log = logging.getLogger("adapt.worker")
 
 ABANDONED = "abandoned"  # the worker lost the job (lease lapsed, store gone): whoever rescues it decides
+_STOP_CHECK_S = 0.1  # how soon an idle worker sees its stop event while it waits for a job
 INTERNAL_MESSAGE = "internal error in the adapt worker; its log has the details (search for the job id)"
 
 Pipeline = Callable[[Job, JobContext, AdaptConfig], None]
@@ -93,7 +93,8 @@ def process_job(
     store: JobStore, job: Job, config: AdaptConfig, stop: threading.Event, pipeline: Pipeline = run_job
 ) -> str:
     """Run one claimed job to its end (or back to the queue) and clean up; returns how it ended: a terminal state,
-    ``queued`` (handed back), or ``abandoned`` (the lease was lost)."""
+    ``queued`` (handed back), or ``abandoned`` (the lease was lost). The store frees the corpus of a job that ended;
+    the worker deletes its attempt's scratch."""
     settings = config.settings
     ctx = JobContext(store, job, stop, lease_s=settings.lease_seconds)
     try:
@@ -113,7 +114,6 @@ def process_job(
         log.exception("%s: unexpected failure in attempt %d", job.id, job.attempt)
         outcome = _end(ctx, FAILED, "internal", f"{INTERNAL_MESSAGE} ({job.id})")
     shutil.rmtree(scratch_dir(job), ignore_errors=True)
-    remove_ended_jobs([Ended(job.id, outcome, job.corpus_dir)], settings.keep_uploads)
     log.info("%s: attempt %d %s", job.id, job.attempt, outcome)
     return outcome
 
@@ -134,8 +134,16 @@ def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
             stop.set()
 
 
+def _wait(wake: threading.Event, stop: threading.Event, timeout_s: float) -> None:
+    """Until ``wake`` (the store says a job may be claimable: PostgreSQL), ``stop``, or ``timeout_s`` (the poll)."""
+    deadline = time.monotonic() + timeout_s
+    while not (stop.is_set() or wake.is_set()) and (left := deadline - time.monotonic()) > 0:
+        wake.wait(min(_STOP_CHECK_S, left))
+
+
 class Worker:
-    """The loop: take back lapsed leases (now and then), claim the oldest queued job, run it; until told to stop."""
+    """The loop: take back lapsed leases (now and then), claim the oldest queued job, run it; until told to stop. An
+    idle worker claims again after ``poll_seconds``, or at once when the store wakes it (PostgreSQL)."""
 
     def __init__(
         self, config: AdaptConfig, worker_id: str, stop: threading.Event, pipeline: Pipeline = run_job
@@ -150,7 +158,7 @@ class Worker:
     def _open(self) -> JobStore:
         while self.store is None:
             try:
-                self.store = JobStore(self.config.store_url)
+                self.store = JobStore(self.config.store_url, keep_uploads=self.config.settings.keep_uploads)
             except StoreUnavailable as err:
                 log.warning("adapt worker %s: the job store is unavailable, retrying (%s)", self.worker_id, err)
                 if self.stop.wait(self.config.settings.heartbeat_seconds):
@@ -163,8 +171,8 @@ class Worker:
         store = self._open()
         try:
             if time.monotonic() - self._last_rescue >= settings.heartbeat_seconds:  # a write: not at every poll
-                remove_ended_jobs(store.rescue_expired(), settings.keep_uploads)
-                release_orphans(store, settings.keep_uploads)
+                store.rescue_expired()
+                release_orphans(store)
                 self._last_rescue = time.monotonic()
             return store.claim_next(
                 self.worker_id, max_running=settings.max_concurrent_jobs, lease_s=settings.lease_seconds
@@ -176,12 +184,18 @@ class Worker:
     def run(self, *, once: bool = False) -> None:
         log.info("adapt worker %s polling %s", self.worker_id, self._open().describe())
         while not self.stop.is_set():
-            job = self.claim()
-            if job is None:
-                if once:
-                    return
-                self.stop.wait(self.config.settings.poll_seconds)
-                continue
+            wake = threading.Event()
+            # armed before the claim, so no notification slips in between; a --once worker never waits
+            disarm = (lambda: None) if once else self._open().wake_when_claimable(wake.set)
+            try:
+                job = self.claim()
+                if job is None:
+                    if once:
+                        return
+                    _wait(wake, self.stop, self.config.settings.poll_seconds)
+                    continue
+            finally:
+                disarm()
             log.info("%s: attempt %d claimed (%s → %s)", job.id, job.attempt, job.params["base_model"],
                      job.params["name"])  # fmt: skip
             process_job(self._open(), job, self.config, self.stop, self.pipeline)

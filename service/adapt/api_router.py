@@ -26,8 +26,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from adapt.corpus import CorpusError, CorpusTooLargeError, remove_ended_jobs
-from adapt.jobs import CANCELLED, Ended, new_job_id
+from adapt.corpus import CorpusError, CorpusTooLargeError
+from adapt.jobs import new_job_id
 from adapt.settings import AdaptConfig
 from service.adapt.intake import read_body
 from service.adapt.schemas import AdaptJob, AdaptJobList
@@ -143,8 +143,6 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             job = await api.call(store.request_cancel, job_id, actor=caller)
             if not before.terminal:
                 audit(job, "cancelled", caller)
-            if job.state == CANCELLED:  # cancelled while queued: nobody else will delete its corpus
-                remove_ended_jobs([Ended(job.id, job.state, job.corpus_dir)], config.settings.keep_uploads)
         except ServiceError as err:
             return api.fail(request, err)
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))

@@ -19,7 +19,6 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from adapt.corpus import remove_ended_jobs
 from adapt.jobs import (
     JOB_KIND_STUDENT_BUILD,
     TERMINAL_STATES,
@@ -104,12 +103,16 @@ class AdaptAPI:
     async def start(self) -> None:
         self.config.jobs_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.store = await asyncio.to_thread(JobStore, self.config.store_url)
+            self.store = await asyncio.to_thread(self.open_store)
         except StoreUnavailable as err:
             log.warning("adapt: the job store is unavailable, retrying in the background: %s", err)
         else:
             await self._started()
         self._task = asyncio.create_task(self._maintain(), name="adapt-store")
+
+    def open_store(self) -> JobStore:
+        """The job store; it deletes an ended job's folder unless ``keep_uploads``."""
+        return JobStore(self.config.store_url, keep_uploads=self.config.settings.keep_uploads)
 
     async def _started(self) -> None:
         assert self.store is not None
@@ -127,7 +130,7 @@ class AdaptAPI:
         while True:
             try:
                 if self.store is None:
-                    self.store = await asyncio.to_thread(JobStore, self.config.store_url)
+                    self.store = await asyncio.to_thread(self.open_store)
                     await self._started()
                 await asyncio.to_thread(self.upkeep, self.store)
             except StoreUnavailable as err:
@@ -138,13 +141,11 @@ class AdaptAPI:
 
     def upkeep(self, store: JobStore) -> None:
         """One round of the rescuer (in a thread: it deletes folders)."""
-        keep_uploads = self.config.settings.keep_uploads
         ended = store.rescue_expired()
         if ended:
             log.warning("adapt: took back %d job(s) whose worker stopped renewing its lease: %s", len(ended),
                         ", ".join(f"{e.job_id} -> {e.state}" for e in ended))  # fmt: skip
-            remove_ended_jobs(ended, keep_uploads)
-        release_orphans(store, keep_uploads)
+        release_orphans(store)
         prune_expired(store, self.config, self.holder)
 
     async def stop(self) -> None:
@@ -331,24 +332,31 @@ async def stream_events(
     request: Request, store: JobStore, job_id: str, after_id: int, poll_s: float
 ) -> AsyncIterator[str]:
     last_sent = time.monotonic()
+    loop = asyncio.get_running_loop()
     while True:
+        wake = asyncio.Event()  # armed before the read, so an event committed meanwhile does not wait for the poll
+        disarm = store.wake_on_event(job_id, lambda wake=wake: loop.call_soon_threadsafe(wake.set))
         try:
-            events = await run_in_threadpool(store.events, job_id, after_id=after_id)
-        except StoreUnavailable:  # a database restart: keep the stream open and read on when it is back
-            events = []
-        for event in events:
-            after_id = event.id
-            yield _sse(event.id, event.type, {"job_id": job_id, "created_at": event.created_at, **event.data})
-            last_sent = time.monotonic()
-            if event.type == "state" and event.data.get("state") in TERMINAL_STATES:
-                with contextlib.suppress(StoreUnavailable):
-                    job = await run_in_threadpool(store.get, job_id)
-                    yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
-                return
-        if not events:
-            if await request.is_disconnected():
-                return
-            if time.monotonic() - last_sent > KEEPALIVE_S:
-                yield ": keep-alive\n\n"
+            try:
+                events = await run_in_threadpool(store.events, job_id, after_id=after_id)
+            except StoreUnavailable:  # a database restart: keep the stream open and read on when it is back
+                events = []
+            for event in events:
+                after_id = event.id
+                yield _sse(event.id, event.type, {"job_id": job_id, "created_at": event.created_at, **event.data})
                 last_sent = time.monotonic()
-            await asyncio.sleep(poll_s)
+                if event.type == "state" and event.data.get("state") in TERMINAL_STATES:
+                    with contextlib.suppress(StoreUnavailable):
+                        job = await run_in_threadpool(store.get, job_id)
+                        yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
+                    return
+            if not events:
+                if await request.is_disconnected():
+                    return
+                if time.monotonic() - last_sent > KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    last_sent = time.monotonic()
+                with contextlib.suppress(TimeoutError):  # woken when the store notifies (PostgreSQL), else the poll
+                    await asyncio.wait_for(wake.wait(), poll_s)
+        finally:
+            disarm()

@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapt.corpus import remove_ended_jobs
 from adapt.jobs import StoreUnavailable
 from adapt.settings import AdaptConfig
 from adapt.store import JobStore
@@ -122,7 +121,6 @@ class WorkerSupervisor:
         except StoreUnavailable as err:  # its leases lapse instead, and a rescuer takes the jobs back
             log.warning("adapt: could not take back the jobs of worker %s: %s", worker.worker_id, err)
             return []
-        remove_ended_jobs(ended, self.config.settings.keep_uploads)
         return [f"{e.job_id} ({e.state})" for e in ended]
 
     def reap(self) -> list[int]:

@@ -14,8 +14,17 @@ import pytest
 import sqlalchemy as sa
 
 from adapt.corpus import CORPUS_FILE
-from adapt.jobs import CANCELLED, FAILED, JOB_KIND_STUDENT_BUILD, PRUNED, QUEUED, RUNNING, SUCCEEDED
-from adapt.retention import CORPUS_REMOVED_EVENT, prune_expired, release_orphans
+from adapt.jobs import (
+    CANCELLED,
+    CORPUS_REMOVED_EVENT,
+    FAILED,
+    JOB_KIND_STUDENT_BUILD,
+    PRUNED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+)
+from adapt.retention import prune_expired, release_orphans
 from adapt.settings import AdaptConfig, AdaptSettings
 from adapt.store import JobStore
 from adapt.store_db import jobs_table
@@ -62,7 +71,7 @@ def _age(store: JobStore, job_id: str, days: float) -> None:
 
 def test_old_ended_jobs_go_with_their_events_and_folders_and_the_rest_stay(store_url: str, tmp_path: Path) -> None:
     config = _config(tmp_path, store_url)
-    store = JobStore(store_url)
+    store = JobStore(store_url, keep_uploads=True)  # an ended job's folder stays until its retention
     old = {}
     for state in (SUCCEEDED, FAILED, CANCELLED):
         job = _job(store, config, f"old-{state}")
@@ -117,16 +126,34 @@ def test_a_job_failed_on_its_dependency_frees_its_corpus_and_says_why(store_url:
     build = _job(store, config, "base--sct-tiny", kind=JOB_KIND_STUDENT_BUILD)
     waiting = _job(store, config, "acme", after_job=build.id)
     claimed = store.claim_next("w", max_running=1, lease_s=LEASE)
+
     store.finish(claimed.lease, FAILED, reason="student", message="the student build diverged")
 
-    orphans = release_orphans(store, keep_uploads=False)
-
-    assert [o.job_id for o in orphans] == [waiting.id]
-    assert store.get(waiting.id).state == FAILED and store.get(waiting.id).error["reason"] == "dependency"
-    assert not Path(waiting.corpus_dir).exists()
+    failed = store.get(waiting.id)  # in the same transition as its build's failure
+    assert failed.state == FAILED and failed.error["reason"] == "dependency"
+    assert "the student build diverged" in failed.error["message"]
+    assert not Path(waiting.corpus_dir).exists() and not Path(build.corpus_dir).exists()
     (removed,) = [e for e in store.events(waiting.id) if e.type == CORPUS_REMOVED_EVENT]
     assert "did not succeed" in removed.data["reason"] and "deleted" in removed.data["reason"]
-    assert release_orphans(store, keep_uploads=False) == []
+    assert release_orphans(store) == []
+
+
+def test_the_sweep_fails_a_dependant_no_transition_took(store_url: str, tmp_path: Path) -> None:
+    """A queued job whose build ended ``failed`` without it (a store written before the transitions failed
+    dependants): the sweep fails it, frees its corpus and says why."""
+    config = _config(tmp_path, store_url)
+    store = JobStore(store_url)
+    build = _job(store, config, "base--sct-tiny", kind=JOB_KIND_STUDENT_BUILD)
+    waiting = _job(store, config, "acme", after_job=build.id)
+    with store.engine.begin() as conn:
+        conn.execute(sa.update(jobs_table).where(jobs_table.c.id == build.id).values(state=CANCELLED))
+
+    orphans = release_orphans(store)
+
+    assert [(o.job_id, o.state) for o in orphans] == [(waiting.id, FAILED)]
+    assert store.get(waiting.id).error["reason"] == "dependency" and not Path(waiting.corpus_dir).exists()
+    assert [e.type for e in store.events(waiting.id)][-2:] == ["state", CORPUS_REMOVED_EVENT]
+    assert release_orphans(store) == []
 
 
 def test_the_prune_lease_is_held_by_one_process_until_it_lapses(store_url: str) -> None:

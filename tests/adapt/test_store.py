@@ -258,6 +258,30 @@ def test_a_job_waits_for_its_dependency_and_one_build_serves_every_waiting_job(s
     assert _build(store).id != build.id  # ended: asking again queues a new build
 
 
+def test_a_unique_index_holds_one_active_build_per_name(store_url: str) -> None:
+    """The database refuses a second active build of a name however it is written; `create` answers with the build
+    that exists, even when the queue is full, and refuses anything but a build to reuse."""
+    import sqlalchemy as sa
+
+    from adapt.store_db import jobs_table
+
+    store = JobStore(store_url)
+    build = _build(store)
+    with store.engine.connect() as conn:
+        row = {c: v for c, v in conn.execute(sa.select(jobs_table)).one()._mapping.items() if c != "seq"}
+    with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
+        conn.execute(sa.insert(jobs_table).values({**row, "id": "adaptjob-duplicate"}))
+    full = store.create(_params("base--sct-tiny"), corpus_dir="/b", n_documents=0, max_pending=1, max_attempts=2,
+                        kind=JOB_KIND_STUDENT_BUILD, reuse_active=True)  # fmt: skip
+    assert full.id == build.id
+    with pytest.raises(QueueFullError):
+        store.create(_params("x--sct-tiny"), corpus_dir="/b", n_documents=0, max_pending=1, max_attempts=2,
+                     kind=JOB_KIND_STUDENT_BUILD, reuse_active=True)  # fmt: skip
+    with pytest.raises(JobStoreError, match="reuse_active"):
+        store.create(_params(), corpus_dir="/c", n_documents=1, max_pending=9, max_attempts=2, reuse_active=True)
+    assert [j.id for j in store.list_jobs()] == [build.id]
+
+
 def test_a_job_whose_dependency_failed_fails_with_the_reason(store_url: str) -> None:
     store = JobStore(store_url)
     build = _build(store)
@@ -266,8 +290,7 @@ def test_a_job_whose_dependency_failed_fails_with_the_reason(store_url: str) -> 
     claimed = store.claim_next("w1", max_running=1, lease_s=LEASE)
     store.finish(claimed.lease, FAILED, reason="training", message="training failed: the loss diverged")
     assert store.claim_next("w1", max_running=1, lease_s=LEASE) is None  # never claimed: its build failed
-    assert [(e.job_id, e.state) for e in store.fail_orphans()] == [(waiting.id, FAILED)]
-    assert store.fail_orphans() == []
+    assert store.fail_dependants() == []  # failed by the transition that failed its build, not by a later sweep
     failed = store.get(waiting.id)
     assert failed.state == FAILED and failed.error["reason"] == "dependency"
     assert build.id in failed.error["message"] and "the loss diverged" in failed.error["message"]

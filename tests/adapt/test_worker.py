@@ -30,7 +30,7 @@ def _config(tmp_path: Path, **settings: object) -> AdaptConfig:
 
 def _claimed(tmp_path: Path, **settings: object) -> tuple[JobStore, Job, AdaptConfig]:
     config = _config(tmp_path, **settings)
-    store = JobStore(config.store_url)
+    store = JobStore(config.store_url, keep_uploads=config.settings.keep_uploads)
     folder = config.jobs_dir / "j"
     Corpus([DOC] * 4, None, 4).save(folder)
     store.create({"base_model": "b", "name": "n"}, corpus_dir=folder, n_documents=4, max_pending=5, max_attempts=2)

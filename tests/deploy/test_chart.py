@@ -260,6 +260,62 @@ def test_the_scalers_query_counts_the_queued_jobs_of_a_real_store(deploy, postgr
         assert conn.execute(query).fetchone()[0] == 1  # the waiting job can run now
 
 
+def test_the_scalers_query_is_the_stores_ready_rule(deploy) -> None:
+    """The chart holds the text `adapt.store_ready` renders (`python -m adapt.store_ready` prints it for the
+    template), so the scaler and `claim_next` share one definition of a job ready to claim."""
+    from adapt.store_ready import ready_count_sql
+
+    query = deploy.find(deploy.render_production(), "ScaledJob")["spec"]["triggers"][0]["metadata"]["query"]
+    assert query == ready_count_sql(), "regenerate the trigger's query with `python -m adapt.store_ready`"
+
+
+def test_the_scalers_count_and_claim_next_agree_on_every_combination_of_job_states(deploy, postgres) -> None:
+    """Against a real PostgreSQL: a job in every state (a lease lapsed or not), of both kinds, waiting for no job or
+    for one in every state. KEDA's count is exactly the jobs `claim_next` then takes: the queued ones waiting for
+    nothing or for a job that succeeded."""
+    import itertools
+
+    import psycopg
+    import sqlalchemy as sa
+
+    from adapt.jobs import ACTIVE_STATES, ALL_STATES, JOB_KIND_ADAPT, JOB_KIND_STUDENT_BUILD, QUEUED, SUCCEEDED
+    from adapt.store import JobStore
+    from adapt.store_db import jobs_table
+
+    query = deploy.find(deploy.render_production(), "ScaledJob")["spec"]["triggers"][0]["metadata"]["query"]
+    url = postgres.new_database()
+    store = JobStore(url)
+    names = itertools.count()
+
+    def job(state: str, *, lapsed: bool = False, kind: str = JOB_KIND_ADAPT, after: str | None = None) -> str:
+        made = store.create({"base_model": "b", "name": f"n-{next(names)}"}, corpus_dir="/nonexistent",
+                            n_documents=1, max_pending=10_000, max_attempts=2, kind=kind, after_job=after)  # fmt: skip
+        lease = {"worker_id": "w", "lease_expires_at": 0.0 if lapsed else 4e9} if state in ACTIVE_STATES else {}
+        with store.engine.begin() as conn:  # the state as it stands, not a transition
+            conn.execute(sa.update(jobs_table).where(jobs_table.c.id == made.id).values(state=state, **lease))
+        return made.id
+
+    dependencies = {state: job(state, kind=JOB_KIND_STUDENT_BUILD) for state in ALL_STATES}
+    expected = {dependencies[QUEUED]}  # the pending build itself is ready
+    for state, lapsed, kind, after in itertools.product(
+        ALL_STATES, (False, True), (JOB_KIND_ADAPT, JOB_KIND_STUDENT_BUILD), (None, *ALL_STATES)
+    ):
+        if lapsed and state not in ACTIVE_STATES:
+            continue
+        job_id = job(state, lapsed=lapsed, kind=kind, after=dependencies[after] if after else None)
+        if state == QUEUED and after in (None, SUCCEEDED):
+            expected.add(job_id)
+
+    with psycopg.connect(url) as conn:
+        count = conn.execute(query).fetchone()[0]
+    claimed = set()
+    while (next_job := store.claim_next("w2", max_running=10_000, lease_s=30)) is not None:
+        claimed.add(next_job.id)
+    assert count == len(claimed) and claimed == expected
+    with psycopg.connect(url) as conn:
+        assert conn.execute(query).fetchone()[0] == 0
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
