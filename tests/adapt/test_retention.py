@@ -4,8 +4,10 @@ student build failed frees its corpus at once and says why."""
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +31,7 @@ from adapt.settings import AdaptConfig, AdaptSettings
 from adapt.store import JobStore
 from adapt.store_db import jobs_table
 
+ROOT = Path(__file__).resolve().parents[2]
 DAY = 86400.0
 LEASE = 30.0
 
@@ -167,17 +170,29 @@ def test_the_prune_lease_is_held_by_one_process_until_it_lapses(store_url: str) 
     assert not store.take_lease("prune", "a", 0.5)
 
 
-def _prune_rounds(url: str, root: str, holder: str, out: multiprocessing.Queue) -> None:
-    config = _config(Path(root), url)
-    store = JobStore(url)
-    got, refused = [], 0
-    for _ in range(20):
-        pruned = prune_expired(store, config, holder)
-        if pruned is None:
-            refused += 1
-        else:
-            got.extend(p.job_id for p in pruned)
-    out.put((holder, got, refused))
+# One pruning process: 20 rounds of `prune_expired`, then what it pruned and how often it was refused, as JSON. Run
+# with `python -c` (not multiprocessing): a child must not have to import this test module by a name that an
+# installed package's own top-level `tests` could shadow.
+_PRUNE_ROUNDS = """
+import json, sys
+from datetime import timedelta
+from pathlib import Path
+from adapt.retention import prune_expired
+from adapt.settings import AdaptConfig, AdaptSettings
+from adapt.store import JobStore
+url, root, holder = sys.argv[1:4]
+settings = AdaptSettings(dir=Path(root) / "adapt", store_url=url, job_retention=timedelta(days=7))
+config = AdaptConfig(registry_dir=Path(root) / "registry", cache_dir=Path(root) / "cache", settings=settings)
+store = JobStore(url)
+got, refused = [], 0
+for _ in range(20):
+    pruned = prune_expired(store, config, holder)
+    if pruned is None:
+        refused += 1
+    else:
+        got.extend(p.job_id for p in pruned)
+print(json.dumps([holder, got, refused]))
+"""
 
 
 def test_two_processes_pruning_at_once_never_both_prune(store_url: str, tmp_path: Path) -> None:
@@ -189,15 +204,16 @@ def test_two_processes_pruning_at_once_never_both_prune(store_url: str, tmp_path
         _end(store, job.id, CANCELLED)
         _age(store, job.id, 8)
         old.add(job.id)
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_prune_rounds, args=(store_url, str(tmp_path), h, out)) for h in ("a", "b")]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _PRUNE_ROUNDS, store_url, str(tmp_path), holder], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for holder in ("a", "b")
+    ]  # fmt: skip
+    results = []
     for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
     pruners = [(got, refused) for _, got, refused in results if refused < 20]
     assert len(pruners) == 1  # the other was refused every round: the lease lasts 30 s
     assert sorted(pruners[0][0]) == sorted(old) and pruners[0][1] == 0  # each job pruned once
