@@ -69,6 +69,17 @@ def real_task(model: EmbeddingModel, name: str, job_docs: list[Any], seed: int) 
     return f"title → document among {len(pool)}", float(scores.mean())
 
 
+def score(spec: str, name: str, docs: list[Any], split: Any, crops: list[tuple[str, str]], seed: int) -> dict:
+    """One model on one domain's split: the crop-pair check, the short-piece checks and the real task."""
+    model = open_model(spec)
+    checks = {"crops": float(per_query_ndcg(model, crops).mean())}
+    pieces = piece_retrieval(model, split.held_out, split.train)
+    checks.update({k: float(v.mean()) for k, v in pieces.items()})
+    checks["pieces"] = float(np.mean([checks[k] for k in pieces]))
+    what, real = real_task(model, name, docs, seed)
+    return {"checks": checks, "real_task": what, "real": real}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="+", help="ROLE=MODEL, e.g. teacher=minilm-l6")
@@ -89,17 +100,12 @@ def main(argv: list[str] | None = None) -> int:
             crops = task.crop_pairs()
             for role, spec in models.items():
                 tick = time.perf_counter()
-                model = open_model(spec)
-                checks = {"crops": float(per_query_ndcg(model, crops).mean())}
-                pieces = piece_retrieval(model, split.held_out, split.train)
-                checks.update({k: float(v.mean()) for k, v in pieces.items()})
-                checks["pieces"] = float(np.mean([checks[k] for k in pieces]))
-                what, real = real_task(model, name, docs, seed)
+                scored = score(spec, name, docs, split, crops, seed)
                 seconds = round(time.perf_counter() - tick, 1)
-                rows.append({"domain": name, "seed": seed, "role": role, "model": spec, "checks": checks,
-                             "real_task": what, "real": real, "seconds": seconds})  # fmt: skip
-                print(f"{name} s{seed} {role:>10s}: " + " ".join(f"{k} {v:.2f}" for k, v in checks.items())
-                      + f" | real {real:.2f} ({what}) [{rows[-1]['seconds']} s]", flush=True)  # fmt: skip
+                rows.append({"domain": name, "seed": seed, "role": role, "model": spec, **scored, "seconds": seconds})
+                checks = " ".join(f"{k} {v:.2f}" for k, v in scored["checks"].items())
+                print(f"{name} s{seed} {role:>10s}: {checks} | real {scored['real']:.2f} ({scored['real_task']}) "
+                      f"[{seconds} s]", flush=True)  # fmt: skip
     agreement = []
     for (name, seed), group in itertools.groupby(rows, key=lambda r: (r["domain"], r["seed"])):
         for a, b in itertools.combinations(list(group), 2):

@@ -28,10 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from bench_adapt import unseen_documents
-from domain_checks import real_task
-from indomain_resolution import open_model, per_query_ndcg
+from domain_checks import score
 from report_file import write_report
 
 from adapt.pipeline import split_corpus
@@ -42,7 +40,6 @@ from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE
 from core.runtime import cpu_features
 from core.text import choose_crop_rule
-from evaluation.domain_checks import piece_retrieval
 from evaluation.gate import IN_DOMAIN_TASK
 from evaluation.tasks import CropPairRetrieval
 from training.config import TrainConfig, load_config
@@ -82,16 +79,6 @@ def distil(base: Path, teacher: Path, documents: list[str], general: list[str], 
         grad_clip=recipe.grad_clip, seed=seed, num_threads=2, output_dir=str(out), progress_bar=False, log_every=10,
     )  # fmt: skip
     return train(config, cache_dir=cache)
-
-
-def score(spec: str, name: str, docs: list[Any], split: Any, crops: list[tuple[str, str]], seed: int) -> dict:
-    model = open_model(spec)
-    checks = {"crops": float(per_query_ndcg(model, crops).mean())}
-    pieces = piece_retrieval(model, split.held_out, split.train)
-    checks.update({k: float(v.mean()) for k, v in pieces.items()})
-    checks["pieces"] = float(np.mean([checks[k] for k in pieces]))
-    what, real = real_task(model, name, docs, seed)
-    return {"checks": checks, "real_task": what, "real": real}
 
 
 def main(argv: list[str] | None = None) -> int:
