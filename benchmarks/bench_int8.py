@@ -54,7 +54,7 @@ def _embed(url: str, texts: list[str]) -> np.ndarray:
 
 def _suite_scores(bundle: Path) -> dict[str, dict[str, float]]:
     """Each graph of the bundle on the offline suite, in points (the same tasks, both variants)."""
-    from evaluation.models import load_model
+    from evaluation.embedding_model import load_model
     from evaluation.suite import run_suite
 
     scores = {}

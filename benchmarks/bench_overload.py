@@ -22,7 +22,7 @@ flood rounds, to show what the hold buys.
 
 Per run: statuses; accepted texts/s (until the last answer); the model's busy share (the server's summed inference
 time over the run: batches never overlap); accepted latency measured by the client (p50/p99) and by the server
-(its ``x-total-time``, from the request's arrival at the admission gate, and ``x-queue-time``; and the p99 bucket
+(its ``x-total-time``, from the request's arrival at the admission, and ``x-queue-time``; and the p99 bucket
 of its ``embed_request_duration_seconds`` and ``embed_queue_seconds`` histograms); the median ``Retry-After``; the
 load generator's CPU (cores: it runs here, on the same cores as the server) and the 1-minute load average.
 

@@ -35,14 +35,14 @@ from bench_adapt import UNSEEN, draw, unseen_documents
 from indomain_resolution import open_model, per_query_ndcg
 from report_file import write_report
 
-from adapt.pipeline import split_corpus
+from adapt_worker.pipeline import split_corpus
 from core.corpora import UNSEEN_DOMAINS
 from core.runtime import cpu_features
 from core.text import choose_crop_rule
 from evaluation.diagnostics import knn_accuracy
 from evaluation.domain_checks import piece_retrieval, title_retrieval
+from evaluation.embedding_model import EmbeddingModel
 from evaluation.gate import IN_DOMAIN_TASK
-from evaluation.models import EmbeddingModel
 from evaluation.tasks import CropPairRetrieval
 
 TITLE_POOL = 5000

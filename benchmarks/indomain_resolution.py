@@ -26,11 +26,11 @@ import numpy as np
 from bench_adapt import load_corpus
 from report_file import write_report
 
-from adapt.pipeline import split_corpus
+from adapt_worker.pipeline import split_corpus
 from core.runtime import cpu_features
 from core.text import choose_crop_rule
+from evaluation.embedding_model import EmbeddingModel, is_bundle_spec, load_model
 from evaluation.gate import IN_DOMAIN_TASK
-from evaluation.models import EmbeddingModel, is_bundle_spec, load_model
 from evaluation.tasks import CropPairRetrieval
 from training.torch_model import load_any
 

@@ -34,7 +34,7 @@ from sklearn.metrics import v_measure_score
 
 from core import corpora
 from core.runtime import cpu_features
-from evaluation.models import EmbeddingModel, is_bundle_spec, load_model
+from evaluation.embedding_model import EmbeddingModel, is_bundle_spec, load_model
 from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.suite import run_suite
 from evaluation.tasks import BBCNewsClustering

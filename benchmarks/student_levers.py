@@ -1,11 +1,11 @@
 """The levers of a compact student adapted to an unseen domain, measured on its real task.
 
 Runs the student stage of a `bench_adapt.py --variant student=sct-tiny` job outside the service — the same 1,000
-documents, the job's seeded split and crop rule, its spec with the service's defaults (`adapt.spec.JobSpec.build`) —
+documents, the job's seeded split and crop rule, its spec with the service's defaults (`JobSpec.build`) —
 for each variant, then scores the base student, each adapted student and (with ``--teacher``) the teacher on the
 job's checks and the domain's real task (`domain_checks.py`):
 
-- ``default``: the job's crop step on the base student with its rehearsal (what `adapt.student.student_stage` runs);
+- ``default``: the job's crop step on the base student with its rehearsal (what the job's student stage runs);
 - ``distil``: first distil the *unadapted* teacher into the base student (the recipe's SCT + MSE on whole texts: the
   customer's training documents and a sentence of each, plus as many of the base student's own texts — whose targets
   are the teacher's, as in the build), ``--distil-steps`` steps or ``--distil-budget`` seconds, then the same crop step;
@@ -32,10 +32,10 @@ from bench_adapt import unseen_documents
 from domain_checks import score
 from report_file import write_report
 
-from adapt.pipeline import split_corpus
-from adapt.settings import AdaptSettings
-from adapt.spec import JobSpec
-from adapt.stages import crop_train_config
+from adapt_jobs.settings import AdaptSettings
+from adapt_jobs.spec import JobSpec
+from adapt_worker.pipeline import split_corpus
+from adapt_worker.stages import crop_train_config
 from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE
 from core.runtime import cpu_features
@@ -52,7 +52,7 @@ VARIANTS = ("default", "distil", "distil-only", "adapted-teacher")
 
 
 def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule: Any, general: list[str], out: Path):
-    """The job's crop step on the student (as `adapt.student.student_stage` runs it), from ``start``."""
+    """The job's crop step on the student (as `adapt_worker.student.student_stage` runs it), from ``start``."""
     plan = spec.student
     assert plan is not None
     rehearsal = {"rehearsal_weight": plan.rehearsal_weight, "rehearsal_texts": tuple(general),

@@ -44,7 +44,7 @@ _KIND_NAMES = {"text": "text", "jsonl": "JSONL", "json": "JSON", "parquet": "Par
 
 @dataclass(frozen=True)
 class ReadLimits:
-    """Limits checked while a file is read (an upload's: `adapt.settings.AdaptSettings`), before what breaks them is
+    """Limits checked while a file is read (an upload's: `AdaptSettings`), before what breaks them is
     decoded: most documents (rows, counted before empty ones are dropped, as in a JSON body), longest document in
     characters, most bytes of decoded text. Only compressed formats (Parquet) can decode to more than their size."""
 

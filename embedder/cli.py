@@ -11,7 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("embedder.models_cli:main", "list, prepare and locate the built-in offline models"),
     "export": ("export.cli:main", "export a model to a parity-checked ONNX bundle (optionally int8) in the registry"),
     "adapt": ("embedder.adapt_cli:main", "submit a corpus to a server's /adapt, follow the job (--student: compact)"),
-    "adapt-worker": ("adapt.worker:main", "run queued /adapt jobs (the service starts and supervises this)"),
+    "adapt-worker": ("adapt_worker.worker:main", "run queued /adapt jobs (the service starts and supervises this)"),
     "serve": ("service.cli:main", "serve promoted bundles over HTTP (OpenAI/TEI routes, metrics); see --help"),
     "train": ("training.cli:main", "train an embedder from a TOML recipe (sct-tiny, tmft, crop-mpnet, ...)"),
     "validate": (

@@ -87,7 +87,7 @@ def validate_main(argv: list[str]) -> int:
         parser.error("--min-speedup needs the speed measurement: drop --no-speed")
     settings = get_settings()
     device = _setup_torch(args.device, settings)
-    from evaluation.models import ModelSpecError
+    from evaluation.embedding_model import ModelSpecError
     from evaluation.tasks import resolve_task
     from evaluation.validate import DEFAULT_LAYER_TASKS, validate
 
@@ -159,7 +159,7 @@ def layers_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     settings = get_settings()
     device = _setup_torch(args.device, settings)
-    from evaluation.models import ModelSpecError
+    from evaluation.embedding_model import ModelSpecError
     from evaluation.report import plot_layers
     from evaluation.tasks import resolve_task
     from evaluation.validate import default_out_dir, layer_curves
@@ -219,8 +219,8 @@ def bench_main(argv: list[str]) -> int:
         parser.error("--rounds must be at least 1")
     settings = get_settings()
     device = _setup_torch(args.device, settings)
+    from evaluation.embedding_model import ModelSpecError
     from evaluation.gate import throughput_speedup
-    from evaluation.models import ModelSpecError
     from evaluation.speed import measure_speed, median_speed
 
     models = {}

@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.neighbors import KNeighborsClassifier
 from tqdm.auto import tqdm
 
-from evaluation.models import EmbeddingModel
+from evaluation.embedding_model import EmbeddingModel
 from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.suite import score_task
 from evaluation.tasks import resolve_task

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evaluation.models import EmbeddingModel
+from evaluation.embedding_model import EmbeddingModel
 
 PIECES = ("lead", "title", "summary")
 TITLE_WORDS = 8

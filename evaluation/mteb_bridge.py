@@ -17,7 +17,7 @@ from mteb.models.model_meta import ModelMeta
 from mteb.similarity_functions import cos_sim, pairwise_cos_sim
 from tqdm.auto import tqdm
 
-from evaluation.models import EmbeddingModel
+from evaluation.embedding_model import EmbeddingModel
 
 
 class EmbeddingMemo:

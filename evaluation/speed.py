@@ -17,7 +17,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from core import corpora
-from evaluation.models import EmbeddingModel, load_model
+from evaluation.embedding_model import EmbeddingModel, load_model
 
 BATCH_SIZES = (1, 32)
 WARMUP_CALLS = 2

@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from evaluation import data
-from evaluation.models import EmbeddingModel, load_model
+from evaluation.embedding_model import EmbeddingModel, load_model
 from evaluation.mteb_bridge import EmbeddingMemo, MtebEncoder
 from evaluation.tasks import DEFAULT_TASKS, OfflineTask, resolve_task
 
@@ -139,7 +139,7 @@ def run_suite(
     """Score ``model`` on the offline tasks.
 
     Args:
-        model: anything `evaluation.models.load_model` accepts (built-in name, checkpoint, bundle,
+        model: anything `evaluation.embedding_model.load_model` accepts (built-in name, checkpoint, bundle,
             ``registry:NAME[@VERSION]``, an ``Encoder`` or an ``EmbeddingModel``).
         tasks: task names, classes or instances (default: every task in `evaluation.tasks.TASKS`).
         fast: a few documents per task (smoke runs and tests; not comparable to full scores).

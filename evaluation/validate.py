@@ -13,8 +13,8 @@ from tqdm.auto import tqdm
 
 from core import corpora
 from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
+from evaluation.embedding_model import EmbeddingModel, OnnxModel, load_model
 from evaluation.gate import GateResult, check
-from evaluation.models import EmbeddingModel, OnnxModel, load_model
 from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.report import write_report
 from evaluation.speed import measure_speed

@@ -33,7 +33,7 @@ from service.auth import ApiKeys
 from service.backend.base import BackendFactory
 from service.engine.admission import Ticket
 from service.engine.engine import Engine
-from service.engine.models import ModelManager
+from service.engine.served import ModelManager
 from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response, validation_message
 from service.metrics import EMBEDDING_ROUTES, NO_MODEL, MetricsListener, ServiceMetrics
 from service.observability import (
@@ -83,7 +83,7 @@ class GuardMiddleware:
        hold capacity a keyed client needs;
     4. **size** — a body over ``max_body_bytes`` (``POST /adapt``: the upload limit plus framing) gets 413, by
        Content-Length or while a chunked body streams in;
-    5. **admission** — an embedding request meets the admission gate (`service.engine.admission`) as its caller's
+    5. **admission** — an embedding request meets the admission (`service.engine.admission`) as its caller's
        key: over the bound it waits in line or is refused with 429 before its body is read, parsed or validated,
        so a retry storm costs a header parse and a short answer per request, not a JSON decode;
     6. **the body's pace** — the body must arrive within ``body_timeout_seconds`` plus one second per
@@ -187,7 +187,7 @@ class GuardMiddleware:
                 await self._refuse(route, svc, scope, receive, send, _too_large(limit, setting))
                 return
         if route is not None and scope["method"] == "POST":
-            admitted = await self.state.engine.gate.enter(context.caller.key_id)
+            admitted = await self.state.engine.admission.enter(context.caller.key_id)
             svc.metrics.admissions.labels(context.caller.key_id, _outcome(admitted)).inc()
             if isinstance(admitted, ServiceError):
                 svc.count_failure(route, NO_MODEL, admitted.kind)
@@ -341,7 +341,7 @@ def create_app(
     if not settings.metrics_port:
         app.include_router(metrics_router)
     if include_adapt:
-        from adapt.settings import AdaptConfig
+        from adapt_jobs.settings import AdaptConfig
         from service.adapt.api_router import build_adapt_router
 
         config = AdaptConfig(registry_dir=settings.registry_dir, cache_dir=settings.cache_dir, settings=settings.adapt)

@@ -51,7 +51,7 @@ class ServiceMetrics:
         )
         self.admission_wait = Histogram(
             "embed_admission_wait_seconds",
-            "Time an admitted request waited at the admission gate, body unread, for room (0 for most).",
+            "Time an admitted request waited at the admission, body unread, for room (0 for most).",
             ["route"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
@@ -104,7 +104,7 @@ class ServiceMetrics:
         )
         self.admissions = Counter(
             "embed_admissions",
-            "Embedding requests at the admission gate by caller (key id, or 'anonymous') and outcome (admitted, or "
+            "Embedding requests at the admission by caller (key id, or 'anonymous') and outcome (admitted, or "
             "refused with 429): how the capacity was shared between keys under overload.",
             ["key_id", "outcome"],
             registry=r,

@@ -3,7 +3,7 @@
 Every field is also a flag of ``embedder serve`` (``--max-batch-tokens`` for ``max_batch_tokens``)
 and a key of the Helm chart's ConfigMap (``EMBED_MAX_BATCH_TOKENS``); the descriptions below are
 the help text, so each one says what the knob trades off. The /adapt settings are their own object,
-`adapt.settings.AdaptSettings`, nested as ``adapt`` (``EMBED_ADAPT_MAX_STEPS``, ``--adapt-max-steps``, the chart's
+`adapt_jobs.settings.AdaptSettings`, nested as ``adapt`` (``EMBED_ADAPT_MAX_STEPS``, ``--adapt-max-steps``, the chart's
 ``config.adapt_max_steps``). Keep the field names stable: the chart and its test map them one to one. No other
 service module reads ``os.environ``.
 """
@@ -19,7 +19,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from adapt.settings import AdaptSettings
+from adapt_jobs.settings import AdaptSettings
 from core.settings import DEFAULT_CACHE_DIR, DEFAULT_REGISTRY_DIR, split_csv
 
 ADAPT_PREFIX = "adapt_"  # flat names of the nested adapt settings: adapt_max_steps is EMBED_ADAPT_MAX_STEPS
@@ -258,7 +258,7 @@ class ServiceSettings(BaseSettings):
     # --- /adapt (domain-adaptation jobs; EMBED_ADAPT_*, see docs/ADAPT.md) ---------------------------
     adapt: AdaptSettings = Field(
         default_factory=AdaptSettings,
-        description="The /adapt job queue, its workers and each job's defaults: adapt.settings.AdaptSettings, read "
+        description="The /adapt job queue, its workers and each job's defaults: AdaptSettings, read "
         "from EMBED_ADAPT_* (one flag per field: --adapt-<field>).",
     )
 

@@ -13,7 +13,7 @@ weights, pooling, normalisation, output layer and token limit: a different teach
 
 With ``preset`` (a file `write_vectors` wrote; ``TrainConfig.teacher_vectors``) the vectors it holds are the targets of
 their texts, whoever computed them — /adapt's student distillation can give a frozen model's embeddings of general
-text while the adapted teacher embeds the customer's (`adapt.student`). Preset vectors are never written to the store:
+text while the adapted teacher embeds the customer's (the /adapt worker). Preset vectors are never written to the store:
 it holds only this teacher's own. `fill` embeds a list of texts up front, longest first so that each batch pads to
 texts of like length — the cheapest way to pay for texts known before training starts.
 """

@@ -15,7 +15,7 @@ import numpy as np
 
 from core.catalog import ModelNotFoundError
 from core.model_folder import read_trained_on
-from evaluation.models import EmbeddingModel, ModelSpecError, is_bundle_spec, l2_normalise, load_model
+from evaluation.embedding_model import EmbeddingModel, ModelSpecError, is_bundle_spec, l2_normalise, load_model
 from training.encoder import Encoder
 
 
@@ -87,7 +87,7 @@ def load_any(
     variant: str | None = None,
 ) -> EmbeddingModel:
     """Anything the evaluation can score: an `EmbeddingModel` or `Encoder` object, a bundle (folder or
-    ``registry:NAME[@VERSION]``, see `evaluation.models.load_model`), a built-in model name or a Hugging Face
+    ``registry:NAME[@VERSION]``, see `evaluation.embedding_model.load_model`), a built-in model name or a Hugging Face
     folder / training checkpoint (a `TorchModel` on ``device``)."""
     if isinstance(spec, Encoder):
         return TorchModel(spec)

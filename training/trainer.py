@@ -38,11 +38,7 @@ from tqdm.auto import tqdm
 from core.corpora import CUSTOM_CORPUS
 from core.model_folder import RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
 from core.text import CropRule
-from training.config import TrainConfig
-from training.data import corpus_names
-from training.encoder import Encoder
-from training.inputs import TrainingData, load_training_data
-from training.models import (
+from training.assembly import (
     Models,
     build_models,
     build_objective,
@@ -51,6 +47,10 @@ from training.models import (
     resolve_device,
     save_model,
 )
+from training.config import TrainConfig
+from training.data import corpus_names
+from training.encoder import Encoder
+from training.inputs import TrainingData, load_training_data
 from training.state import STATE_FILE, TrainState, seed_everything, without_rng_side_effects
 from training.targets import TEACHER_EMBEDDINGS, TeacherTargets
 from training.validation import TeacherFidelityValidation, Validation

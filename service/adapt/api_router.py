@@ -1,4 +1,4 @@
-"""HTTP routes of /adapt: thin handlers over `service.adapt.serving` and the shared job store; no training here.
+"""HTTP routes of /adapt: thin handlers over `service.adapt.api_state` and the shared job store; no training here.
 
 ``build_adapt_router(config, keys)`` returns an ``APIRouter`` whose lifespan opens the store (retrying in the
 background while it is unavailable: /embed serves meanwhile and /adapt answers 503), runs this replica's rescuer
@@ -26,12 +26,10 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from adapt.corpus import CorpusError, CorpusTooLargeError
-from adapt.jobs import new_job_id
-from adapt.settings import AdaptConfig
-from service.adapt.intake import read_body
-from service.adapt.schemas import AdaptJob, AdaptJobList
-from service.adapt.serving import (
+from adapt_jobs.corpus import CorpusError, CorpusTooLargeError
+from adapt_jobs.jobs import new_job_id
+from adapt_jobs.settings import AdaptConfig
+from service.adapt.api_state import (
     CORPUS_ERRORS,
     AdaptAPI,
     AdaptCollector,
@@ -40,6 +38,8 @@ from service.adapt.serving import (
     queue_job,
     stream_events,
 )
+from service.adapt.intake import read_body
+from service.adapt.schemas import AdaptJob, AdaptJobList
 from service.api.protocol import ErrorResponse
 from service.auth import ApiKeys
 from service.errors import ErrorKind, ServiceError

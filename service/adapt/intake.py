@@ -1,10 +1,10 @@
 """Taking in a POST /adapt corpus without hurting serving: the body is read under ``max_upload_bytes`` first, then
-parsed (JSON, or a multipart form and the file it carries), checked (`adapt.corpus.check_corpus`) and saved into the
+parsed (JSON, or a multipart form and the file it carries), checked (`check_corpus`) and saved into the
 job's folder away from the event loop that serves /v1/embeddings — a small JSON body in a thread; a large one, and
 any uploaded file, in a child process at a lower priority, because decoding 50 MB of JSON is one call that holds
 the interpreter's lock for a quarter of a second (it would stall every request on the replica). Only the body's
 bytes and a summary cross the process boundary. An uploaded file is read under the corpus limits
-(`adapt.corpus.parse_upload`), so a small compressed file cannot decode to gigabytes."""
+(`adapt_jobs.corpus.parse_upload`), so a small compressed file cannot decode to gigabytes."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from fastapi import Request
 from pydantic import ValidationError
 from python_multipart.multipart import File, create_form_parser
 
-from adapt.corpus import CorpusTooLargeError, check_corpus, parse_upload
-from adapt.settings import AdaptSettings
+from adapt_jobs.corpus import CorpusTooLargeError, check_corpus, parse_upload
+from adapt_jobs.settings import AdaptSettings
 from service.adapt.schemas import AdaptRequest
 from service.errors import ErrorKind, ServiceError, validation_message
 

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adapt.jobs import Job
-from adapt.spec import check_student
+from adapt_jobs.jobs import Job
+from adapt_jobs.spec import check_student
 
 Objective = Literal["crop-infonce", "sct", "simcse"]
 PromotePolicy = Literal["auto", "never"]

@@ -33,9 +33,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapt.jobs import StoreUnavailable
-from adapt.settings import AdaptConfig
-from adapt.store import JobStore
+from adapt_jobs.jobs import StoreUnavailable
+from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.store import JobStore
 from core.settings import Settings
 
 log = logging.getLogger(__name__)

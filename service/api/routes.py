@@ -24,7 +24,7 @@ from service.api.protocol import (
 )
 from service.api.tracking import RouteMetrics, shape_embeddings, to_base64
 from service.engine.engine import Engine
-from service.engine.models import ServedModel
+from service.engine.served import ServedModel
 from service.observability import REQUEST, RequestContext
 
 router = APIRouter()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.engine.models import ServedModel
+from service.engine.served import ServedModel
 from service.errors import ErrorKind, ServiceError
 from service.metrics import NO_MODEL, ServiceMetrics
 from service.observability import RequestContext
@@ -60,7 +60,7 @@ class RouteMetrics:
     # ------------------------------------------------------------------------------------ tracking
     @asynccontextmanager
     async def track(self, route: str, context: RequestContext | None = None) -> AsyncIterator[Track]:
-        """Count and time one request from its arrival at the gate (its ``context``'s ticket; now without one: an
+        """Count and time one request from its arrival at the admission (its ``context``'s ticket; now without one: an
         app run without `service.app.GuardMiddleware`); label a failure with its kind (unexpected errors become
         ``internal``)."""
         ticket = context.ticket if context is not None else None

@@ -1,4 +1,4 @@
-"""The server's admission gate: which embedding requests get in, decided before their body is read.
+"""The server's admission: which embedding requests get in, decided before their body is read.
 
 A request that finds the server over its bound (`room` answers an error: too many requests in flight, or every
 model's queue over its bound) is not answered 429 at once: it waits in a FIFO line, its body unread, and is let
@@ -35,14 +35,14 @@ from service.errors import ErrorKind, ServiceError
 
 ENTER_GRACE_SECONDS = 0.05  # parsing and tokenising 32 paragraphs takes ~10-20 ms on 2 cores
 
-Room = Callable[[str], "ServiceError | None"]  # the gate's question, per key id: None if a request may go on
+Room = Callable[[str], "ServiceError | None"]  # admission's question, per key id: None if a request may go on
 
 
 @dataclass(eq=False)
 class Ticket:
-    """An admitted request: whose it is, when it reached the gate and how long it waited in line."""
+    """An admitted request: whose it is, when it reached admission and how long it waited in line."""
 
-    gate: AdmissionGate
+    admission: Admission
     arrived: float
     waited: float
     from_line: bool
@@ -52,14 +52,14 @@ class Ticket:
         """The request's texts are in its model's queue (or it ended before): the line may move (idempotent)."""
         if self.from_line:
             self.from_line = False
-            self.gate._entering -= 1
-            self.gate.wake()
+            self.admission._entering -= 1
+            self.admission.wake()
 
     def done(self) -> None:
         """The request was answered; call once."""
         self.queued()
-        self.gate._leave(self.tenant)
-        self.gate.wake()
+        self.admission._leave(self.tenant)
+        self.admission.wake()
 
 
 @dataclass(eq=False)
@@ -68,7 +68,7 @@ class _Waiter:
     arrived: float
 
 
-class AdmissionGate:
+class Admission:
     """Lets embedding requests in while ``room(key)`` answers None; holds the others in line, one line per key
     (see the module doc).
 

@@ -2,7 +2,7 @@
 
 How a batch is formed (TEI's token-budget queue, with length sorting to cut padding):
 
-* Admission (`refusal`) is decided on the event loop before anything is queued — by the server's gate
+* Admission (`refusal`) is decided on the event loop before anything is queued — by the server's admission
   before a request's body is even read (`service.app.GuardMiddleware`), and again here when the texts are
   queued. A request is refused (429, ``Retry-After`` = the estimated seconds to drain the queue) if the texts
   waiting plus the new ones exceed ``max_queue_size`` (memory), or if at least ``queue_wait_min_requests``
@@ -177,7 +177,7 @@ class Batcher:
 
     def refusal(self, n: int = 1, tenant: str = ANONYMOUS) -> ServiceError | None:
         """Why ``n`` more texts of ``tenant`` may not be queued now (503 while the model is unloaded, 429 with
-        Retry-After when over a bound), or None. Needs no tokens: with ``n = 1`` it is the gate's question, asked
+        Retry-After when over a bound), or None. Needs no tokens: with ``n = 1`` it is admission's question, asked
         before a request's body is read — is this model over its bound for this key whatever the request holds?"""
         if self._closing:
             return ServiceError(ErrorKind.model_not_ready, f"model {self.name!r} is being unloaded; retry")

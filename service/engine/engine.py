@@ -1,10 +1,10 @@
 """The embedding engine: the one entry of a request's texts — validated, tokenised, admitted and queued — and the
-admission gate that decides before a body is read (TEI's core: validation, tokenisation, permits, queue).
+admission that decides before a body is read (TEI's core: validation, tokenisation, permits, queue).
 
 `Engine.embed` is what ``/v1/embeddings``, ``/embed`` and ``/similarity`` share; the API layer (``service.api``)
 only turns its request shape into texts and the resulting matrix into its response shape, and counts the request.
-The engine owns the served models (`ModelManager`) and the gate (`AdmissionGate`), so a batch launched by a model
-wakes the gate here, not through the API.
+The engine owns the served models (`ModelManager`) and the admission (`Admission`), so a batch launched by a model
+wakes the admission here, not through the API.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.auth import ANONYMOUS
-from service.engine.admission import AdmissionGate, Ticket
-from service.engine.models import ModelManager, ServedModel
+from service.engine.admission import Admission, Ticket
+from service.engine.served import ModelManager, ServedModel
 from service.errors import ErrorKind, ServiceError
 from service.metrics import ServiceMetrics
 from service.observability import RequestContext
@@ -37,32 +37,32 @@ class EmbedResult:
 
 
 class Engine:
-    """The served models, their admission gate, and the request path into their queues."""
+    """The served models, their admission, and the request path into their queues."""
 
     def __init__(self, settings: ServiceSettings, models: ModelManager, metrics: ServiceMetrics) -> None:
         self.settings = settings
         self.models = models
         self.metrics = metrics
-        self.gate = AdmissionGate(
+        self.admission = Admission(
             self.room, hold_seconds=settings.overload_hold_seconds, max_waiting=settings.max_concurrent_requests
         )
-        models.on_room = self.gate.wake
+        models.on_room = self.admission.wake
 
     # ------------------------------------------------------------------------------------ admission
     def room(self, tenant: str = ANONYMOUS) -> ServiceError | None:
-        """The gate's question for a request of key ``tenant``, asked before its body is read: None if it may go
+        """Admission's question for a request of key ``tenant``, asked before its body is read: None if it may go
         on; else the 429 for ``max_concurrent_requests`` requests in flight, or for every served model over its
         bound for that key (`Batcher.refusal`). Which model a request wants is in its body, so with several models
         only a state that refuses any request is refused here; the rest is checked again once the body names its
         model."""
         limit = self.settings.max_concurrent_requests
         models = self.models.models()
-        if self.gate.in_flight >= limit:
+        if self.admission.in_flight >= limit:
             retry = min((m.batcher.retry_after() for m in models), default=1)
             return ServiceError(
                 ErrorKind.overloaded,
-                f"the server is overloaded: {self.gate.in_flight} requests in flight, limit max_concurrent_requests="
-                f"{limit}; retry after the number of seconds in Retry-After",
+                f"the server is overloaded: {self.admission.in_flight} requests in flight, limit "
+                f"max_concurrent_requests={limit}; retry after the number of seconds in Retry-After",
                 headers={"Retry-After": str(retry)},
             )
         refusals = []

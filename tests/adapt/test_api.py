@@ -10,9 +10,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from adapt.jobs import RUNNING, SUCCEEDED
-from adapt.settings import AdaptConfig, AdaptSettings
-from adapt.store import JobStore
+from adapt_jobs.jobs import RUNNING, SUCCEEDED
+from adapt_jobs.settings import AdaptConfig, AdaptSettings
+from adapt_jobs.store import JobStore
 from service.adapt.api_router import build_adapt_router
 from service.adapt.intake import INLINE_BYTES
 from service.auth import ApiKeys
@@ -237,7 +237,7 @@ def test_the_api_side_imports_neither_torch_nor_training() -> None:
     code = (
         "import sys, service.adapt.api_router, service.adapt.supervisor;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'training', 'evaluation', 'export')"
-        " or m in ('adapt.pipeline', 'adapt.worker'));"
+        " or m in ('adapt_worker.pipeline', 'adapt_worker.worker'));"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -13,9 +13,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from adapt.context import JobContext
-from adapt.jobs import AUDIT_EVENT
-from adapt.store import JobStore
+from adapt_jobs.jobs import AUDIT_EVENT
+from adapt_jobs.store import JobStore
+from adapt_worker.context import JobContext
 from service.adapt.api_router import build_adapt_router
 from service.auth import ApiKeys, key_id
 from tests.adapt.test_api import DOC, _config

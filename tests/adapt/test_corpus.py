@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from adapt.corpus import check_corpus, parse_upload, read_job_corpus
-from adapt.settings import AdaptSettings
+from adapt_jobs.corpus import check_corpus, parse_upload, read_job_corpus
+from adapt_jobs.settings import AdaptSettings
 from core.text import CorpusError, can_crop
 
 TWO_SENTENCES = "Crops are cut from documents. Two sentences make one view."

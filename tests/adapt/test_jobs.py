@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from adapt.jobs import INTERRUPTED
-from adapt.settings import AdaptConfig
-from adapt.store import JobStore
+from adapt_jobs.jobs import INTERRUPTED
+from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.store import JobStore
 from core import registry
 from service.app import create_app
 from service.settings import ServiceSettings

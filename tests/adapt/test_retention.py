@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from adapt.corpus import CORPUS_FILE
-from adapt.jobs import (
+from adapt_jobs.corpus import CORPUS_FILE
+from adapt_jobs.jobs import (
     CANCELLED,
     CORPUS_REMOVED_EVENT,
     FAILED,
@@ -26,10 +26,10 @@ from adapt.jobs import (
     RUNNING,
     SUCCEEDED,
 )
-from adapt.retention import prune_expired, release_orphans
-from adapt.settings import AdaptConfig, AdaptSettings
-from adapt.store import JobStore
-from adapt.store_db import jobs_table
+from adapt_jobs.retention import prune_expired, release_orphans
+from adapt_jobs.settings import AdaptConfig, AdaptSettings
+from adapt_jobs.store import JobStore
+from adapt_jobs.store_db import jobs_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86400.0
@@ -177,9 +177,9 @@ _PRUNE_ROUNDS = """
 import json, sys
 from datetime import timedelta
 from pathlib import Path
-from adapt.retention import prune_expired
-from adapt.settings import AdaptConfig, AdaptSettings
-from adapt.store import JobStore
+from adapt_jobs.retention import prune_expired
+from adapt_jobs.settings import AdaptConfig, AdaptSettings
+from adapt_jobs.store import JobStore
 url, root, holder = sys.argv[1:4]
 settings = AdaptSettings(dir=Path(root) / "adapt", store_url=url, job_retention=timedelta(days=7))
 config = AdaptConfig(registry_dir=Path(root) / "registry", cache_dir=Path(root) / "cache", settings=settings)
@@ -239,7 +239,7 @@ def test_queued_state_is_kept_by_the_store(store_url: str) -> None:
 
 def test_a_replicas_rescuer_fails_orphans_and_prunes(store_url: str, tmp_path: Path) -> None:
     """The service's periodic upkeep (`AdaptAPI.upkeep`, every heartbeat) does both."""
-    from service.adapt.serving import AdaptAPI
+    from service.adapt.api_state import AdaptAPI
     from service.auth import ApiKeys
 
     config = _config(tmp_path, store_url)

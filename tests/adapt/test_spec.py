@@ -6,8 +6,8 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from adapt.settings import AdaptSettings
-from adapt.spec import Hyperparameters, JobSpec, SpecError
+from adapt_jobs.settings import AdaptSettings
+from adapt_jobs.spec import Hyperparameters, JobSpec, SpecError
 
 
 def _settings() -> AdaptSettings:

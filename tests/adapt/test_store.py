@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adapt.jobs import (
+from adapt_jobs.jobs import (
     CANCELLED,
     EVALUATING,
     FAILED,
@@ -28,7 +28,7 @@ from adapt.jobs import (
     QueueFullError,
     StoreUnavailable,
 )
-from adapt.store import JobStore
+from adapt_jobs.store import JobStore
 
 LEASE = 30.0
 
@@ -263,7 +263,7 @@ def test_a_unique_index_holds_one_active_build_per_name(store_url: str) -> None:
     that exists, even when the queue is full, and refuses anything but a build to reuse."""
     import sqlalchemy as sa
 
-    from adapt.store_db import jobs_table
+    from adapt_jobs.store_db import jobs_table
 
     store = JobStore(store_url)
     build = _build(store)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from adapt.corpus import CORPUS_FILE
-from adapt.jobs import CANCELLED, CORPUS_REMOVED_EVENT, FAILED, JOB_KIND_STUDENT_BUILD, QUEUED, SUCCEEDED, Job
-from adapt.store import JobStore
+from adapt_jobs.corpus import CORPUS_FILE
+from adapt_jobs.jobs import CANCELLED, CORPUS_REMOVED_EVENT, FAILED, JOB_KIND_STUDENT_BUILD, QUEUED, SUCCEEDED, Job
+from adapt_jobs.store import JobStore
 
 LEASE = 30.0
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from adapt.jobs import Job, QueueFullError
-from adapt.settings import AdaptConfig, AdaptSettings
-from adapt.store import JobStore
-from adapt.worker import Worker
+from adapt_jobs.jobs import Job, QueueFullError
+from adapt_jobs.settings import AdaptConfig, AdaptSettings
+from adapt_jobs.store import JobStore
+from adapt_worker.worker import Worker
 
 POLL_S = 30.0  # far longer than any wake-up below may take
 WOKEN_WITHIN_S = 5.0

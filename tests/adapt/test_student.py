@@ -15,19 +15,19 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from adapt.settings import AdaptConfig, AdaptSettings
-from adapt.spec import StudentPlan
-from adapt.student import base_student_checkpoint, distillation_targets
+from adapt_jobs.settings import AdaptConfig, AdaptSettings
+from adapt_jobs.spec import StudentPlan
+from adapt_worker.student import base_student_checkpoint, distillation_targets
 from core import registry
 from core.model_folder import RECIPE_FILE
 from embedder import adapt_cli
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.adapt.cluster import ADMIN, AUTH, wait_for
+from training.assembly import cut_texts
 from training.config import load_config
 from training.encoder import Encoder
 from training.inputs import recipe_training_texts
-from training.models import cut_texts
 from training.targets import read_vectors, text_key
 
 pytestmark = pytest.mark.slow

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from adapt.context import JobContext, JobFailed
-from adapt.corpus import Corpus
-from adapt.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, LeaseLost
-from adapt.pipeline import split_corpus
-from adapt.settings import AdaptConfig, AdaptSettings
-from adapt.stages import general_tasks, scratch_dir, stage_failure
-from adapt.store import JobStore
-from adapt.worker import ABANDONED, process_job
+from adapt_jobs.corpus import Corpus
+from adapt_jobs.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, LeaseLost
+from adapt_jobs.settings import AdaptConfig, AdaptSettings
+from adapt_jobs.store import JobStore
+from adapt_worker.context import JobContext, JobFailed
+from adapt_worker.pipeline import split_corpus
+from adapt_worker.stages import general_tasks, scratch_dir, stage_failure
+from adapt_worker.worker import ABANDONED, process_job
 
 DOC = "First sentence here. Second sentence there."
 

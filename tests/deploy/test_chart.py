@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from adapt.settings import AdaptSettings
+from adapt_jobs.settings import AdaptSettings
 from service.settings import ADAPT_PREFIX, ServiceSettings
 
 
@@ -239,7 +239,7 @@ def test_the_scalers_query_counts_the_queued_jobs_of_a_real_store(deploy, postgr
     build counts once the build ended (a worker then runs it, or fails it with reason "dependency")."""
     import psycopg
 
-    from adapt.store import JobStore
+    from adapt_jobs.store import JobStore
 
     query = deploy.find(deploy.render_production(), "ScaledJob")["spec"]["triggers"][0]["metadata"]["query"]
     url = postgres.new_database()
@@ -261,12 +261,12 @@ def test_the_scalers_query_counts_the_queued_jobs_of_a_real_store(deploy, postgr
 
 
 def test_the_scalers_query_is_the_stores_ready_rule(deploy) -> None:
-    """The chart holds the text `adapt.store_ready` renders (`python -m adapt.store_ready` prints it for the
+    """The chart holds the text `adapt_jobs.store_ready` renders (`python -m adapt_jobs.store_ready` prints it for the
     template), so the scaler and `claim_next` share one definition of a job ready to claim."""
-    from adapt.store_ready import ready_count_sql
+    from adapt_jobs.store_ready import ready_count_sql
 
     query = deploy.find(deploy.render_production(), "ScaledJob")["spec"]["triggers"][0]["metadata"]["query"]
-    assert query == ready_count_sql(), "regenerate the trigger's query with `python -m adapt.store_ready`"
+    assert query == ready_count_sql(), "regenerate the trigger's query with `python -m adapt_jobs.store_ready`"
 
 
 def test_the_scalers_count_and_claim_next_agree_on_every_combination_of_job_states(deploy, postgres) -> None:
@@ -278,9 +278,9 @@ def test_the_scalers_count_and_claim_next_agree_on_every_combination_of_job_stat
     import psycopg
     import sqlalchemy as sa
 
-    from adapt.jobs import ACTIVE_STATES, ALL_STATES, JOB_KIND_ADAPT, JOB_KIND_STUDENT_BUILD, QUEUED, SUCCEEDED
-    from adapt.store import JobStore
-    from adapt.store_db import jobs_table
+    from adapt_jobs.jobs import ACTIVE_STATES, ALL_STATES, JOB_KIND_ADAPT, JOB_KIND_STUDENT_BUILD, QUEUED, SUCCEEDED
+    from adapt_jobs.store import JobStore
+    from adapt_jobs.store_db import jobs_table
 
     query = deploy.find(deploy.render_production(), "ScaledJob")["spec"]["triggers"][0]["metadata"]["query"]
     url = postgres.new_database()

@@ -192,7 +192,7 @@ def test_the_documented_read_only_role_runs_the_scalers_query_and_nothing_more(d
 
     import psycopg
 
-    from adapt.store import JobStore
+    from adapt_jobs.store import JobStore
 
     url = postgres.new_database()
     store = JobStore(url)  # creates the tables, as the first service or worker does

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from evaluation.models import EmbeddingModel
+from evaluation.embedding_model import EmbeddingModel
 
 
 class FakeModel(EmbeddingModel):

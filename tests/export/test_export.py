@@ -20,7 +20,7 @@ from core import registry, runtime
 from core.catalog import sha256_file
 from core.engines import load_engine
 from core.runtime import OnnxBundle, cosines
-from evaluation.models import load_model
+from evaluation.embedding_model import load_model
 from export import bundle as exporter
 from export import graph, quantize
 from export.parity import ParityError

@@ -1,4 +1,4 @@
-"""The admission gate: over the bound a request waits in line, body unread, and is let in (in order, one at a time)
+"""The admission: over the bound a request waits in line, body unread, and is let in (in order, one at a time)
 when there is room, or refused with 429 after the hold; a retry storm costs at most one refusal per client per hold."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from service.engine.admission import AdmissionGate, Ticket
+from service.engine.admission import Admission, Ticket
 from service.errors import ErrorKind, ServiceError
 
 FULL = ServiceError(ErrorKind.overloaded, "full", headers={"Retry-After": "3"})
@@ -27,41 +27,41 @@ class Room:
 
 
 def test_over_the_bound_a_request_waits_then_gets_the_429_with_retry_after():
-    async def run() -> tuple[Ticket | ServiceError, AdmissionGate]:
-        gate = AdmissionGate(Room(), hold_seconds=0.05, max_waiting=8)
-        return await gate.enter(), gate
+    async def run() -> tuple[Ticket | ServiceError, Admission]:
+        admission = Admission(Room(), hold_seconds=0.05, max_waiting=8)
+        return await admission.enter(), admission
 
-    refused, gate = asyncio.run(run())
-    assert refused is FULL and gate.waiting == 0 and gate.in_flight == 0
+    refused, admission = asyncio.run(run())
+    assert refused is FULL and admission.waiting == 0 and admission.in_flight == 0
 
 
 def test_waiting_requests_are_let_in_in_order_one_at_a_time_as_room_appears():
     async def run() -> list[str]:
         room = Room()
-        gate = AdmissionGate(room, hold_seconds=5, max_waiting=8)
+        admission = Admission(room, hold_seconds=5, max_waiting=8)
         order: list[str] = []
 
         async def request(name: str) -> Ticket:
-            ticket = await gate.enter()
+            ticket = await admission.enter()
             assert isinstance(ticket, Ticket)
             order.append(name)
             return ticket
 
         waiting = [asyncio.create_task(request(name)) for name in "abc"]
         await asyncio.sleep(0.01)
-        assert gate.waiting == 3 and order == []
+        assert admission.waiting == 3 and order == []
         room.full = False
-        gate.wake()
+        admission.wake()
         first = await waiting[0]
         await asyncio.sleep(0.01)
-        assert order == ["a"] and gate.waiting == 2  # b waits until a has reached its queue
+        assert order == ["a"] and admission.waiting == 2  # b waits until a has reached its queue
         assert first.from_line and first.waited > 0
         first.queued()
         await asyncio.sleep(0.01)
         assert order == ["a", "b"]
         (await waiting[1]).queued()
         (await waiting[2]).done()
-        assert gate.in_flight == 2  # a and b still being answered
+        assert admission.in_flight == 2  # a and b still being answered
         return order
 
     assert asyncio.run(run()) == ["a", "b", "c"]
@@ -70,18 +70,18 @@ def test_waiting_requests_are_let_in_in_order_one_at_a_time_as_room_appears():
 def test_a_full_line_refuses_at_once_and_a_client_that_leaves_frees_its_place():
     async def run() -> None:
         room = Room()
-        gate = AdmissionGate(room, hold_seconds=5, max_waiting=2)
-        first = asyncio.create_task(gate.enter())
-        second = asyncio.create_task(gate.enter())
+        admission = Admission(room, hold_seconds=5, max_waiting=2)
+        first = asyncio.create_task(admission.enter())
+        second = asyncio.create_task(admission.enter())
         await asyncio.sleep(0.01)
         started = time.perf_counter()
-        assert await gate.enter() is FULL  # the line is full: no hold
+        assert await admission.enter() is FULL  # the line is full: no hold
         assert time.perf_counter() - started < 1
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
-        assert gate.waiting == 1
+        assert admission.waiting == 1
         room.full = False
-        gate.wake()
+        admission.wake()
         assert isinstance(await second, Ticket)
 
     asyncio.run(run())
@@ -90,15 +90,15 @@ def test_a_full_line_refuses_at_once_and_a_client_that_leaves_frees_its_place():
 def test_a_slow_request_on_its_way_does_not_hold_the_line_up():
     async def run() -> None:
         room = Room()
-        gate = AdmissionGate(room, hold_seconds=5, max_waiting=8)
-        slow = asyncio.create_task(gate.enter())
-        other = asyncio.create_task(gate.enter())
+        admission = Admission(room, hold_seconds=5, max_waiting=8)
+        slow = asyncio.create_task(admission.enter())
+        other = asyncio.create_task(admission.enter())
         await asyncio.sleep(0.01)
         room.full = False
-        gate.wake()
+        admission.wake()
         assert isinstance(await slow, Ticket)  # ...and never reaches its queue (a client sending its body slowly)
         await asyncio.sleep(0.1)
-        gate.wake()  # e.g. a batch launched
+        admission.wake()  # e.g. a batch launched
         assert isinstance(await other, Ticket)
 
     asyncio.run(run())

@@ -1,5 +1,5 @@
 """Capacity shared fairly between API keys: deficit round robin in the model queue, per-key bounds, and a line at
-the admission gate that lets the key with the fewest requests in flight in first."""
+the admission that lets the key with the fewest requests in flight in first."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from service.backend.base import Tokenized
-from service.engine.admission import AdmissionGate, Ticket
+from service.engine.admission import Admission, Ticket
 from service.engine.batcher import Batcher
 from service.engine.fair import FairQueue
 from service.errors import ErrorKind, ServiceError
@@ -58,33 +58,33 @@ def test_peek_is_what_popleft_returns_and_an_emptied_tenant_keeps_no_credit():
 
 
 class KeyedRoom:
-    """Room for a key while it has fewer than ``limit`` requests in flight at the gate (a per-key bound)."""
+    """Room for a key while it has fewer than ``limit`` requests in flight at the admission (a per-key bound)."""
 
-    def __init__(self, gate_holder: list[AdmissionGate], limit: int) -> None:
+    def __init__(self, gate_holder: list[Admission], limit: int) -> None:
         self.gate_holder = gate_holder
         self.limit = limit
         self.total_limit = 10**6
 
     def __call__(self, tenant: str) -> ServiceError | None:
-        gate = self.gate_holder[0]
-        if gate.in_flight >= self.total_limit:
+        admission = self.gate_holder[0]
+        if admission.in_flight >= self.total_limit:
             return FULL
-        return FULL if gate.in_flight_by[tenant] >= self.limit else None
+        return FULL if admission.in_flight_by[tenant] >= self.limit else None
 
 
 def test_the_key_with_fewer_requests_in_flight_is_let_in_first():
     async def run() -> list[str]:
-        holder: list[AdmissionGate] = []
+        holder: list[Admission] = []
         room = KeyedRoom(holder, limit=10**6)
         room.total_limit = 4
-        gate = AdmissionGate(room, hold_seconds=5, max_waiting=64)
-        holder.append(gate)
-        flood = [await gate.enter("flood") for _ in range(4)]  # the flood holds every slot
+        admission = Admission(room, hold_seconds=5, max_waiting=64)
+        holder.append(admission)
+        flood = [await admission.enter("flood") for _ in range(4)]  # the flood holds every slot
         assert all(isinstance(t, Ticket) for t in flood)
         order: list[str] = []
 
         async def request(key: str) -> None:
-            ticket = await gate.enter(key)
+            ticket = await admission.enter(key)
             assert isinstance(ticket, Ticket)
             order.append(key)
             ticket.queued()
@@ -93,7 +93,7 @@ def test_the_key_with_fewer_requests_in_flight_is_let_in_first():
         await asyncio.sleep(0.01)
         waiting.append(asyncio.create_task(request("small")))  # arrives last, after five of the flood
         await asyncio.sleep(0.01)
-        assert gate.waiting == 6
+        assert admission.waiting == 6
         flood[0].done()  # one slot frees: the key with none in flight gets it, not the flood's oldest waiter
         await asyncio.sleep(0.01)
         assert order == ["small"]
@@ -110,14 +110,14 @@ def test_the_key_with_fewer_requests_in_flight_is_let_in_first():
 
 def test_a_newcomer_of_a_quiet_key_is_not_held_behind_a_flooding_keys_line():
     async def run() -> None:
-        holder: list[AdmissionGate] = []
-        gate = AdmissionGate(KeyedRoom(holder, limit=2), hold_seconds=5, max_waiting=64)
-        holder.append(gate)
-        held = [await gate.enter("flood") for _ in range(2)]
-        waiting = [asyncio.create_task(gate.enter("flood")) for _ in range(3)]  # over the flood's own bound
+        holder: list[Admission] = []
+        admission = Admission(KeyedRoom(holder, limit=2), hold_seconds=5, max_waiting=64)
+        holder.append(admission)
+        held = [await admission.enter("flood") for _ in range(2)]
+        waiting = [asyncio.create_task(admission.enter("flood")) for _ in range(3)]  # over the flood's own bound
         await asyncio.sleep(0.01)
-        assert gate.waiting == 3
-        quiet = await asyncio.wait_for(gate.enter("quiet"), 1)  # straight in: its key is under its bound
+        assert admission.waiting == 3
+        quiet = await asyncio.wait_for(admission.enter("quiet"), 1)  # straight in: its key is under its bound
         assert isinstance(quiet, Ticket) and not quiet.from_line and quiet.tenant == "quiet"
         for task in waiting:
             task.cancel()
@@ -125,28 +125,28 @@ def test_a_newcomer_of_a_quiet_key_is_not_held_behind_a_flooding_keys_line():
         for ticket in [*held, quiet]:
             assert isinstance(ticket, Ticket)
             ticket.done()
-        assert gate.in_flight == 0 and not gate.in_flight_by
+        assert admission.in_flight == 0 and not admission.in_flight_by
 
     asyncio.run(run())
 
 
 def test_a_full_line_gives_a_quiet_keys_request_the_place_of_the_floods_newest():
     async def run() -> None:
-        holder: list[AdmissionGate] = []
+        holder: list[Admission] = []
         room = KeyedRoom(holder, limit=0)  # nobody gets in: everyone waits
-        gate = AdmissionGate(room, hold_seconds=5, max_waiting=4)
-        holder.append(gate)
-        flood = [asyncio.create_task(gate.enter("flood")) for _ in range(4)]
+        admission = Admission(room, hold_seconds=5, max_waiting=4)
+        holder.append(admission)
+        flood = [asyncio.create_task(admission.enter("flood")) for _ in range(4)]
         await asyncio.sleep(0.01)
-        quiet = asyncio.create_task(gate.enter("quiet"))
+        quiet = asyncio.create_task(admission.enter("quiet"))
         await asyncio.sleep(0.01)
         assert flood[-1].done() and flood[-1].result().kind is ErrorKind.overloaded  # the flood's newest, refused
-        assert not quiet.done() and gate.waiting == 4
-        assert await gate.enter("flood") is FULL  # the flood's line is the longest: its newcomer is refused at once
+        assert not quiet.done() and admission.waiting == 4
+        assert await admission.enter("flood") is FULL  # the flood's line is the longest: its newcomer is refused
         for task in [*flood, quiet]:
             task.cancel()
         await asyncio.gather(*flood, quiet, return_exceptions=True)
-        assert gate.waiting == 0
+        assert admission.waiting == 0
 
     asyncio.run(run())
 

@@ -32,16 +32,16 @@ def test_a_request_without_a_key_is_refused_before_admission_and_before_its_body
     app = make_app(models=["fake-a"], api_keys=KEY, overload_hold_seconds=5, max_queue_size=8, max_client_batch_size=8)
     with serve(app) as (url, _):
         batcher = app.state.engine.models.get("fake-a").batcher
-        batcher._queued = batcher._queued_by[key_id(KEY)] = 8  # full: a keyed request would wait at the gate
+        batcher._queued = batcher._queued_by[key_id(KEY)] = 8  # full: a keyed request would wait at the admission
         started = time.perf_counter()
-        # headers promising a body that never comes: answered at once, so neither the gate nor the body was waited for
+        # headers promising a body that never comes: answered at once, neither admission nor the body waited for
         head = _raw(url, b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n")
         elapsed = time.perf_counter() - started
         batcher._queued = 0
         batcher._queued_by.clear()
         metrics = httpx.get(f"{url}/metrics").text
     assert head.startswith("HTTP/1.1 401") and elapsed < 2
-    assert app.state.engine.gate.in_flight == 0
+    assert app.state.engine.admission.in_flight == 0
     assert 'embed_request_failures_total{error_type="invalid_api_key",model="-",route="/v1/embeddings"} 1.0' in metrics
     assert 'embed_admissions_total{key_id="anonymous",outcome="admitted"} 0.0' in metrics
 
@@ -53,8 +53,8 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408_and_frees_its_slot(
         head = _raw(url, b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100"
                          b"\r\n\r\n{")  # fmt: skip
         elapsed = time.perf_counter() - started
-        gate = app.state.engine.gate
-        in_flight = gate.in_flight
+        admission = app.state.engine.admission
+        in_flight = admission.in_flight
         ok = httpx.post(f"{url}/embed", json={"inputs": ["still served"]})
     assert head.startswith("HTTP/1.1 408") and "body_timeout_seconds=0.3" in head
     assert 0.3 <= elapsed < 3 and in_flight == 0 and ok.status_code == 200

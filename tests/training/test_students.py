@@ -86,7 +86,7 @@ def test_student_builder_errors(teacher: Encoder) -> None:
 
 
 def test_probe_picks_the_deepest_layer_within_the_tolerance() -> None:
-    from training.models import pick_layer
+    from training.assembly import pick_layer
 
     scores = [10.0, 70.0, 80.0, 79.6, 75.0, 60.0, 50.0]  # index 0 = the embedding layer
     assert pick_layer(scores) == 2  # no tolerance: the best layer

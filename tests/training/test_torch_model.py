@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluation.models import ModelSpecError, OnnxModel, load_model
+from evaluation.embedding_model import ModelSpecError, OnnxModel, load_model
 from training.torch_model import TorchModel, load_any
 
 

@@ -57,7 +57,7 @@ class ModelManager:
         self._poller: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._refresh_lock = asyncio.Lock()
-        # Called whenever a model's queue may have room again (a batch launched): the admission gate's wake-up.
+        # Called whenever a model's queue may have room again (a batch launched): the admission's wake-up.
         self.on_room: Callable[[], None] = _no_one_waits
 
     # ---------------------------------------------------------------------------------- lookup

@@ -1,7 +1,7 @@
 """What is kept of ended jobs, and for how long (torch-free: every replica's rescuer runs it, idle workers too).
 
 - A job that failed because the job it waited for did not succeed never runs: the store fails it in the same
-  transaction that ended that job (`adapt.store_core`; `JobStore.fail_dependants` sweeps up any it could not take),
+  transaction that ended that job (`adapt_jobs.store_core`; `JobStore.fail_dependants` sweeps up any it could not take),
   deletes its corpus and records a ``corpus_removed`` event saying why.
 - Every other ended job's folder is deleted by the store when the job ends, whoever ends it (unless ``keep_uploads``).
 - Ended jobs older than ``job_retention`` are deleted with their events and whatever folder they still have, by the
@@ -18,9 +18,9 @@ import shutil
 import time
 from pathlib import Path
 
-from adapt.jobs import Ended
-from adapt.settings import AdaptConfig
-from adapt.store import JobStore
+from adapt_jobs.jobs import Ended
+from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""The job store's database: its tables (created and upgraded by Alembic, `adapt/migrations`), the database's clock,
+"""The job store's database: its tables (created and upgraded by Alembic, `migrations/`), the database's clock,
 and engines for the two backends — SQLite with explicit ``BEGIN IMMEDIATE`` write transactions, PostgreSQL through
-psycopg 3 with a pool that replaces connections a restarted server broke. Used by `adapt.store` only."""
+psycopg 3 with a pool that replaces connections a restarted server broke. Used by `adapt_jobs.store` only."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from adapt.jobs import JOB_KIND_ADAPT, Job, JobStoreError
+from adapt_jobs.jobs import JOB_KIND_ADAPT, Job, JobStoreError
 
 metadata = sa.MetaData()
 JSON = sa.JSON().with_variant(JSONB(), "postgresql")

@@ -2,7 +2,7 @@
 and the ways a job ends early (`JobCancelled`, `JobFailed`, `WorkerStopping`, `LeaseLost`). Shared by the worker
 loop and the pipeline's stages.
 
-Every write goes through the job's lease (`adapt.jobs.Lease`), so a worker that lost its job — its lease lapsed
+Every write goes through the job's lease (`adapt_jobs.jobs.Lease`), so a worker that lost its job — its lease lapsed
 and another process took the job back — changes nothing. A store outage (a database restarting) does not end the
 job: progress that cannot be written is skipped, and writes the job needs (results, state changes) are retried
 until the lease would have lapsed; past that the worker gives the job up (`LeaseLost`), and whoever rescues it
@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from adapt.jobs import AUDIT_EVENT, Job, LeaseLost, StoreUnavailable, audit_record
-from adapt.store import JobStore
+from adapt_jobs.jobs import AUDIT_EVENT, Job, LeaseLost, StoreUnavailable, audit_record
+from adapt_jobs.store import JobStore
 
-log = logging.getLogger("adapt.worker")
+log = logging.getLogger("adapt_worker.worker")
 
 PROGRESS_EVERY_S = 0.5
 CANCEL_CHECK_EVERY_S = 0.5

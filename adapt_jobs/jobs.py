@@ -34,7 +34,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     CANCELLED: (),
 }
 
-# What a job does: adapt a model to a corpus (the /adapt request), or build a base student once (`adapt.student`).
+# What a job does: adapt a model to a corpus (the /adapt request), or build a base student once.
 JOB_KIND_ADAPT, JOB_KIND_STUDENT_BUILD = "adapt", "student-build"
 DEPENDENCY_FAILED = "dependency"  # the failure reason of a job whose `after_job` failed or was cancelled
 

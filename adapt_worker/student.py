@@ -8,12 +8,12 @@ Two kinds of work, two kinds of job:
   with its own defaults against the base model, published and promoted in the registry as
   ``<base>--<recipe>`` (``minilm-l6--sct-tiny``: servable itself), its bundle keeping the torch checkpoint
   (``checkpoint/``) every student job starts from. The service queues it the first time a job asks for that
-  student, as a job of its own; the asking job waits for it (`adapt.store.JobStore.create`, ``after_job``).
+  student, as a job of its own; the asking job waits for it (`adapt_jobs.store.JobStore.create`, ``after_job``).
 * **The adapted student** (inside the /adapt job): a copy of the base student trained on the customer's crops with the
   job's own crop recipe, every layer trained (``student_adapt_steps``), while a similarity rehearsal keeps the base
   student's own structure and positions of a seeded sample of its training texts (``student_general_targets``,
   ``student_rehearsal_position_weight``; so it keeps what it knew off the customer's domain: `student_stage`). The job
-  adapts the teacher first only when the student learns from it (`adapt.spec.StudentPlan.uses_adapted_teacher`): its
+  adapts the teacher first only when the student learns from it (`StudentPlan.uses_adapted_teacher`): its
   view rehearsed instead, or ``student_max_steps`` > 0, a distillation of the adapted teacher with the recipe's
   objective and whole-text views, on the customer's training documents plus those general texts (off by default: on IMDB
   both lost more out of domain than they gained in domain).
@@ -34,10 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapt.context import JobContext, JobFailed
-from adapt.jobs import EVALUATING, Job
-from adapt.settings import AdaptConfig
-from adapt.spec import (
+from adapt_jobs.jobs import EVALUATING, Job
+from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.spec import (
     ADAPTED_TEACHER,
     BASE_STUDENT,
     BASE_TEACHER,
@@ -47,7 +46,8 @@ from adapt.spec import (
     StudentPlan,
     base_student_name,
 )
-from adapt.stages import (
+from adapt_worker.context import JobContext, JobFailed
+from adapt_worker.stages import (
     CACHE_VOLUME,
     SCRATCH_VOLUME,
     crop_train_config,
@@ -62,21 +62,21 @@ from core import registry as reg
 from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE, read_trained_on
 from core.text import CropRule
+from evaluation.embedding_model import EmbeddingModel, load_model
 from evaluation.gate import adapt_gate
-from evaluation.models import EmbeddingModel, load_model
 from evaluation.tasks import CropPairRetrieval
 from export.bundle import build_bundle
+from training.assembly import cut_texts
 from training.config import TrainConfig, load_config
 from training.data import text_units
 from training.encoder import Encoder
 from training.inputs import recipe_training_texts
-from training.models import cut_texts
 from training.targets import TEACHER_EMBEDDINGS, TeacherTargets, write_vectors
 from training.torch_model import TorchModel
 
 STUDENT_CHECKPOINT = "checkpoint"  # the folder of a base student's bundle that keeps its torch checkpoint
 STUDENT_METHOD = "student"  # manifest method.name of a base student
-ADAPTED_STUDENT = "adapted_student"  # with adapt.spec's three: the roles a student job scores
+ADAPTED_STUDENT = "adapted_student"  # with adapt_jobs.spec's three: the roles a student job scores
 
 
 @dataclass(frozen=True)

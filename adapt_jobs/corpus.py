@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapt.settings import AdaptSettings
+from adapt_jobs.settings import AdaptSettings
 from core.corpus_files import ReadLimits, read_corpus_bytes
 from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop
 

@@ -1,6 +1,6 @@
 """What crosses from the API process to the worker: each job's typed spec.
 
-`JobSpec` is one job's full recipe — the request with the defaults of `adapt.settings.AdaptSettings` filled in —
+`JobSpec` is one job's full recipe — the request with the defaults of `adapt_jobs.settings.AdaptSettings` filled in —
 validated once when the job is queued, stored as JSON with the job, and read back by the worker as the same typed
 value (never as a dict read by string keys). Torch-free: the service imports this module.
 """
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from adapt.settings import AdaptSettings
+from adapt_jobs.settings import AdaptSettings
 from core.registry import RegistryError, validate_name
 
 ADAPT_METHOD = "adapt"  # manifest method.name; /adapt publishes new versions only of models it made
@@ -63,7 +63,7 @@ def check_student(recipe: str) -> str:
 
 @dataclass(frozen=True)
 class StudentPlan:
-    """How an /adapt job turns the model it adapted into a compact student (`adapt.student`): the base student's
+    """How an /adapt job turns the model it adapted into a compact student (`adapt_worker.student`): the base student's
     recipe (its objective and views are the distillation's, when there is one), the distillation's budget, and the
     crop step on the student with its rehearsal of general texts."""
 

@@ -1,6 +1,6 @@
-"""The job store's plumbing, beneath `adapt.store.JobStore`: the engine and its transactions, the schema's
-migration, the database clock, and the guarded transition every state change goes through. Used by `adapt.store`
-and `adapt.store_upkeep` only.
+"""The job store's plumbing, beneath `adapt_jobs.store.JobStore`: the engine and its transactions, the schema's
+migration, the database clock, and the guarded transition every state change goes through. Used by `adapt_jobs.store`
+and `adapt_jobs.store_upkeep` only.
 
 The transition does what a change of state implies, in the same transaction: its ``state`` event; when a job fails or
 is cancelled, the queued jobs waiting for it fail (reason ``dependency``, with a ``corpus_removed`` event); and the
@@ -23,7 +23,7 @@ from alembic.config import Config
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from adapt.jobs import (
+from adapt_jobs.jobs import (
     ACTIVE_STATES,
     CANCELLED,
     CORPUS_REMOVED_EVENT,
@@ -40,8 +40,8 @@ from adapt.jobs import (
     LeaseLost,
     StoreUnavailable,
 )
-from adapt.store_db import db_now, engine_url, events_table, jobs_table, make_engine
-from adapt.store_notify import CLAIMABLE_CHANNEL, EVENTS_CHANNEL, Listener
+from adapt_jobs.store_db import db_now, engine_url, events_table, jobs_table, make_engine
+from adapt_jobs.store_notify import CLAIMABLE_CHANNEL, EVENTS_CHANNEL, Listener
 
 # PostgreSQL transaction advisory-lock keys: serialise the checks that count rows (jobs pending, jobs running),
 # migrations, and the grant of a named lease.
@@ -76,7 +76,7 @@ class StoreCore:
     # ---------------------------------------------------------------- wake-ups (PostgreSQL LISTEN/NOTIFY)
     def wake_when_claimable(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Call ``wake`` once when a job may have become claimable (queued, back in the queue, or one ended); returns
-        the function that disarms it. PostgreSQL only (`adapt.store_notify`); on SQLite nothing calls it, and the
+        the function that disarms it. PostgreSQL only (`adapt_jobs.store_notify`); on SQLite nothing calls it, and the
         caller's poll interval is the wake-up."""
         return self._arm(CLAIMABLE_CHANNEL, "", wake)
 

@@ -1,11 +1,11 @@
-"""The /adapt job store: one table is the whole state machine (`adapt.jobs`; tables, clock and engines in
-`adapt.store_db`), shared by every replica and worker.
+"""The /adapt job store: one table is the whole state machine (`adapt_jobs.jobs`; tables, clock and engines in
+`adapt_jobs.store_db`), shared by every replica and worker.
 
 One interface, two backends (SQLAlchemy Core, one set of queries): PostgreSQL when scaled out
 (``EMBED_ADAPT_STORE_URL=postgresql://…``), an embedded SQLite file on one machine (the default). They differ only
 in how a write serialises — SQLite takes the database's write lock (``BEGIN IMMEDIATE``), PostgreSQL locks rows
 (``SELECT … FOR UPDATE SKIP LOCKED``) and, for the two counted limits (pending jobs, jobs running), a transaction
-advisory lock — not in the states. The schema is created and upgraded by Alembic (`adapt/migrations`), under a lock,
+advisory lock — not in the states. The schema is created and upgraded by Alembic (`migrations/`), under a lock,
 by whichever process opens the store first. Torch-free: the service imports it.
 
 A worker's claim is a **lease**: its id, the attempt number and an expiry, renewed by its heartbeat. Every write a
@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from adapt.jobs import (
+from adapt_jobs.jobs import (
     ACTIVE_STATES,
     ALL_STATES,
     AUDIT_EVENT,
@@ -48,11 +48,11 @@ from adapt.jobs import (
     close_attempt,
     new_job_id,
 )
-from adapt.store_core import CLAIM_LOCK, CREATE_LOCK
-from adapt.store_db import events_table, jobs_table, row_to_job
-from adapt.store_notify import CLAIMABLE_CHANNEL
-from adapt.store_ready import ready_jobs
-from adapt.store_upkeep import StoreUpkeep
+from adapt_jobs.store_core import CLAIM_LOCK, CREATE_LOCK
+from adapt_jobs.store_db import events_table, jobs_table, row_to_job
+from adapt_jobs.store_notify import CLAIMABLE_CHANNEL
+from adapt_jobs.store_ready import ready_jobs
+from adapt_jobs.store_upkeep import StoreUpkeep
 
 
 class JobStore(StoreUpkeep):
@@ -190,7 +190,7 @@ class JobStore(StoreUpkeep):
 
     # ------------------------------------------------------------- worker side
     def claim_next(self, worker_id: str, *, max_running: int, lease_s: float) -> Job | None:
-        """Take the oldest ready job (`adapt.store_ready`: queued, waiting for nothing or for a job that succeeded)
+        """Take the oldest ready job (`adapt_jobs.store_ready`: queued, waiting for nothing or for a job that succeeded)
         for ``worker_id`` under a lease of ``lease_s`` seconds (a new attempt).
 
         Returns None when nothing is queued or ``max_running`` jobs already run (the concurrency limit holds across

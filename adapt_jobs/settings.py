@@ -4,7 +4,7 @@
 job defaults and how workers run. The service nests it (``ServiceSettings.adapt``); a worker reads the same object,
 from the service's settings file when the service started it (`AdaptConfig.write` / `AdaptConfig.read`), or from
 its own environment when it runs as its own workload (a Kubernetes pod built from the same ConfigMap). A job's spec
-takes its defaults from it (`adapt.spec.JobSpec.build`), so a default is written once, here.
+takes its defaults from it (`adapt_jobs.spec.JobSpec.build`), so a default is written once, here.
 
 `AdaptConfig` is what a process needs around those settings: the registry the jobs publish into and the cache of
 built-in models, and the paths and store URL derived from them. Torch-free: the service imports this module.

@@ -1,11 +1,11 @@
 """The job store's upkeep, done by whichever process gets to it: taking back jobs whose lease lapsed (any replica's
 rescuer, any idle worker), ending jobs whose dependency did not succeed, and pruning ended jobs past their retention
-under a named lease the store grants to one process at a time. Part of `adapt.store.JobStore`.
+under a named lease the store grants to one process at a time. Part of `adapt_jobs.store.JobStore`.
 
 Retention: an ended job (succeeded, failed, cancelled) is deleted with its events and whatever is left of its folder
 once it finished longer ago than the retention, unless a job that has not ended still waits for it. The caller deletes
 any folder under the jobs directory that no job in the store names, once it is older than the retention
-(`adapt.retention.prune_job_folders`), so nothing uploaded outlives its job's retention.
+(`adapt_jobs.retention.prune_job_folders`), so nothing uploaded outlives its job's retention.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from adapt.jobs import (
+from adapt_jobs.jobs import (
     ACTIVE_STATES,
     CANCELLED,
     FAILED,
@@ -27,8 +27,8 @@ from adapt.jobs import (
     Ended,
     close_attempt,
 )
-from adapt.store_core import LEASE_LOCK, StoreCore
-from adapt.store_db import events_table, jobs_table, leases_table
+from adapt_jobs.store_core import LEASE_LOCK, StoreCore
+from adapt_jobs.store_db import events_table, jobs_table, leases_table
 
 PRUNE_LEASE = "prune"  # the lease on pruning ended jobs
 

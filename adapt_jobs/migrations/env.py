@@ -1,4 +1,4 @@
-"""Alembic's entry point for the adapt job store: runs on the connection `adapt.store.JobStore` opened (and locked)."""
+"""Alembic's entry point for the job store: runs on the connection `adapt_jobs.store.JobStore` opened (and locked)."""
 
 from alembic import context
 

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from adapt.jobs import (
+from adapt_jobs.jobs import (
     JOB_KIND_STUDENT_BUILD,
     TERMINAL_STATES,
     Job,
@@ -29,10 +29,10 @@ from adapt.jobs import (
     audit_record,
     new_job_id,
 )
-from adapt.retention import prune_expired, release_orphans
-from adapt.settings import AdaptConfig
-from adapt.spec import ADAPT_METHOD, JobSpec, StudentBuildSpec, student_recipes
-from adapt.store import JobStore
+from adapt_jobs.retention import prune_expired, release_orphans
+from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.spec import ADAPT_METHOD, JobSpec, StudentBuildSpec, student_recipes
+from adapt_jobs.store import JobStore
 from core import registry
 from core.catalog import BUILTIN_MODELS
 from service.adapt.intake import Intake, UploadReader
@@ -125,7 +125,7 @@ class AdaptAPI:
     async def _maintain(self) -> None:
         """Open the store if it was unavailable at start, then every heartbeat: rescue lapsed leases, fail the jobs
         whose dependency did not succeed, and — when this replica holds the store's prune lease — prune ended jobs
-        past their retention (`adapt.retention`)."""
+        past their retention (`adapt_jobs.retention`)."""
         every = self.config.settings.heartbeat_seconds
         while True:
             try:

@@ -1,7 +1,7 @@
 """What the stages of every kind of job share: the attempt's scratch folder, how an unexpected error becomes the
 job's failure, training under the job's stop checks with its progress reported, and scoring models on the job's
-held-out documents and the general offline suite (`score_models`). Used by `adapt.pipeline` (the /adapt job) and
-`adapt.student` (a base student's build, and the distillation of an adapted model into it).
+held-out documents and the general offline suite (`score_models`). Used by `adapt_worker.pipeline` (the /adapt job) and
+`adapt_worker.student` (a base student's build, and the distillation of an adapted model into it).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapt.context import JobContext, JobFailed, JobStopped
-from adapt.jobs import Job, JobStoreError
-from adapt.settings import AdaptConfig
-from adapt.spec import ADAPT_METHOD, OBJECTIVES, JobSpec
+from adapt_jobs.jobs import Job, JobStoreError
+from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.spec import ADAPT_METHOD, OBJECTIVES, JobSpec
+from adapt_worker.context import JobContext, JobFailed, JobStopped
 from core.text import CropRule
 from evaluation.data import is_in_domain
 from evaluation.diagnostics import knn_accuracy
-from evaluation.models import EmbeddingModel
+from evaluation.embedding_model import EmbeddingModel
 from evaluation.suite import run_suite
 from evaluation.tasks import CropPairRetrieval, resolve_task
 from export.bundle import build_bundle, publish_bundle

@@ -1,7 +1,7 @@
 """Wake-ups from the job store on PostgreSQL: LISTEN/NOTIFY, so an idle worker claims a job as soon as one becomes
 claimable and an event stream sends an event as soon as it is committed, instead of at their next poll.
 
-The store sends the notifications in the same transaction as the change (`adapt.store_core`), so they arrive only
+The store sends the notifications in the same transaction as the change (`adapt_jobs.store_core`), so they arrive only
 once it committed: ``adapt_claimable`` when a job is queued, goes back to the queue or ends (a slot frees, a build
 a job waits for succeeds), ``adapt_events`` with the job's id when an event is added. One listener thread per process
 holds its own connection, LISTENs on both, and reconnects after losing it (then wakes every waiter, since it may

@@ -2,12 +2,12 @@
 
 `JobStore.claim_next` takes the oldest ready job; the Helm chart's KEDA ScaledJob counts the ready jobs to start one
 worker pod per job (helm/embedder/templates/adapt-worker-scaledjob.yaml). The chart cannot run Python when it is
-rendered, so its trigger holds the PostgreSQL text this module renders — ``python -m adapt.store_ready`` prints it,
+rendered, so its trigger holds the PostgreSQL text this module renders — ``python -m adapt_jobs.store_ready`` prints it,
 folded as the template writes it — and tests/deploy/test_chart.py checks that the two are the same and that, against
 a real PostgreSQL, the count and `claim_next` agree on every combination of job states.
 
 A queued job whose dependency failed or was cancelled is not ready: the transition that ended the dependency fails it
-(`adapt.store_core`), and the rescuers' sweep (`JobStore.fail_dependants`) takes any it missed.
+(`adapt_jobs.store_core`), and the rescuers' sweep (`JobStore.fail_dependants`) takes any it missed.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from adapt.jobs import QUEUED, SUCCEEDED
-from adapt.store_db import jobs_table
+from adapt_jobs.jobs import QUEUED, SUCCEEDED
+from adapt_jobs.store_db import jobs_table
 
 
 def ready(job: sa.TableClause) -> sa.ColumnElement[bool]:

@@ -30,15 +30,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adapt.context import JobCancelled, JobContext, JobFailed, WorkerStopping
-from adapt.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Job, LeaseLost, StoreUnavailable
-from adapt.pipeline import run_job
-from adapt.retention import release_orphans
-from adapt.settings import AdaptConfig
-from adapt.stages import scratch_dir
-from adapt.store import JobStore
+from adapt_jobs.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Job, LeaseLost, StoreUnavailable
+from adapt_jobs.retention import release_orphans
+from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.store import JobStore
+from adapt_worker.context import JobCancelled, JobContext, JobFailed, WorkerStopping
+from adapt_worker.pipeline import run_job
+from adapt_worker.stages import scratch_dir
 
-log = logging.getLogger("adapt.worker")
+log = logging.getLogger("adapt_worker.worker")
 
 ABANDONED = "abandoned"  # the worker lost the job (lease lapsed, store gone): whoever rescues it decides
 _STOP_CHECK_S = 0.1  # how soon an idle worker sees its stop event while it waits for a job

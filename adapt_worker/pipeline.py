@@ -1,6 +1,6 @@
 """One /adapt job as stages in order: split → train → export to staging → evaluate → gate → publish. A job that
-asks for a compact ``student`` distils the adapted model into it before the export (`adapt.student`); a job of kind
-``student-build`` builds a base student once (also `adapt.student`).
+asks for a compact ``student`` distils the adapted model into it before the export (`student`); a job of kind
+``student-build`` builds a base student once (also `student`).
 
 The recipe is the cropping paper's in-domain fine-tuning (``papers/000`` §2 and §3.2.3, Figure 1):
 two views of a document are two crops of consecutive sentences, the loss is InfoNCE with τ = 0.05,
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapt.context import JobContext, JobFailed
-from adapt.corpus import read_job_corpus
-from adapt.jobs import EVALUATING, JOB_KIND_STUDENT_BUILD, Job
-from adapt.settings import AdaptConfig
-from adapt.spec import JobSpec, SpecError
-from adapt.stages import (
+from adapt_jobs.corpus import read_job_corpus
+from adapt_jobs.jobs import EVALUATING, JOB_KIND_STUDENT_BUILD, Job
+from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.spec import JobSpec, SpecError
+from adapt_worker.context import JobContext, JobFailed
+from adapt_worker.stages import (
     CACHE_VOLUME,
     crop_train_config,
     export_stage,
@@ -50,12 +50,12 @@ from adapt.stages import (
     score_models,
     scratch_dir,
 )
-from adapt.student import build_student, evaluate_student, student_gate, student_stage
+from adapt_worker.student import build_student, evaluate_student, student_gate, student_stage
 from core.catalog import resolve_model
 from core.model_folder import read_trained_on
 from core.text import CropRule, can_crop, choose_crop_rule, crop_yield, hold_out
+from evaluation.embedding_model import load_model
 from evaluation.gate import IN_DOMAIN_TASK, adapt_gate
-from evaluation.models import load_model
 from evaluation.tasks import CropPairRetrieval
 from training.encoder import Encoder
 from training.torch_model import TorchModel
@@ -222,7 +222,7 @@ def evaluate_stage(
     In-domain: `CropPairRetrieval` over the held-out documents, cropped with the job's rule (the same
     crops for both models). General: the spec's offline tasks that are out-of-domain for the base model
     (`evaluation.data.is_in_domain`; those it was trained on are listed in ``general_in_domain`` and not scored),
-    their mean in points. kNN (labels given): `adapt.stages.score_models`.
+    their mean in points. kNN (labels given): `adapt_worker.stages.score_models`.
     """
     with guarded("evaluation", CACHE_VOLUME):
         models = {"base": TorchModel(Encoder.from_pretrained(base_path)), "adapted": load_model(bundle)}
