@@ -28,16 +28,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adapt_jobs.corpus import CorpusError, CorpusTooLargeError
 from adapt_jobs.jobs import new_job_id
+from adapt_jobs.queueing import JobRefused, audit, check_base_model, check_name, queue_job, spec_for
 from adapt_jobs.settings import AdaptConfig
-from service.adapt.api_state import (
-    CORPUS_ERRORS,
-    AdaptAPI,
-    AdaptCollector,
-    audit,
-    get_or_404,
-    queue_job,
-    stream_events,
-)
+from service.adapt.api_state import CORPUS_ERRORS, AdaptAPI, AdaptCollector, get_or_404, refusal, stream_events
 from service.adapt.intake import read_body
 from service.adapt.schemas import AdaptJob, AdaptJobList
 from service.api.protocol import ErrorResponse
@@ -97,14 +90,20 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
                 content_type, body = await read_body(request, config.settings)
                 intake = await api.uploads.take_in(content_type, body, config.settings, folder)
                 del body
-                api.check_name(intake.request.name)
-                api.check_base_model(intake.request.base_model)
+                check_name(config, intake.request.name)
+                check_base_model(config.settings, intake.request.base_model)
                 caller = api.caller(request)
-                job = await api.call(queue_job, api, store, intake, job_id, caller)
+                spec = spec_for(config.settings, intake.request.job_fields(), has_labels=intake.has_labels,
+                                usable=intake.usable)  # fmt: skip
+                job = await api.call(
+                    queue_job, config, store, spec, job_id=job_id, n_documents=intake.n_documents, created_by=caller
+                )
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)  # whatever was saved of a job that was not queued
                 raise
             audit(job, "created", caller)
+        except JobRefused as err:
+            return api.fail(request, refusal(err))
         except CorpusTooLargeError as err:
             return api.fail(request, ServiceError(ErrorKind.payload_too_large, str(err)))
         except CorpusError as err:

@@ -1,6 +1,7 @@
-"""What the /adapt routes do, behind the thin handlers of `service.adapt.api_router`: the shared state (`AdaptAPI`:
-config, job store, supervisor, the rescuer), request parsing and checks, queueing a job, the event stream, and the
-job gauges on /metrics. Torch-free, like the rest of the service."""
+"""What the /adapt routes share, behind the thin handlers of `service.adapt.api_router`: the state (`AdaptAPI`:
+config, job store, supervisor, the rescuer), the tables answering a refused job (`adapt_jobs.queueing.JobRefused`) and
+a corpus's errors with their error kinds, the event stream, and the job gauges on /metrics. Queueing itself is
+`adapt_jobs.queueing`'s. Torch-free, like the rest of the service."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,24 +19,13 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from adapt_jobs.jobs import (
-    JOB_KIND_STUDENT_BUILD,
-    TERMINAL_STATES,
-    Job,
-    JobNotFound,
-    QueueFullError,
-    StoreUnavailable,
-    audit_record,
-    new_job_id,
-)
+from adapt_jobs.jobs import TERMINAL_STATES, JobNotFound, StoreUnavailable
+from adapt_jobs.queueing import JobRefused
 from adapt_jobs.retention import prune_expired, release_orphans
 from adapt_jobs.settings import AdaptConfig
-from adapt_jobs.spec import ADAPT_METHOD, JobSpec, StudentBuildSpec, student_recipes
 from adapt_jobs.store import JobStore
-from core import registry
-from core.catalog import BUILTIN_MODELS
-from service.adapt.intake import Intake, UploadReader
-from service.adapt.schemas import AdaptJob, AdaptRequest
+from service.adapt.intake import UploadReader
+from service.adapt.schemas import AdaptJob
 from service.adapt.supervisor import WorkerSupervisor
 from service.auth import ApiKeys, bearer_token, key_id
 from service.errors import ErrorKind, ServiceError
@@ -85,6 +74,21 @@ CORPUS_ERRORS = {
         ErrorKind.corpus_too_small, ErrorKind.payload_too_large,
     )
 }  # fmt: skip
+
+# JobRefused.code → the error kind it is answered with.
+REFUSALS = {
+    kind.code: kind
+    for kind in (
+        ErrorKind.invalid_name, ErrorKind.reserved_name, ErrorKind.name_taken, ErrorKind.model_not_found,
+        ErrorKind.overloaded,
+    )
+}  # fmt: skip
+
+
+def refusal(err: JobRefused) -> ServiceError:
+    """A request `adapt_jobs.queueing` refused, as the API answers it (a full queue says when to retry)."""
+    headers = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s is not None else None
+    return ServiceError(REFUSALS[err.code], str(err), headers=headers)
 
 
 class AdaptAPI:
@@ -197,62 +201,6 @@ class AdaptAPI:
         token = bearer_token(request.headers.get("authorization"))
         return key_id(token) if token is not None else None
 
-    def check_name(self, name: str) -> None:
-        try:
-            registry.validate_name(name)
-        except registry.RegistryError as err:
-            raise ServiceError(ErrorKind.invalid_name, str(err)) from err
-        if name in BUILTIN_MODELS or name in self.config.settings.base_models:
-            raise ServiceError(
-                ErrorKind.reserved_name,
-                f"model name {name!r} is a built-in base model and cannot be overwritten: choose another name",
-            )
-        if any(name.endswith(f"--{recipe}") for recipe in student_recipes()):
-            raise ServiceError(
-                ErrorKind.reserved_name,
-                f"model name {name!r} has the form <base>--<student recipe>, kept for the base students /adapt "
-                "builds: choose another name",
-            )
-        versions = registry.list_versions(self.config.registry_dir, name)
-        if versions:
-            manifest = registry.read_manifest(self.config.registry_dir / name / versions[-1])
-            method = (manifest.get("method") or {}).get("name")
-            if method != ADAPT_METHOD:
-                raise ServiceError(
-                    ErrorKind.name_taken,
-                    f"model {name!r} already exists in the registry and was not made by /adapt "
-                    f"(method {method!r}): choose a new name",
-                )
-
-    def check_base_model(self, base_model: str) -> None:
-        if base_model in BUILTIN_MODELS or base_model in self.config.settings.base_models:
-            return
-        allowed = sorted({*BUILTIN_MODELS, *self.config.settings.base_models})
-        raise ServiceError(
-            ErrorKind.model_not_found,
-            f"unknown base_model {base_model!r}: adapt one of {allowed} "
-            "(operators add more with EMBED_ADAPT_BASE_MODELS)",
-        )
-
-    def spec_for(self, req: AdaptRequest, *, has_labels: bool, usable: int) -> JobSpec:
-        """The job's typed recipe: the request with the service's defaults filled in, validated once."""
-        return JobSpec.build(
-            self.config.settings,
-            base_model=req.base_model,
-            name=req.name,
-            objective=req.objective,
-            max_steps=req.max_steps,
-            time_budget_s=req.time_budget_s,
-            train_last_layers=req.train_last_layers,
-            anchor_weight=req.anchor_weight,
-            batch_size=req.batch_size,
-            seed=req.seed,
-            promote=req.promote,
-            has_labels=has_labels,
-            usable=usable,
-            student=req.student,
-        )
-
 
 def _sse(event_id: int | None, event: str, data: dict[str, Any]) -> str:
     head = f"id: {event_id}\n" if event_id is not None else ""
@@ -264,68 +212,6 @@ def get_or_404(store: JobStore, job_id: str) -> Any:
         return store.get(job_id)
     except JobNotFound as err:
         raise ServiceError(ErrorKind.job_not_found, str(err)) from err
-
-
-def audit(job: Job, action: str, actor: str | None) -> None:
-    """Log an audit record of the API's (the store keeps the same record as the job's ``audit`` event)."""
-    record = {"job_id": job.id, **audit_record(action, actor, job.params)}
-    log.info("adapt audit: %s", json.dumps(record, sort_keys=True))
-
-
-def queue_job(api: AdaptAPI, store: JobStore, intake: Intake, job_id: str, created_by: str | None = None) -> Job:
-    """Queue the job whose corpus ``intake`` saved in its folder (after its base student's build when it asks for a
-    student); ``created_by``: the caller's key id, for the audit record. The caller deletes the folder on failure."""
-    req = intake.request
-    spec = api.spec_for(req, has_labels=intake.has_labels, usable=intake.usable)
-    settings = api.config.settings
-    try:
-        after = queue_student_build(api, store, spec, created_by) if spec.student is not None else None
-        return store.create(
-            spec.to_params(),
-            corpus_dir=api.config.jobs_dir / job_id,
-            n_documents=intake.n_documents,
-            max_pending=settings.max_pending_jobs,
-            max_attempts=settings.max_attempts,
-            job_id=job_id,
-            after_job=after,
-            created_by=created_by,
-        )
-    except QueueFullError as err:
-        raise ServiceError(ErrorKind.overloaded, str(err), headers={"Retry-After": "60"}) from err
-
-
-def queue_student_build(api: AdaptAPI, store: JobStore, spec: JobSpec, created_by: str | None = None) -> str | None:
-    """The id of the job that builds the base student ``spec`` starts from — queued now unless one is already
-    queued or running (one build per student, however many replicas ask) — or None when the registry has it."""
-    if spec.student is None:
-        raise ValueError("queue_student_build needs a job spec with a student")
-    settings = api.config.settings
-    build = StudentBuildSpec.build(settings, base_model=spec.base_model, recipe=spec.student.recipe)
-    if registry.current_version(api.config.registry_dir, build.name) is not None:
-        return None
-    build_id = new_job_id()
-    folder = api.config.jobs_dir / build_id
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        job = store.create(
-            build.to_params(),
-            corpus_dir=folder,
-            n_documents=0,
-            max_pending=settings.max_pending_jobs,
-            max_attempts=settings.max_attempts,
-            job_id=build_id,
-            kind=JOB_KIND_STUDENT_BUILD,
-            reuse_active=True,
-            created_by=created_by,
-        )
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    if job.id != build_id:  # another request queued it first
-        shutil.rmtree(folder, ignore_errors=True)
-    else:
-        audit(job, "created", created_by)
-    return job.id
 
 
 async def stream_events(

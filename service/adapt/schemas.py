@@ -54,6 +54,10 @@ class AdaptRequest(BaseModel):
             raise ValueError(f"got {len(self.labels)} labels for {len(self.texts)} texts: give one label per text")
         return self
 
+    def job_fields(self) -> dict[str, Any]:
+        """What the job's spec is built from (`adapt_jobs.queueing.spec_for`): every field but the corpus."""
+        return self.model_dump(exclude={"texts", "labels"})
+
 
 class JobProgress(BaseModel):
     stage: str | None = None  # preparing, training, trained, exporting, evaluating, publishing, done
