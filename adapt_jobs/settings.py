@@ -4,7 +4,8 @@
 job defaults and how workers run. The service nests it (``ServiceSettings.adapt``); a worker reads the same object,
 from the service's settings file when the service started it (`AdaptConfig.write` / `AdaptConfig.read`), or from
 its own environment when it runs as its own workload (a Kubernetes pod built from the same ConfigMap). A job's spec
-takes its defaults from it (`adapt_jobs.spec.JobSpec.build`), so a default is written once, here.
+takes its defaults from it (`adapt_jobs.spec.JobSpec.build`); those per-job fields are declared once, with their
+bounds and what a request may override, in `adapt_jobs.knobs` (the base `JobKnobDefaults` is made from them).
 
 `AdaptConfig` is what a process needs around those settings: the registry the jobs publish into and the cache of
 built-in models, and the paths and store URL derived from them. Torch-free: the service imports this module.
@@ -16,22 +17,30 @@ import os
 import tempfile
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, SerializationInfo, field_serializer, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    SerializationInfo,
+    create_model,
+    field_serializer,
+    field_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.settings import Settings, split_csv
+from adapt_jobs.knobs import setting_fields
+from core.settings import Settings
 
-# The gate's "general" side: offline tasks unrelated to the customer's corpus (evaluation.tasks), of which a job scores
-# those out-of-domain for its base model. Short technical text (documentation search, titles by subject) and whole
-# news documents; chosen for cost: about 37 CPU-seconds per model on minilm-l6 (PyDocSummaryRetrieval 24,
-# PyDocModuleClustering 10, LeeDocSTS 4), where BibleParaphraseRetrieval alone costs 47 and BBCNewsKNN over 100.
-DEFAULT_GENERAL_TASKS = ("PyDocSummaryRetrieval", "PyDocModuleClustering", "LeeDocSTS")
 STORE_FILE = "jobs.sqlite3"
 
 
-class AdaptSettings(BaseSettings):
+# The service's default of every per-job knob (`adapt_jobs.knobs`): EMBED_ADAPT_MAX_STEPS, EMBED_ADAPT_LR, ...
+JobKnobDefaults = create_model("JobKnobDefaults", __base__=BaseSettings, **setting_fields())
+
+
+class AdaptSettings(JobKnobDefaults):
     """``EMBED_ADAPT_*``: the /adapt job queue, its workers and each job's defaults (docs/ADAPT.md)."""
 
     model_config = SettingsConfigDict(env_prefix="EMBED_ADAPT_", extra="ignore", frozen=True)
@@ -127,127 +136,11 @@ class AdaptSettings(BaseSettings):
         "jobs that take CPU from /embed and publish models. Off: /adapt answers 403 to client keys.",
     )
 
-    # --- job defaults (a request may override the first five) ---------------------------------------
-    max_steps: int = Field(
-        default=60, ge=1, description="Default training steps of a job; most of the gain comes within ~100 batches."
-    )
-    time_budget_s: float = Field(
-        default=180.0, gt=0, description="Default training time budget of a job (whichever of steps/time ends first)."
-    )
-    train_last_layers: int = Field(
-        default=2,
-        ge=0,
-        description="Default number of top layers trained (0 = all). Fewer is faster and forgets less general "
-        "quality; all layers gain most in-domain.",
-    )
-    anchor_weight: float = Field(
-        default=3.0,
-        ge=0,
-        description="Default weight of the MSE anchor to the base model's embeddings while adapting (0 = none). "
-        "Higher forgets less off the customer's domain and gains less on it.",
-    )
-    batch_size: int = Field(
-        default=32, ge=2, description="Default batch (in-batch negatives). Larger is a harder task but slower per step."
-    )
-    max_seq_length: int = Field(
-        default=64,
-        ge=16,
-        description="Token limit of training crops (two sentences fit). The published model keeps the base limit.",
-    )
-    gate_margin: float = Field(
-        default=2.0, ge=0.0, description="Points the general offline suite may drop and still promote an adapted model."
-    )
-    lr: float = Field(
-        default=2e-5, gt=0, description="Peak learning rate of a job (the cropping paper's 2e-5); higher forgets more."
-    )
-    general_tasks: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: list(DEFAULT_GENERAL_TASKS),
-        description="Offline tasks (evaluation.tasks) of the gate's general side (comma-separated); a job scores "
-        "those out-of-domain for its base model (a task drawn from text the base was trained on is left out). More "
-        "tasks guard general quality better; each costs evaluation time per job (the base model's scores are "
-        "cached; the default costs about 37 CPU-seconds on minilm-l6, BibleParaphraseRetrieval would add 47, "
-        "BBCNewsKNN over 100).",
-    )
+    # --- the gate (each job's defaults are the fields of JobKnobDefaults, from adapt_jobs.knobs) -------
     general_fast: bool = Field(
         default=False,
         description="Score only a few documents per general task. For tests of the job machinery only: the scores "
         "are not comparable and the gate means little.",
-    )
-
-    # --- compact students (a request's "student" field) ----------------------------------------------
-    student_max_steps: int = Field(
-        default=0,
-        ge=0,
-        description="Distillation steps of the adapted model into its student (batch of the student's recipe) before "
-        "the crop step; 0 = none, the crop step starts from the base student (on IMDB distilling first gained 0.4 "
-        "points in domain and lost 0.65 more out of domain, for 114 s: docs/BENCHMARKS.md).",
-    )
-    student_time_budget_s: float = Field(
-        default=120.0, gt=0, description="Distillation time budget (whichever of steps/time ends first)."
-    )
-    student_general_texts: int = Field(
-        default=4000,
-        ge=0,
-        description="General texts (a seeded sample of the texts the base student was built on) the student keeps "
-        "its view of off the customer's domain: rehearsed in the crop step and distilled beside the customer's texts; "
-        "0 = none.",
-    )
-    student_general_targets: Literal["adapted_teacher", "base_student", "base_teacher"] = Field(
-        default="base_student",
-        description="Whose view of the general texts the student keeps: the crop step's rehearsal holds that model's "
-        "similarities of them, a distillation its embeddings (the adapted teacher's are computed when first drawn, "
-        "inside the time budget; a frozen model's before the clock starts and kept in the cache): the base student "
-        "itself, the base teacher or the adapted teacher. With the default base_student and no distillation the job "
-        "does not adapt the teacher at all (nothing would learn from it). On IMDB, two seeds, the base student's own "
-        "view kept 0.4-0.5 more points out of domain than the adapted teacher's at the same in-domain score "
-        "(docs/BENCHMARKS.md).",
-    )
-    student_adapt_steps: int = Field(
-        default=120,
-        ge=0,
-        description="Steps of the job's own recipe (crop InfoNCE with the MSE anchor) on the student, every layer "
-        "trained, with the rehearsal of the general texts; 0 = distillation only.",
-    )
-    student_adapt_lr: float = Field(
-        default=2e-4, gt=0, description="Peak learning rate of that step (a 2-layer student takes more than 2e-5)."
-    )
-    student_adapt_time_budget_s: float = Field(
-        default=360.0,
-        gt=0,
-        description="Time budget of that step (whichever of steps/time ends first). The 120 steps take ~220 s on 2 "
-        "AVX-512 VNNI cores and ~1.4x that on 2 AVX2 cores; 360 s lets the slower CPU run them all too and keeps the "
-        "whole job within 8 minutes there (docs/BENCHMARKS.md).",
-    )
-    student_rehearsal_weight: float = Field(
-        default=1.0,
-        ge=0,
-        description="Weight of the crop step's similarity rehearsal: each step 64 general texts keep the similarities "
-        "the general-targets model gives them (SCT's KL between similarity distributions, papers/001 §3.4); 0 = none.",
-    )
-    student_rehearsal_temperature: float = Field(
-        default=0.2,
-        gt=0,
-        description="Temperature of that rehearsal's similarity distributions: lower holds each general text's nearest "
-        "neighbours, higher its coarser relations to all the others. On IMDB, three seeds, 0.2 and 0.05 kept as much "
-        "out of domain on average (-0.84, -0.87 points) and 0.2 scored 0.2 points more in domain (docs/BENCHMARKS.md).",
-    )
-    student_rehearsal_position_weight: float = Field(
-        default=10.0,
-        ge=0,
-        description="Weight of the rehearsal's position term: each general text's normalised embedding is also held to "
-        "the general-targets model's (mean squared distance; that model must have the student's width: the "
-        "base student, or a teacher as wide); 0 = relations only. On IMDB, five seeds, weight 10 kept more of "
-        "the out-of-domain average on every seed (+0.31 points on average with BBC clustering averaged over "
-        "its seeds; -0.94 instead of -1.12 as reported) for 0.35 points in domain (docs/BENCHMARKS.md).",
-    )
-    student_build_max_steps: int = Field(
-        default=0,
-        ge=0,
-        description="Steps of the one-time build of a base student; 0 = its recipe's own (sct-tiny: 300, ~28 min on "
-        "2 AVX2 cores, the teacher's pass included). Fewer builds sooner and a weaker student.",
-    )
-    student_build_max_documents: int = Field(
-        default=0, ge=0, description="Documents the base-student build reads; 0 = its recipe's own."
     )
 
     # --- how workers run -----------------------------------------------------------------------------
@@ -274,11 +167,6 @@ class AdaptSettings(BaseSettings):
             except ValueError:
                 return value
         return value
-
-    @field_validator("general_tasks", mode="before")
-    @classmethod
-    def _tasks_from_csv(cls, value: object) -> object:
-        return split_csv(value)
 
     @field_serializer("store_url", when_used="json")
     def _store_url_json(self, value: SecretStr | None, info: SerializationInfo) -> str | None:

@@ -2,7 +2,9 @@
 
 `JobSpec` is one job's full recipe — the request with the defaults of `adapt_jobs.settings.AdaptSettings` filled in —
 validated once when the job is queued, stored as JSON with the job, and read back by the worker as the same typed
-value (never as a dict read by string keys). Torch-free: the service imports this module.
+value (never as a dict read by string keys). Its knobs — each field of `Hyperparameters`, `StudentPlan` and
+`StudentBuildSpec` but the job's choice of student — are declared once, in `adapt_jobs.knobs`. Torch-free: the service
+imports this module.
 """
 
 from __future__ import annotations
@@ -10,16 +12,30 @@ from __future__ import annotations
 import functools
 import importlib.util
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
+from adapt_jobs.knobs import (
+    ADAPTED_TEACHER,
+    BASE_STUDENT,
+    BASE_TEACHER,
+    JOB_KNOBS,
+    OBJECTIVES,
+    STUDENT_BUILD_KNOBS,
+    STUDENT_KNOBS,
+    knob_problems,
+    knob_values,
+    spec_fields,
+    stored_values,
+)
 from adapt_jobs.settings import AdaptSettings
 from core.registry import RegistryError, validate_name
 
+# Declared with the knobs whose choices they are; the worker imports them with the spec.
+__all__ = ["ADAPTED_TEACHER", "BASE_STUDENT", "BASE_TEACHER", "OBJECTIVES"]
+
 ADAPT_METHOD = "adapt"  # manifest method.name; /adapt publishes new versions only of models it made
-# /adapt objective → (training objective, views): SimCSE is InfoNCE on dropout views (paper 000 §2).
-OBJECTIVES = {"crop-infonce": ("infonce", "crop"), "sct": ("sct", "crop"), "simcse": ("simcse", "dropout")}
 PROMOTE_POLICIES = ("auto", "never")
 
 
@@ -49,12 +65,6 @@ def base_student_name(base_model: str, recipe: str) -> str:
         raise SpecError(f"base_model {base_model!r} with student {recipe!r}: {err}") from err
 
 
-# The models of a student job (also its evaluation roles); the first three can give the general texts' targets
-# (AdaptSettings.student_general_targets).
-BASE_STUDENT, BASE_TEACHER, ADAPTED_TEACHER = "base_student", "base_teacher", "adapted_teacher"
-GENERAL_TARGETS = (BASE_STUDENT, BASE_TEACHER, ADAPTED_TEACHER)
-
-
 def check_student(recipe: str) -> str:
     if recipe not in student_recipes():
         raise SpecError(f"student must be one of {list(student_recipes())}, got {recipe!r}")
@@ -62,40 +72,30 @@ def check_student(recipe: str) -> str:
 
 
 @dataclass(frozen=True)
-class StudentPlan:
+class StudentPlan(make_dataclass("StudentKnobs", [("recipe", str), *spec_fields(STUDENT_KNOBS)], frozen=True)):
     """How an /adapt job turns the model it adapted into a compact student (`adapt_worker.student`): the base student's
-    recipe (its objective and views are the distillation's, when there is one), the distillation's budget, and the
-    crop step on the student with its rehearsal of general texts."""
-
-    recipe: str
-    max_steps: int | None  # distillation steps (0: none, the crop step starts from the base student)
-    time_budget_s: float | None
-    general_texts: int  # general texts (of the base student's own, a seeded sample) distilled and rehearsed
-    general_targets: str  # whose view of them the student keeps: base_student, base_teacher or adapted_teacher
-    adapt_steps: int  # the job's crop recipe on the student itself (0: distillation only)
-    adapt_lr: float
-    adapt_time_budget_s: float
-    rehearsal_weight: float = 0.0  # of the similarity rehearsal in the crop step (stored before it existed: none)
-    rehearsal_temperature: float = 0.05  # of its similarity distributions (stored before it was a setting: 0.05)
-    rehearsal_position_weight: float = 0.0  # of its position term (stored before it existed: none)
+    recipe (the job's ``student``; its objective and views are the distillation's, when there is one), then one field
+    per knob of `adapt_jobs.knobs.STUDENT_KNOBS` — the distillation's budget (``max_steps``: 0 = none, the crop step
+    starts from the base student; ``time_budget_s``), the general texts it keeps its view of and whose view
+    (``general_texts``, ``general_targets``), and the crop step on the student (``adapt_steps``: 0 = distillation
+    only; ``adapt_lr``, ``adapt_time_budget_s``) with its rehearsal of the general texts (``rehearsal_weight``,
+    ``rehearsal_temperature``, ``rehearsal_position_weight``)."""
 
     def __post_init__(self) -> None:
         check_student(self.recipe)
-        if self.general_targets not in GENERAL_TARGETS:
-            raise SpecError(f"general_targets must be one of {list(GENERAL_TARGETS)}, got {self.general_targets!r}")
+        problems = knob_problems(STUDENT_KNOBS, self)
+        if problems:
+            raise SpecError("the student's " + "; the student's ".join(problems))
         if self.max_steps is None and self.time_budget_s is None:
             raise SpecError("give the student's max_steps, time_budget_s or both: a distillation needs an end")
         if not self.max_steps and not self.adapt_steps:
             raise SpecError("the student needs distillation steps, crop steps or both: with neither it is the base "
                             "student unchanged")  # fmt: skip
-        if self.rehearsal_weight < 0:
-            raise SpecError(f"the student's rehearsal_weight must be >= 0, got {self.rehearsal_weight}")
-        if self.rehearsal_temperature <= 0:
-            raise SpecError(f"the student's rehearsal_temperature must be > 0, got {self.rehearsal_temperature}")
-        if self.rehearsal_position_weight < 0:
-            raise SpecError(
-                f"the student's rehearsal_position_weight must be >= 0, got {self.rehearsal_position_weight}"
-            )
+
+    @classmethod
+    def build(cls, settings: AdaptSettings, recipe: str) -> StudentPlan:
+        """The plan of a job asking for ``recipe``'s student, with the service's settings."""
+        return cls(recipe, **knob_values(STUDENT_KNOBS, settings, {}))
 
     @property
     def distils(self) -> bool:
@@ -113,27 +113,26 @@ class StudentPlan:
         return self.distils or (self.rehearses and self.general_targets == ADAPTED_TEACHER)
 
 
-@dataclass(frozen=True)
-class StudentBuildSpec:
-    """A one-time job: train a recipe's student of ``base_model`` and publish it as ``name`` (a servable model
-    whose bundle keeps the torch checkpoint every student /adapt job starts from)."""
+_BUILD_FIELDS = [("base_model", str), ("recipe", str), ("name", str), *spec_fields(STUDENT_BUILD_KNOBS)]
+_BUILD_FIELDS.append(("seed", int, field(default=0)))
 
-    base_model: str
-    recipe: str
-    name: str
-    max_steps: int | None = None  # None: the recipe's own
-    max_documents: int | None = None  # None: the recipe's own
-    seed: int = 0
+
+@dataclass(frozen=True)
+class StudentBuildSpec(make_dataclass("StudentBuildKnobs", _BUILD_FIELDS, frozen=True)):
+    """A one-time job: train a recipe's student of ``base_model`` and publish it as ``name`` (a servable model
+    whose bundle keeps the torch checkpoint every student /adapt job starts from); ``max_steps``, ``max_documents``
+    (`adapt_jobs.knobs.STUDENT_BUILD_KNOBS`; None: the recipe's own) and ``seed``."""
 
     def __post_init__(self) -> None:
         check_student(self.recipe)
+        problems = knob_problems(STUDENT_BUILD_KNOBS, self)
+        if problems:
+            raise SpecError("the student build's " + "; the student build's ".join(problems))
 
     @classmethod
     def build(cls, settings: AdaptSettings, *, base_model: str, recipe: str) -> StudentBuildSpec:
-        return cls(
-            base_model, recipe, base_student_name(base_model, recipe),
-            settings.student_build_max_steps or None, settings.student_build_max_documents or None,
-        )  # fmt: skip
+        name = base_student_name(base_model, recipe)
+        return cls(base_model, recipe, name, **knob_values(STUDENT_BUILD_KNOBS, settings, {}))
 
     def to_params(self) -> dict[str, Any]:
         return {"base_model": self.base_model, "name": self.name, "hyperparameters": asdict(self)}
@@ -147,30 +146,19 @@ class StudentBuildSpec:
 
 
 @dataclass(frozen=True)
-class Hyperparameters:
-    """How the job trains and is gated (the cropping paper's in-domain recipe, ``papers/000`` §2)."""
-
-    objective: str
-    max_steps: int | None
-    time_budget_s: float | None
-    train_last_layers: int | None  # None = every layer
-    anchor_weight: float  # MSE anchor to the base model's embeddings (training.config.TrainConfig)
-    batch_size: int
-    lr: float
-    max_seq_length: int  # training crops only; the published bundle keeps the base model's limit
-    seed: int
-    gate_margin: float  # points each general task (and kNN) may drop
-    general_tasks: tuple[str, ...]
+class Hyperparameters(make_dataclass("JobKnobs", spec_fields(JOB_KNOBS), frozen=True)):
+    """How the job trains and is gated (the cropping paper's in-domain recipe, ``papers/000`` §2): one field per knob
+    of `adapt_jobs.knobs.JOB_KNOBS` — ``objective``, ``max_steps``, ``time_budget_s``, ``train_last_layers`` (None =
+    every layer), ``anchor_weight`` (of the MSE anchor to the base model's embeddings), ``batch_size``, ``lr``,
+    ``max_seq_length`` (training crops only; the published bundle keeps the base model's limit), ``seed``,
+    ``gate_margin`` (points each general task, and kNN, may drop) and ``general_tasks``."""
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise SpecError(f"objective must be one of {sorted(OBJECTIVES)}, got {self.objective!r}")
+        problems = knob_problems(JOB_KNOBS, self)
+        if problems:
+            raise SpecError("; ".join(problems))
         if self.max_steps is None and self.time_budget_s is None:
             raise SpecError("give max_steps, time_budget_s or both: a job needs an end")
-        if self.batch_size < 2:
-            raise SpecError(f"batch_size must be >= 2 (in-batch negatives), got {self.batch_size}")
-        if self.anchor_weight < 0:
-            raise SpecError(f"anchor_weight must be >= 0 (0 = no anchor), got {self.anchor_weight}")
 
 
 @dataclass(frozen=True)
@@ -196,43 +184,19 @@ class JobSpec:
         *,
         base_model: str,
         name: str,
-        objective: str = "crop-infonce",
-        max_steps: int | None = None,
-        time_budget_s: float | None = None,
-        train_last_layers: int | None = None,
-        anchor_weight: float | None = None,
-        batch_size: int | None = None,
-        seed: int = 0,
         promote: str = "auto",
         has_labels: bool = False,
         usable: int = 0,
         student: str | None = None,
+        **knobs: Any,
     ) -> JobSpec:
-        """A request's fields with the service's defaults filled in, so the job records exactly what it ran."""
-        if max_steps is None and time_budget_s is None:
-            max_steps, time_budget_s = settings.max_steps, settings.time_budget_s
-        train_last = settings.train_last_layers if train_last_layers is None else train_last_layers
-        hyperparameters = Hyperparameters(
-            objective=objective,
-            max_steps=max_steps,
-            time_budget_s=time_budget_s,
-            train_last_layers=train_last or None,
-            anchor_weight=settings.anchor_weight if anchor_weight is None else anchor_weight,
-            batch_size=batch_size or settings.batch_size,
-            lr=settings.lr,
-            max_seq_length=settings.max_seq_length,
-            seed=seed,
-            gate_margin=settings.gate_margin,
-            general_tasks=tuple(settings.general_tasks),
-        )
-        plan = None
-        if student is not None:
-            plan = StudentPlan(
-                student, settings.student_max_steps, settings.student_time_budget_s,
-                settings.student_general_texts, settings.student_general_targets, settings.student_adapt_steps,
-                settings.student_adapt_lr, settings.student_adapt_time_budget_s, settings.student_rehearsal_weight,
-                settings.student_rehearsal_temperature, settings.student_rehearsal_position_weight,
-            )  # fmt: skip
+        """A request's fields with the service's defaults filled in, so the job records exactly what it ran:
+        ``knobs`` are the request's values of `adapt_jobs.knobs.JOB_KNOBS` (None or absent: the service's)."""
+        try:
+            hyperparameters = Hyperparameters(**knob_values(JOB_KNOBS, settings, knobs))
+        except TypeError as err:  # a name that is no knob
+            raise SpecError(str(err)) from err
+        plan = StudentPlan.build(settings, student) if student is not None else None
         return cls(base_model, name, hyperparameters, promote, has_labels, usable, plan)
 
     def to_params(self) -> dict[str, Any]:
@@ -241,19 +205,18 @@ class JobSpec:
             "base_model": self.base_model,
             "name": self.name,
             "promote": self.promote,
-            "hyperparameters": asdict(self.hyperparameters)
-            | {"general_tasks": list(self.hyperparameters.general_tasks)},
+            "hyperparameters": _json(asdict(self.hyperparameters)),
             "corpus": {"has_labels": self.has_labels, "usable_documents_estimate": self.usable_documents_estimate},
             "student": asdict(self.student) if self.student is not None else None,
         }
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> JobSpec:
-        """Read a stored job's spec back, validated; a job stored by an older service gets the settings' defaults
-        (`AdaptSettings`'s, not this process's environment) for fields it lacks."""
+        """Read a stored job's spec back, validated; a job stored by an older service gets, for each knob it lacks,
+        what such jobs ran with (`adapt_jobs.knobs.Knob.absent`: the declared default unless told otherwise — never
+        this process's environment)."""
         try:
-            hp = {**_default_hyperparameters(), **params["hyperparameters"]}
-            hp["general_tasks"] = tuple(hp["general_tasks"])
+            hp = stored_values(JOB_KNOBS, params["hyperparameters"])
             corpus = params.get("corpus", {})
             student = params.get("student")
             if student and "general_documents" in student:  # stored before the general texts became the student's own
@@ -266,14 +229,12 @@ class JobSpec:
                 promote=params.get("promote", "auto"),
                 has_labels=bool(corpus.get("has_labels", False)),
                 usable_documents_estimate=int(corpus.get("usable_documents_estimate", 0)),
-                student=StudentPlan(**student) if student else None,
+                student=StudentPlan(**stored_values(STUDENT_KNOBS, student)) if student else None,
             )
         except (KeyError, TypeError) as err:
             raise SpecError(f"stored job spec is incomplete or malformed: {err}") from err
 
 
-def _default_hyperparameters() -> dict[str, Any]:
-    """Every `Hyperparameters` field at the defaults of `AdaptSettings` (the one place a default is written)."""
-    settings = AdaptSettings.model_construct()  # the declared defaults, without reading the environment
-    built = JobSpec.build(settings, base_model="-", name="-").hyperparameters
-    return {f.name: getattr(built, f.name) for f in fields(Hyperparameters)}
+def _json(values: dict[str, Any]) -> dict[str, Any]:
+    """A spec's values as stored: tuples as JSON lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from adapt_jobs.jobs import Job
+from adapt_jobs.knobs import request_fields
 from adapt_jobs.spec import check_student
 
-Objective = Literal["crop-infonce", "sct", "simcse"]
 PromotePolicy = Literal["auto", "never"]
 
 
-class AdaptRequest(BaseModel):
-    """``POST /adapt`` as JSON. The multipart form takes the same fields plus a ``file`` upload."""
+class AdaptRequestFields(BaseModel):
+    """The fields of `AdaptRequest` that are not knobs: what to adapt, into which name, on which corpus."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -24,17 +24,6 @@ class AdaptRequest(BaseModel):
     labels: list[str | int] | None = Field(
         default=None, description="optional class label per document: adds a kNN-accuracy check"
     )
-    max_steps: int | None = Field(default=None, ge=1, le=20_000, description="training steps (batches)")
-    time_budget_s: float | None = Field(default=None, gt=0, le=6 * 3600, description="training time budget")
-    train_last_layers: int | None = Field(
-        default=None, ge=0, le=48, description="train only the last k transformer layers; 0 = all layers"
-    )
-    anchor_weight: float | None = Field(
-        default=None, ge=0, le=1000, description="MSE anchor to the base model's embeddings; 0 = none"
-    )
-    batch_size: int | None = Field(default=None, ge=2, le=512)
-    objective: Objective = "crop-infonce"
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
     promote: PromotePolicy = "auto"
     student: str | None = Field(
         default=None,
@@ -49,7 +38,7 @@ class AdaptRequest(BaseModel):
         return None if value is None else check_student(value)
 
     @model_validator(mode="after")
-    def _labels_match(self) -> AdaptRequest:
+    def _labels_match(self) -> AdaptRequestFields:
         if self.labels is not None and self.texts is not None and len(self.labels) != len(self.texts):
             raise ValueError(f"got {len(self.labels)} labels for {len(self.texts)} texts: give one label per text")
         return self
@@ -57,6 +46,17 @@ class AdaptRequest(BaseModel):
     def job_fields(self) -> dict[str, Any]:
         """What the job's spec is built from (`adapt_jobs.queueing.spec_for`): every field but the corpus."""
         return self.model_dump(exclude={"texts", "labels"})
+
+
+# Besides those, a request may set each knob of `adapt_jobs.knobs.JOB_KNOBS` that has an `Override` (max_steps,
+# anchor_weight, ...; unset: the service's default), within the knob's bounds and the override's most.
+AdaptRequest = create_model(
+    "AdaptRequest",
+    __base__=AdaptRequestFields,
+    __module__=__name__,
+    __doc__="``POST /adapt`` as JSON. The multipart form takes the same fields plus a ``file`` upload.",
+    **request_fields(),
+)
 
 
 class JobProgress(BaseModel):
