@@ -78,19 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     means = set_means(base, cand)
     print("\n| set | tasks | baseline mean | candidate mean | candidate % |\n|---|---:|---:|---:|---:|")
     for name, row in means.items():
-        print(f"| {name} | {len(row['tasks'])} | {row['baseline']:.2f} | {row['candidate']:.2f} | {row['percent']:.1f} |")
+        cells = f"{row['baseline']:.2f} | {row['candidate']:.2f} | {row['percent']:.1f}"
+        print(f"| {name} | {len(row['tasks'])} | {cells} |")
     verdict = {}
     if "ood-widened" in means and "independent" in means:
         for suite in ("ood-v1", "ood-widened"):
             gap = means[suite]["percent"] - means["independent"]["percent"]
             verdict[suite] = {"gap_points": gap, "within_tolerance": abs(gap) <= args.tolerance}
-            print(f"{suite} % − independent %: {gap:+.2f} points ({'within' if abs(gap) <= args.tolerance else 'outside'}"
-                  f" ±{args.tolerance})")  # fmt: skip
+            where = "within" if abs(gap) <= args.tolerance else "outside"
+            print(f"{suite} % − independent %: {gap:+.2f} points ({where} ±{args.tolerance})")
     cpu = cpu_features()
     print(f"\nCPU: {cpu['model']} ({', '.join(cpu['flags'])})")
-    write_report(args.out, {"cpu": cpu, "scores": {"baseline": base, "candidate": cand}, "sets": means,
-                            "verdict": verdict, "fast": args.fast, "models": {"baseline": args.baseline, "candidate": args.candidate},
-                            "seconds": {r: reports[r]["seconds"] for r in reports}})  # fmt: skip
+    models = {"baseline": args.baseline, "candidate": args.candidate}
+    seconds = {role: report["seconds"] for role, report in reports.items()}
+    scores = {"baseline": base, "candidate": cand}
+    write_report(args.out, {"cpu": cpu, "models": models, "fast": args.fast, "scores": scores, "sets": means,
+                            "verdict": verdict, "seconds": seconds})  # fmt: skip
     return 0
 
 

@@ -213,4 +213,3 @@ def stdnum_formats() -> tuple[TitledDocument, ...]:
             label = relative.parts[0] if len(relative.parts) > 1 else "international"
             docs.append(TitledDocument(_fold(found[0]), found[1], label))
     return _unique_titles(docs)
-
