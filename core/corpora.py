@@ -21,6 +21,8 @@ retrieval corpus) or the summaries (the queries). ``lee_background.cor`` holds o
 trained on. A new training corpus declares its domain here, or the recipe-domain tests fail.
 
 A missing package raises `DataUnavailableError` with the install command; evaluation turns that into a skipped task.
+Evaluation-only text of further unseen domains (the widened out-of-domain suite and the independent set) is read by
+`core.reference_corpora`; its corpus names and domains are declared here with the others.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ CORPUS_ENWIKI = "enwiki"
 CORPUS_BIBLE = "bible-oeb-asv"
 CORPUS_PYDOC = "python-stdlib-docstrings"
 CORPUS_IMDB = "imdb"  # benchmarks only: the unseen domain /adapt is measured on; no task, no recipe reads it
-# Benchmarks only, like IMDB: unseen domains of other shapes that /adapt's checks are measured on (`TitledDocument`)
+# Benchmarks only, like IMDB: unseen domains of other shapes that /adapt's checks are measured on (`TitledDocument`);
+# HPO also feeds the independent set's `HPODefinitionRetrieval`, which no suite task or recipe shares
 CORPUS_DRUG_REVIEWS = "drug-reviews"
 CORPUS_CWE = "cwe"
 CORPUS_HPO = "hpo"
