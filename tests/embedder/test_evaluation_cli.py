@@ -102,7 +102,8 @@ def test_bench_command(tiny_bert_path: Path, tmp_path: Path, capsys: pytest.Capt
 
 def test_commands_are_registered(capsys: pytest.CaptureFixture[str]) -> None:
     assert embedder_main(["validate", "--list-tasks"]) == 0
-    assert "ACLSumRetrieval" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "ACLSumRetrieval" in listed and listed.index("AWSServiceRetrieval") < listed.index("HPODefinitionRetrieval")
     assert embedder_main(["--help"]) == 0
     usage = capsys.readouterr().out
     assert all(name in usage for name in ("validate", "layers", "bench"))

