@@ -36,6 +36,7 @@ from typing import Any
 
 from adapt_jobs.corpus import read_job_corpus
 from adapt_jobs.jobs import EVALUATING, JOB_KIND_STUDENT_BUILD, Job
+from adapt_jobs.results import CorpusReport, Evaluation, GateDecision, JobResult, TeacherAdaptation
 from adapt_jobs.settings import AdaptConfig
 from adapt_jobs.spec import JobSpec, SpecError
 from adapt_worker.context import JobContext, JobFailed
@@ -131,9 +132,9 @@ def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
         trained = train_stage(spec, ctx, settings.worker_threads, base_path, split.train, rule, work)
         ctx.check()
     else:  # the student trains from the base student alone: adapting the teacher would only cost time
-        ctx.result({"teacher_adaptation": {"skipped": True, "why": "the student neither distils the adapted teacher "
-                    f"nor rehearses its view (general_targets {spec.student.general_targets})"}},
-                   event="teacher_adaptation")  # fmt: skip
+        why = ("the student neither distils the adapted teacher nor rehearses its view "
+               f"(general_targets {spec.student.general_targets})")  # fmt: skip
+        ctx.result(JobResult(teacher_adaptation=TeacherAdaptation(skipped=True, why=why)), event="teacher_adaptation")
     held_out = CropPairRetrieval.from_corpus(split.held_out, seed=spec.hyperparameters.seed, name=IN_DOMAIN_TASK,
                                              rule=rule)  # fmt: skip
     knn = (texts, labels, spec.hyperparameters.seed)
@@ -160,7 +161,8 @@ def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
             evaluation.get("knn"),
             margin=spec.hyperparameters.gate_margin,
         )
-    ctx.result({"evaluation": evaluation, "gate": gate}, event="evaluation")
+    ctx.result(JobResult(evaluation=Evaluation.model_validate(evaluation), gate=GateDecision.model_validate(gate)),
+               event="evaluation")  # fmt: skip
     ctx.check()
     publish_stage(job, ctx, config, staging, manifest, evaluation, gate, promote=spec.promote == "auto")
 
@@ -172,18 +174,14 @@ def prepare(spec: JobSpec, ctx: JobContext, texts: list[str]) -> tuple[HeldOutSp
     rule = choose_crop_rule(split.train)
     value = crop_yield(split.train, rule)
     usable = round(value * len(split.train))
-    ctx.result(
-        {
-            "corpus": {
-                "train_documents": len(split.train),
-                "held_out_documents": len(split.held_out),
-                "crop_rule": rule.describe(),
-                "crop_yield": round(value, 4),
-                "usable_train_documents": usable,
-            }
-        },
-        event="corpus",
+    report = CorpusReport(
+        train_documents=len(split.train),
+        held_out_documents=len(split.held_out),
+        crop_rule=rule.describe(),
+        crop_yield=round(value, 4),
+        usable_train_documents=usable,
     )
+    ctx.result(JobResult(corpus=report), event="corpus")
     if value < MIN_CROP_YIELD:
         raise JobFailed(
             "corpus",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from adapt_jobs.jobs import Job, JobStoreError
+from adapt_jobs.results import JobResult, Published, TrainingReport
 from adapt_jobs.settings import AdaptConfig
 from adapt_jobs.spec import ADAPT_METHOD, OBJECTIVES, JobSpec
 from adapt_worker.context import JobContext, JobFailed, JobStopped
@@ -145,7 +146,8 @@ def run_training(
     ended = {"step": result.steps, "total": total or result.steps, "loss": progress.loss, "eta_s": 0}
     ctx.progress({"stage": done, **ended}, force=True)
     seconds = round(result.elapsed, 2)
-    ctx.result({reason: {"steps": result.steps, "seconds": seconds, "stopped_by": result.stopped_by}})
+    report = TrainingReport(steps=result.steps, seconds=seconds, stopped_by=result.stopped_by)
+    ctx.result(JobResult.model_validate({reason: report}))
     return result
 
 
@@ -202,7 +204,8 @@ def publish_stage(
         bundle = publish_bundle(staging, config.registry_dir, manifest, promote=promoted)
     except OSError as err:
         raise stage_failure("publish", err, REGISTRY_VOLUME) from err
-    ctx.result({"model": {"name": manifest["name"], "version": bundle.name, "promoted": promoted}}, event="published")
+    ctx.result(JobResult(model=Published(name=manifest["name"], version=bundle.name, promoted=promoted)),
+               event="published")  # fmt: skip
     if promoted:
         ctx.audit("promoted", version=bundle.name)
     ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))

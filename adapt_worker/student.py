@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from adapt_jobs.jobs import EVALUATING, Job
+from adapt_jobs.results import DistillationTargets as DistillationTargetsReport
+from adapt_jobs.results import Evaluation, GateDecision, JobResult, Published, StudentRehearsal
 from adapt_jobs.settings import AdaptConfig
 from adapt_jobs.spec import (
     ADAPTED_TEACHER,
@@ -112,8 +114,8 @@ def build_student(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
     settings = config.settings
     current = reg.current_version(config.registry_dir, spec.name)
     if current is not None:
-        ctx.result({"model": {"name": spec.name, "version": current, "promoted": True, "already_built": True}},
-                   event="published")  # fmt: skip
+        built = Published(name=spec.name, version=current, promoted=True, already_built=True)
+        ctx.result(JobResult(model=built), event="published")
         ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))
         return
     work = scratch_dir(job)
@@ -149,7 +151,8 @@ def build_student(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
         evaluation = score_models(ctx, config, models, None, general, general_roles=models)
     gate = {"passed": True, "gated": False, "reasons": [], "note": "a base student is published as built; its "
             "general scores against its teacher are reported, not gated"}  # fmt: skip
-    ctx.result({"evaluation": evaluation, "gate": gate}, event="evaluation")
+    ctx.result(JobResult(evaluation=Evaluation.model_validate(evaluation), gate=GateDecision.model_validate(gate)),
+               event="evaluation")  # fmt: skip
     ctx.check()
     publish_stage(job, ctx, config, staging, manifest, evaluation, gate, promote=True)
 
@@ -237,11 +240,10 @@ def student_stage(
         lr=plan.adapt_lr, train_last_layers=None, max_steps=plan.adapt_steps, time_budget_s=plan.adapt_time_budget_s,
         **rehearsal,
     )  # fmt: skip
-    ctx.result({"student_rehearsal": {"general_texts": len(general), "reference": plan.general_targets,
-                                      "weight": plan.rehearsal_weight,
-                                      "temperature": plan.rehearsal_temperature,
-                                      "position_weight": plan.rehearsal_position_weight} if rehearsal else None},
-               event="student_rehearsal")  # fmt: skip
+    rehearsed = StudentRehearsal(general_texts=len(general), reference=plan.general_targets,
+                                 weight=plan.rehearsal_weight, temperature=plan.rehearsal_temperature,
+                                 position_weight=plan.rehearsal_position_weight)  # fmt: skip
+    ctx.result(JobResult(student_rehearsal=rehearsed if rehearsal else None), event="student_rehearsal")
     adapted = run_training(
         ctx, adapt, stage="adapting student", done="student adapted", reason="student_adaptation", crop_rule=rule
     )
@@ -287,7 +289,8 @@ def distillation_targets(
         path = work / "general-targets.npz"
         write_vectors(path, targets.of(general))
         report[role] = {"embedded": embedded, "seconds": round(time.perf_counter() - tick, 2)}
-    ctx.result({"distillation_targets": report}, event="distillation_targets")
+    ctx.result(JobResult(distillation_targets=DistillationTargetsReport.model_validate(report)),
+               event="distillation_targets")  # fmt: skip
     return DistillationTargets(tuple(customer) + tuple(general), path)
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from adapt_jobs.results import JobResult
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.spec import StudentPlan
 from adapt_worker.student import base_student_checkpoint, distillation_targets
@@ -177,8 +178,8 @@ class _Recorder:
     def stage(self, name: str, **data: Any) -> None:
         pass
 
-    def result(self, data: dict[str, Any], **_: Any) -> None:
-        self.results.update(data)
+    def result(self, data: JobResult, **_: Any) -> None:
+        self.results.update(data.to_json())
 
 
 def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_for_the_next_job(
