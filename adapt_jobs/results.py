@@ -81,12 +81,14 @@ class DistillationTargets(Section):
 
 
 class CropStats(Section):
+    """The held-out crop pairs: documents, pairs cropped, the rule, its yield (`CropPairRetrieval.crop_stats`)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, validate_by_name=True, serialize_by_alias=True)
+
     documents: int | None = None
     pairs: int | None = None
     rule: str | None = None
-    yield_: float | None = Field(default=None, alias="yield", serialization_alias="yield")
-
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    yield_: float | None = Field(default=None, alias="yield")
 
 
 class Evaluation(Section):
@@ -172,4 +174,4 @@ class JobResult(Section):
 
     def to_json(self) -> dict[str, Any]:
         """What the job store keeps (and merges into the job's record, section by section)."""
-        return self.model_dump(mode="json", exclude_none=True, by_alias=True)
+        return self.model_dump(mode="json", exclude_none=True)

@@ -15,9 +15,10 @@ from adapt_jobs.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, 
 from adapt_jobs.results import JobResult, Published
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.store import JobStore
+from adapt_worker.attempt import split_corpus
 from adapt_worker.context import JobContext, JobFailed
-from adapt_worker.pipeline import split_corpus
-from adapt_worker.stages import general_tasks, scratch_dir, stage_failure
+from adapt_worker.scoring import general_tasks
+from adapt_worker.stages import scratch_dir, stage_failure
 from adapt_worker.worker import ABANDONED, process_job
 
 DOC = "First sentence here. Second sentence there."
