@@ -103,7 +103,9 @@ def _against(evaluation: Evaluation, candidate: str, base: str, margin: float) -
     in_domain = pair(evaluation.in_domain)
     if in_domain is None:
         raise ValueError("the gate of an adapt job needs its in-domain scores")
-    gate = adapt_gate(in_domain, pair(evaluation.general_tasks), pair(evaluation.knn), margin=margin)
+    gate = adapt_gate(
+        in_domain, pair(evaluation.general_tasks), pair(evaluation.knn), margin=margin, pieces=pair(evaluation.pieces)
+    )
     return GateDecision.model_validate(gate)
 
 

@@ -12,6 +12,7 @@ from adapt_worker.attempt import AnyAttempt, InDomainChecks, LabelledSample
 from adapt_worker.context import JobFailed
 from evaluation.data import is_in_domain
 from evaluation.diagnostics import knn_accuracy
+from evaluation.domain_checks import PIECES, piece_retrieval
 from evaluation.embedding_model import EmbeddingModel
 from evaluation.suite import run_suite
 from evaluation.tasks import resolve_task
@@ -38,13 +39,16 @@ def score_models(
     checks: InDomainChecks | None = None,
     labelled: LabelledSample | None = None,
 ) -> Evaluation:
-    """Score each model (by role: ``base``, ``adapted``, ``base_student``…) on the in-domain ``checks`` (crop pairs),
-    the roles in ``general_roles`` also on the general tasks out-of-domain for them (their mean in points), and, when
-    ``labelled``, those same roles on kNN accuracy: k = 10 cosine neighbours on up to 400 labelled documents (the
-    cropping paper's protocol, 000 §3.3.1: training never sees labels), averaged over five seeded 9:1 splits. Scores
-    are points (× 100), rounded to 3 decimals."""
+    """Score each model (by role: ``base``, ``adapted``, ``base_student``…) on the in-domain ``checks`` — crop pairs
+    and the short pieces of each held-out document retrieving the rest of it (`evaluation.domain_checks`, the mean of
+    its checks) —, the roles in ``general_roles`` also on the general tasks out-of-domain for them (their mean in
+    points), and, when ``labelled``, those same roles on kNN accuracy: k = 10 cosine neighbours on up to 400 labelled
+    documents (the cropping paper's protocol, 000 §3.3.1: training never sees labels), averaged over five seeded 9:1
+    splits. Scores are points (× 100), rounded to 3 decimals."""
     ctx, config = attempt.ctx, attempt.config
     in_domain: dict[str, float] = {}
+    pieces: dict[str, float] = {}
+    piece_checks: dict[str, dict[str, float]] = {}
     general_scores: dict[str, dict[str, float]] = {}
     for which, model in models.items():
         if checks is not None:
@@ -52,6 +56,11 @@ def score_models(
             ctx.stage("evaluating", detail=f"{which} in-domain")
             report = run_suite(model, [checks.crop_pairs], progress=False)
             in_domain[which] = round(report["scores"][checks.crop_pairs.metadata.name], 3)
+            found = piece_retrieval(model, checks.held_out, checks.distractors)
+            if found:
+                means = {kind: float(scores.mean()) for kind, scores in found.items()}
+                piece_checks[which] = {kind: round(value, 3) for kind, value in means.items()}
+                pieces[which] = round(sum(means.values()) / len(means), 3)
         if general["out_of_domain"] and which in general_roles:
             ctx.check()
             ctx.stage("evaluating", detail=f"{which} general suite")
@@ -66,6 +75,7 @@ def score_models(
             "in_domain": in_domain,
             "in_domain_task": "CropPairRetrieval (held-out documents, nDCG@10)",
             "crops": CropStats.model_validate(checks.crop_pairs.crop_stats),
+            **({"pieces": pieces, "piece_checks": piece_checks, "pieces_task": _pieces_task(checks)} if pieces else {}),
         })  # fmt: skip
     if general_scores:
         means = {w: round(sum(s.values()) / len(s), 3) for w, s in general_scores.items()}
@@ -79,6 +89,14 @@ def score_models(
         knn = {w: round(_knn_points(m, sample, sample_labels), 3) for w, m in models.items() if w in general_roles}
         evaluation = evaluation.model_copy(update={"knn": knn, "knn_documents": len(sample)})
     return evaluation
+
+
+def _pieces_task(checks: InDomainChecks) -> str:
+    return (
+        f"ShortPieceRetrieval ({', '.join(PIECES)} of each held-out document → the rest of it, among "
+        f"{len(checks.held_out)} held-out documents and {len(checks.distractors)} training documents; nDCG@10, "
+        "the mean of the checks)"
+    )
 
 
 def _knn_points(model: EmbeddingModel, texts: list[str], labels: list[str]) -> float:
