@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from adapt_jobs.jobs import AUDIT_EVENT, Job, LeaseLost, StoreUnavailable, audit_record
+from adapt_jobs.results import JobResult
 from adapt_jobs.store import JobStore
 
 log = logging.getLogger("adapt_worker.worker")
@@ -139,8 +140,10 @@ class JobContext:
             self.lost.set()
             raise
 
-    def result(self, data: dict[str, Any], *, event: str | None = None) -> None:
-        self.retrying(lambda: self.store.update_result(self.lease, data, event_type=event))
+    def result(self, data: JobResult, *, event: str | None = None) -> None:
+        """Merge the sections of ``data`` into the job's result (an ``event`` of that type carries them too)."""
+        record = data.to_json()
+        self.retrying(lambda: self.store.update_result(self.lease, record, event_type=event))
 
     def set_state(self, state: str) -> None:
         self.retrying(lambda: self.store.set_state(self.lease, state, lease_s=self.lease_s))

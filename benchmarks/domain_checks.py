@@ -35,7 +35,7 @@ from bench_adapt import UNSEEN, draw, unseen_documents
 from indomain_resolution import open_model, per_query_ndcg
 from report_file import write_report
 
-from adapt_worker.pipeline import split_corpus
+from adapt_worker.attempt import split_corpus
 from core.corpora import UNSEEN_DOMAINS
 from core.runtime import cpu_features
 from core.text import choose_crop_rule

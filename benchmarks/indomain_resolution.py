@@ -26,7 +26,7 @@ import numpy as np
 from bench_adapt import load_corpus
 from report_file import write_report
 
-from adapt_worker.pipeline import split_corpus
+from adapt_worker.attempt import split_corpus
 from core.runtime import cpu_features
 from core.text import choose_crop_rule
 from evaluation.embedding_model import EmbeddingModel, is_bundle_spec, load_model

@@ -34,7 +34,7 @@ from report_file import write_report
 
 from adapt_jobs.settings import AdaptSettings
 from adapt_jobs.spec import JobSpec
-from adapt_worker.pipeline import split_corpus
+from adapt_worker.attempt import split_corpus
 from adapt_worker.stages import crop_train_config
 from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE
@@ -52,7 +52,7 @@ VARIANTS = ("default", "distil", "distil-only", "adapted-teacher")
 
 
 def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule: Any, general: list[str], out: Path):
-    """The job's crop step on the student (as `adapt_worker.student.student_stage` runs it), from ``start``."""
+    """The job's crop step on the student (as `adapt_worker.student.crop_step` runs it), from ``start``."""
     plan = spec.student
     assert plan is not None
     rehearsal = {"rehearsal_weight": plan.rehearsal_weight, "rehearsal_texts": tuple(general),

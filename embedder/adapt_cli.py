@@ -101,13 +101,14 @@ def summary(job: dict[str, Any]) -> str:
     if job.get("error"):
         lines.append(f"  error ({job['error']['reason']}): {job['error']['message']}")
     evaluation = job.get("evaluation") or {}
-    for key in ("in_domain", "general", "knn"):
+    for key in ("in_domain", "pieces", "general", "knn"):
         if evaluation.get(key):
             scores = ", ".join(f"{role} {value:.2f}" for role, value in evaluation[key].items())
             lines.append(f"  {key.replace('_', '-')}: {scores}")
     gate = job.get("gate") or {}
     if gate:
-        lines.append(f"  gate: {'passed' if gate.get('passed') else 'failed'}")
+        decided_on = f" (decided on {gate['decided_on']})" if gate.get("decided_on") else ""
+        lines.append(f"  gate: {'passed' if gate.get('passed') else 'failed'}{decided_on}")
         lines += [f"    {reason}" for reason in gate.get("reasons") or []]
     if job.get("model"):
         model = job["model"]

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from adapt_jobs.jobs import Job
 from adapt_jobs.knobs import request_fields
+from adapt_jobs.results import CorpusReport, Evaluation, GateDecision, JobResult, Published
 from adapt_jobs.spec import check_student
 
 PromotePolicy = Literal["auto", "never"]
@@ -86,10 +87,14 @@ class JobAttempt(BaseModel):
     outcome: str | None = None
 
 
-class PublishedModel(BaseModel):
-    name: str
-    version: str
-    promoted: bool
+class JobCorpus(CorpusReport):
+    """The corpus as queued (``documents``, labels, the API's estimate) and as the job split and cropped it."""
+
+    documents: int
+    has_labels: bool | None = None
+    usable_documents_estimate: int | None = Field(
+        default=None, description="documents the API found that yield two crops"
+    )
 
 
 class AdaptJob(BaseModel):
@@ -111,11 +116,11 @@ class AdaptJob(BaseModel):
     name: str
     hyperparameters: dict[str, Any]
     student: dict[str, Any] | None = Field(description="the student distilled from the adapted model, when asked")
-    corpus: dict[str, Any]
+    corpus: JobCorpus
     progress: JobProgress
-    evaluation: dict[str, Any] | None
-    gate: dict[str, Any] | None
-    model: PublishedModel | None
+    evaluation: Evaluation | None
+    gate: GateDecision | None = Field(description="what decided promotion (`gate.decided_on` must improve)")
+    model: Published | None
     error: JobError | None
     cancel_requested: bool
     attempt: int = Field(description="the current (or last) attempt; 0 while never started")
@@ -124,8 +129,8 @@ class AdaptJob(BaseModel):
 
     @classmethod
     def from_job(cls, job: Job) -> AdaptJob:
-        params, result = job.params, job.result
-        published = result.get("model")
+        params, result = job.params, JobResult.model_validate(job.result)
+        reported = result.corpus.model_dump(exclude_none=True) if result.corpus else {}
         return cls(
             id=job.id,
             kind=job.kind,
@@ -139,11 +144,11 @@ class AdaptJob(BaseModel):
             name=params["name"],
             hyperparameters=params.get("hyperparameters", {}),
             student=params.get("student"),
-            corpus={"documents": job.n_documents, **params.get("corpus", {}), **result.get("corpus", {})},
+            corpus=JobCorpus(documents=job.n_documents, **params.get("corpus", {}), **reported),
             progress=JobProgress(**{k: v for k, v in job.progress.items() if k in JobProgress.model_fields}),
-            evaluation=result.get("evaluation"),
-            gate=result.get("gate"),
-            model=PublishedModel(**published) if published else None,
+            evaluation=result.evaluation,
+            gate=result.gate,
+            model=result.model,
             error=JobError(**job.error) if job.error else None,
             cancel_requested=job.cancel_requested,
             attempt=job.attempt,

@@ -150,7 +150,8 @@ def test_gate_failure_publishes_but_does_not_promote(
     assert done["state"] == "succeeded", done
     assert done["model"] == {"name": "news-gate", "version": "1", "promoted": False}
     assert not done["gate"]["passed"]
-    assert any("CropPairRetrieval-heldout: must improve" in r for r in done["gate"]["reasons"])
+    assert done["gate"]["decided_on"] == "ShortPieceRetrieval-heldout"
+    assert any("ShortPieceRetrieval-heldout: must improve" in r for r in done["gate"]["reasons"])
     assert registry.list_versions(settings.registry_dir, "news-gate") == ["1"]
     assert registry.current_version(settings.registry_dir, "news-gate") is None
 

@@ -5,6 +5,7 @@ the machinery, not the quality (docs/BENCHMARKS.md "Adapt: a compact student" ha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
@@ -15,9 +16,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from adapt_jobs.results import JobResult
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
-from adapt_jobs.spec import StudentPlan
-from adapt_worker.student import base_student_checkpoint, distillation_targets
+from adapt_jobs.spec import JobSpec, StudentPlan
+from adapt_worker.attempt import Attempt, HeldOutSplit
+from adapt_worker.student import StudentStart, base_student_checkpoint, distillation_targets
 from core import registry
 from core.model_folder import RECIPE_FILE
 from embedder import adapt_cli
@@ -25,7 +28,6 @@ from service.app import create_app
 from service.settings import ServiceSettings
 from tests.adapt.cluster import ADMIN, AUTH, wait_for
 from training.assembly import cut_texts
-from training.config import load_config
 from training.encoder import Encoder
 from training.inputs import recipe_training_texts
 from training.targets import read_vectors, text_key
@@ -177,8 +179,8 @@ class _Recorder:
     def stage(self, name: str, **data: Any) -> None:
         pass
 
-    def result(self, data: dict[str, Any], **_: Any) -> None:
-        self.results.update(data)
+    def result(self, data: JobResult, **_: Any) -> None:
+        self.results.update(data.to_json())
 
 
 def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_for_the_next_job(
@@ -194,10 +196,14 @@ def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_f
 
     def targets(general_targets: str) -> tuple[Any, dict[str, Any]]:
         plan = StudentPlan("sct-tiny", 4, None, 16, general_targets, 0, 1e-4, 90.0)
+        spec = dataclasses.replace(JobSpec.build(AdaptSettings(), base_model="tiny6", name="news"), student=plan)
         ctx = _Recorder()
+        # what distillation_targets reads of an attempt: its context, config, spec, scratch and training documents
+        attempt = Attempt(job=None, ctx=ctx, config=config, work=tmp_path, spec=spec, base_path=tiny_bert6_path,
+                          split=HeldOutSplit(corpus[:8], [], []), rule=None, checks=None, labelled=None)  # fmt: skip
         general = recipe_training_texts(base / RECIPE_FILE)[:16]
-        recipe = load_config("sct-tiny")
-        got = distillation_targets(ctx, config, plan, models, corpus[:8], general, recipe, 0, tmp_path)
+        start = StudentStart("tiny6--sct-tiny", base, (), general, models)
+        got = distillation_targets(attempt, start)
         return got, ctx.results["distillation_targets"]
 
     first, report = targets("base_student")

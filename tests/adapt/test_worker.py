@@ -12,11 +12,13 @@ import pytest
 
 from adapt_jobs.corpus import Corpus
 from adapt_jobs.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, LeaseLost
+from adapt_jobs.results import JobResult, Published
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.store import JobStore
+from adapt_worker.attempt import split_corpus
 from adapt_worker.context import JobContext, JobFailed
-from adapt_worker.pipeline import split_corpus
-from adapt_worker.stages import general_tasks, scratch_dir, stage_failure
+from adapt_worker.scoring import general_tasks
+from adapt_worker.stages import scratch_dir, stage_failure
 from adapt_worker.worker import ABANDONED, process_job
 
 DOC = "First sentence here. Second sentence there."
@@ -47,7 +49,7 @@ def test_success_records_progress_and_deletes_the_upload(tmp_path: Path) -> None
         ctx.stage("training", step=0, total=2)
         ctx.progress({"step": 1, "loss": 2.0}, force=True)
         ctx.progress({"step": 2, "loss": 1.0})  # throttled: within PROGRESS_EVERY_S of the last
-        ctx.result({"model": {"name": "n", "version": "1", "promoted": True}}, event="published")
+        ctx.result(JobResult(model=Published(name="n", version="1", promoted=True)), event="published")
 
     assert process_job(store, job, config, threading.Event(), pipeline) == SUCCEEDED
     done = store.get(job.id)
@@ -126,7 +128,7 @@ def test_a_worker_that_lost_its_lease_writes_nothing_and_keeps_the_corpus(tmp_pa
     def pipeline(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
         store.hand_back(ctx.lease, "taken by a test")  # stands for: the lease lapsed and a rescuer took the job
         store.claim_next("w2", max_running=1, lease_s=30)
-        ctx.result({"model": {"name": "n", "version": "9", "promoted": True}})
+        ctx.result(JobResult(model=Published(name="n", version="9", promoted=True)))
 
     assert process_job(store, job, config, threading.Event(), pipeline) == ABANDONED
     now = store.get(job.id)

@@ -1,0 +1,142 @@
+"""The stages an /adapt job ends with, whether it publishes the adapted model or a student of it: export to staging →
+evaluate → gate → record → publish. `record` and `publish` also end a base student's build.
+
+Evaluation is never skipped; the base model's general-suite scores are cached by its content hash, since they do not
+change between jobs.
+
+Gate (`evaluation.gate.adapt_gate`, the trained model against the first of the roles it is compared with): the short
+pieces of the held-out documents retrieving the rest of them (`evaluation.domain_checks`, the checks shaped like a
+customer's search) must improve; held-out crop-pair retrieval, each task of the general offline suite that is
+out-of-domain for the model it was trained from — and kNN accuracy when labels were given — may drop at most
+``gate_margin`` points. A student is also compared with the base teacher, reported beside the decision. The model is
+always published as a new version of ``name``; it is promoted (made servable) only when the gate passes and the job
+says ``promote=auto``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from adapt_jobs.jobs import EVALUATING
+from adapt_jobs.results import Evaluation, GateComparison, GateDecision, JobResult, Published
+from adapt_jobs.spec import ADAPT_METHOD
+from adapt_worker.attempt import AnyAttempt, Attempt, Exported, Trained, Verdict
+from adapt_worker.scoring import general_tasks, score_models
+from adapt_worker.stages import CACHE_VOLUME, REGISTRY_VOLUME, SCRATCH_VOLUME, guarded, stage_failure
+from core import registry as reg
+from evaluation.embedding_model import EmbeddingModel, load_model
+from evaluation.gate import adapt_gate
+from export.bundle import build_bundle, publish_bundle
+from training.encoder import Encoder
+from training.torch_model import TorchModel
+
+T = TypeVar("T")
+
+
+def export_model(attempt: Attempt, trained: Trained) -> Exported:
+    """Export the trained checkpoint (the adapted model, or its student) to a complete, unpublished bundle in the
+    job's scratch folder. Its manifest's ``trained_on`` is the corpora of the model it was trained from plus
+    ``adapt:<name>``, the customer's corpus (no suite task draws from it, so the adapted model's out-of-domain tasks are
+    those of the model it came from). Training capped crops at a short length for speed; the checkpoint keeps the base
+    model's limit (trainer)."""
+    spec = attempt.spec
+    encoder = Encoder.from_pretrained(trained.checkpoint)
+    encoder.source = trained.source  # the manifest's base_model/source: what was adapted (or distilled into)
+    params = spec.to_params()
+    method = {
+        "name": ADAPT_METHOD,
+        "hyperparameters": {
+            **params["hyperparameters"], "base_model": spec.base_model, "crop_rule": attempt.rule.describe(),
+            "job": attempt.job.id, **({"student": params["student"]} if spec.student is not None else {}),
+        },
+    }  # fmt: skip
+    staging = attempt.work / "bundle"
+    staging.mkdir(parents=True, exist_ok=True)
+    with guarded("export", SCRATCH_VOLUME):
+        trained_on = [*trained.trained_on, f"{ADAPT_METHOD}:{spec.name}"]
+        build_bundle(encoder, staging, spec.name, method=method, trained_on=trained_on)
+    return Exported(staging)
+
+
+def evaluate(attempt: Attempt, trained: Trained, exported: Exported) -> Evaluation:
+    """Score the models it is compared with (torch, the checkpoints they are) and the trained model (the ONNX bundle
+    that will be served), on the held-out documents (`adapt_worker.scoring.score_models`); the baselines that can be
+    served and the trained model also on the spec's general tasks out-of-domain for the model it was trained from
+    (those it was trained on are listed in ``general_in_domain`` and not scored), and on kNN when labels were given."""
+    attempt.ctx.set_state(EVALUATING)
+    with guarded("evaluation", CACHE_VOLUME):
+        models: dict[str, EmbeddingModel] = {
+            b.role: TorchModel(Encoder.from_pretrained(b.checkpoint)) for b in trained.baselines
+        }
+        models[trained.role] = load_model(exported.bundle)
+        general = general_tasks(attempt.spec.hyperparameters.general_tasks, trained.trained_on)
+        roles = [b.role for b in trained.baselines if b.general] + [trained.role]
+        return score_models(
+            attempt, models, general=general, general_roles=roles, checks=attempt.checks, labelled=attempt.labelled
+        )
+
+
+def decide(attempt: Attempt, trained: Trained, evaluation: Evaluation) -> GateDecision:
+    """The gate of the job (`judge`) with its ``gate_margin``."""
+    return judge(evaluation, trained, margin=attempt.spec.hyperparameters.gate_margin)
+
+
+def judge(evaluation: Evaluation, trained: Trained, *, margin: float) -> GateDecision:
+    """The trained model against the first role of ``compared_with`` decides promotion; against each other one (a
+    student against the base teacher) the same comparison is reported beside it, never deciding. Each comparison
+    decides on the short pieces when the evaluation has them (`evaluation.gate.adapt_gate`)."""
+    deciding, *reported = trained.compared_with
+    decision = _against(evaluation, trained.role, deciding, margin)
+    if not reported:
+        return decision
+    compared = {deciding: GateComparison(**decision.model_dump(), decides=True)}
+    for role in reported:
+        compared[role] = GateComparison(**_against(evaluation, trained.role, role, margin).model_dump(), decides=False)
+    return decision.model_copy(update={"compared_with": compared})
+
+
+def _against(evaluation: Evaluation, candidate: str, base: str, margin: float) -> GateDecision:
+    def pair(scores: Mapping[str, T] | None) -> dict[str, T] | None:
+        return None if scores is None else {"base": scores[base], "adapted": scores[candidate]}
+
+    in_domain = pair(evaluation.in_domain)
+    if in_domain is None:
+        raise ValueError("the gate of an adapt job needs its in-domain scores")
+    gate = adapt_gate(
+        in_domain, pair(evaluation.general_tasks), pair(evaluation.knn), margin=margin, pieces=pair(evaluation.pieces)
+    )
+    return GateDecision.model_validate(gate)
+
+
+def record(attempt: AnyAttempt, evaluation: Evaluation, decision: GateDecision) -> Verdict:
+    """Write the evaluation and the gate's decision to the job's result (event ``evaluation``)."""
+    attempt.ctx.result(JobResult(evaluation=evaluation, gate=decision), event="evaluation")
+    return Verdict(evaluation, decision)
+
+
+def publish(attempt: AnyAttempt, exported: Exported, verdict: Verdict) -> Published:
+    """Publish the staged bundle as the next version of its name (its manifest's ``validation``: the evaluation and the
+    gate), promoted when the gate passed and the job promotes; fenced by the lease (a worker that lost the job
+    publishes nothing)."""
+    ctx, job = attempt.ctx, attempt.job
+    ctx.stage("publishing")
+    manifest = reg.read_manifest(exported.bundle)
+    manifest["validation"] = {
+        "job": job.id,
+        "attempt": job.attempt,
+        "evaluation": verdict.evaluation.model_dump(mode="json", by_alias=True),
+        "gate": verdict.gate.model_dump(mode="json", by_alias=True),
+    }
+    promoted = verdict.gate.passed and attempt.promote
+    ctx.renew()  # the fence: publish only while this worker still holds the job
+    try:
+        bundle = publish_bundle(exported.bundle, attempt.config.registry_dir, manifest, promote=promoted)
+    except OSError as err:
+        raise stage_failure("publish", err, REGISTRY_VOLUME) from err
+    published = Published(name=manifest["name"], version=bundle.name, promoted=promoted)
+    ctx.result(JobResult(model=published), event="published")
+    if promoted:
+        ctx.audit("promoted", version=bundle.name)
+    ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))
+    return published

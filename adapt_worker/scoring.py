@@ -1,0 +1,106 @@
+"""Scoring the models of a job by role, in points: the in-domain checks on its held-out documents, the general offline
+suite out-of-domain for them, and kNN accuracy when labels were given (`score_models`). Used by the evaluation of every
+kind of job (`adapt_worker.release`, `adapt_worker.student_build`)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Mapping, Sequence
+
+from adapt_jobs.results import CropStats, Evaluation
+from adapt_worker.attempt import AnyAttempt, InDomainChecks, LabelledSample
+from adapt_worker.context import JobFailed
+from evaluation.data import is_in_domain
+from evaluation.diagnostics import knn_accuracy
+from evaluation.domain_checks import PIECES, piece_retrieval
+from evaluation.embedding_model import EmbeddingModel
+from evaluation.suite import run_suite
+from evaluation.tasks import resolve_task
+
+MAX_KNN_DOCUMENTS = 400  # seeded sample of the labelled documents (encoded twice, full length)
+
+
+def general_tasks(tasks: Sequence[str], base_trained_on: Sequence[str]) -> dict[str, list[str]]:
+    """The gate's general tasks split by the base model's training corpora: ``out_of_domain`` are scored, and
+    ``in_domain`` ones are left out — a task the base was trained on does not measure general quality."""
+    split: dict[str, list[str]] = {"out_of_domain": [], "in_domain": []}
+    for name in tasks:
+        in_domain = is_in_domain(resolve_task(name, fast=True).source_corpus, base_trained_on)
+        split["in_domain" if in_domain else "out_of_domain"].append(name)
+    return split
+
+
+def score_models(
+    attempt: AnyAttempt,
+    models: Mapping[str, EmbeddingModel],
+    *,
+    general: dict[str, list[str]],
+    general_roles: Collection[str],
+    checks: InDomainChecks | None = None,
+    labelled: LabelledSample | None = None,
+) -> Evaluation:
+    """Score each model (by role: ``base``, ``adapted``, ``base_student``…) on the in-domain ``checks`` — crop pairs
+    and the short pieces of each held-out document retrieving the rest of it (`evaluation.domain_checks`, the mean of
+    its checks) —, the roles in ``general_roles`` also on the general tasks out-of-domain for them (their mean in
+    points), and, when ``labelled``, those same roles on kNN accuracy: k = 10 cosine neighbours on up to 400 labelled
+    documents (the cropping paper's protocol, 000 §3.3.1: training never sees labels), averaged over five seeded 9:1
+    splits. Scores are points (× 100), rounded to 3 decimals."""
+    ctx, config = attempt.ctx, attempt.config
+    in_domain: dict[str, float] = {}
+    pieces: dict[str, float] = {}
+    piece_checks: dict[str, dict[str, float]] = {}
+    general_scores: dict[str, dict[str, float]] = {}
+    for which, model in models.items():
+        if checks is not None:
+            ctx.check()
+            ctx.stage("evaluating", detail=f"{which} in-domain")
+            report = run_suite(model, [checks.crop_pairs], progress=False)
+            in_domain[which] = round(report["scores"][checks.crop_pairs.metadata.name], 3)
+            found = piece_retrieval(model, checks.held_out, checks.distractors)
+            if found:
+                means = {kind: float(scores.mean()) for kind, scores in found.items()}
+                piece_checks[which] = {kind: round(value, 3) for kind, value in means.items()}
+                pieces[which] = round(sum(means.values()) / len(means), 3)
+        if general["out_of_domain"] and which in general_roles:
+            ctx.check()
+            ctx.stage("evaluating", detail=f"{which} general suite")
+            fast = config.settings.general_fast
+            report = run_suite(model, general["out_of_domain"], fast=fast, progress=False, cache=config.cache_dir)
+            if report["skipped"]:
+                raise JobFailed("evaluation", f"general tasks could not run here: {report['skipped']}")
+            general_scores[which] = {k: round(v, 3) for k, v in report["scores"].items()}
+    evaluation = Evaluation(general_in_domain=general["in_domain"])
+    if checks is not None:
+        evaluation = evaluation.model_copy(update={
+            "in_domain": in_domain,
+            "in_domain_task": "CropPairRetrieval (held-out documents, nDCG@10)",
+            "crops": CropStats.model_validate(checks.crop_pairs.crop_stats),
+            **({"pieces": pieces, "piece_checks": piece_checks, "pieces_task": _pieces_task(checks)} if pieces else {}),
+        })  # fmt: skip
+    if general_scores:
+        means = {w: round(sum(s.values()) / len(s), 3) for w, s in general_scores.items()}
+        evaluation = evaluation.model_copy(update={"general_tasks": general_scores, "general": means})
+    if labelled is not None:
+        ctx.check()
+        ctx.stage("evaluating", detail="kNN accuracy")
+        texts, labels = labelled.texts, labelled.labels
+        order = sorted(random.Random(labelled.seed).sample(range(len(texts)), min(len(texts), MAX_KNN_DOCUMENTS)))
+        sample, sample_labels = [texts[i] for i in order], [labels[i] for i in order]
+        knn = {w: round(_knn_points(m, sample, sample_labels), 3) for w, m in models.items() if w in general_roles}
+        evaluation = evaluation.model_copy(update={"knn": knn, "knn_documents": len(sample)})
+    return evaluation
+
+
+def _pieces_task(checks: InDomainChecks) -> str:
+    return (
+        f"ShortPieceRetrieval ({', '.join(PIECES)} of each held-out document → the rest of it, among "
+        f"{len(checks.held_out)} held-out documents and {len(checks.distractors)} training documents; nDCG@10, "
+        "the mean of the checks)"
+    )
+
+
+def _knn_points(model: EmbeddingModel, texts: list[str], labels: list[str]) -> float:
+    n_train = round(0.9 * len(texts))
+    k = max(1, min(10, n_train - 1))
+    emb = model.encode(texts)
+    return 100.0 * sum(knn_accuracy(emb, labels, k=k, seed=s) for s in range(5)) / 5
