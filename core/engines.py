@@ -10,10 +10,11 @@ are measured here, where the bundle is served:
 1. parity — every candidate embeds the bundle's probe texts and is held against their fp32 (torch) reference
    embeddings (``probes.npz``) with the int8 bars of `ParityBars`; a candidate below them is never served;
 2. speed — the candidates that pass embed batches shaped like the served load (32 short texts; 8 texts at
-   ``max_seq_length``; and 1, 4 and 16 short texts): a warm-up and then `TIMING_ROUNDS` rounds in alternating order,
-   each candidate's time per batch being the median of its rounds (a round disturbed by the rest of a shared machine
-   moves a median less than a best or a mean). After each round, a candidate that can no longer win (`can_win`: too
-   slow to be served on either deciding batch, or on one text) is not timed again and its graph is freed;
+   ``max_seq_length``; and 1, 4 and 16 short texts): a warm-up and then `TIMING_ROUNDS` rounds, the candidates taking
+   turns on each batch in an order that alternates, each one's time per batch being the median of its rounds (a
+   round disturbed by the rest of a shared machine moves a median less than a best or a mean). After each round, a
+   candidate that can no longer win (`can_win`: too slow to be served on either deciding batch, or on one text) is
+   not timed again and its graph is freed;
 3. choice — `pick`: onnxruntime's int8 graph (the default setting) unless another engine is no slower on either of
    the 32-short and 8-long batches *and* faster by `CHALLENGER_MARGIN` on their geometric mean (the fastest such,
    preferring `ENGINES`' order within `SPEED_TOLERANCE`): between close candidates the default wins, so the same CPU
@@ -232,16 +233,17 @@ def time_engines(
     bundles: dict[str, OnnxBundle], texts: Sequence[str], rounds: int = TIMING_ROUNDS
 ) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
     """Median seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
-    rounds in alternating order so a drift of a shared machine hits every candidate alike. A small batch's time in
-    a round is the best of three runs (they are short enough for one scheduler hiccup to double them). An engine
-    that cannot win after a round (`can_win`) is timed no more and removed from ``bundles`` (its memory freed)."""
+    rounds, each running one batch on every candidate in turn (alternating their order from round to round) before
+    the next batch, so a drift of a shared machine hits the candidates alike where they are compared. A small
+    batch's time in a round is the best of three runs (short enough for one scheduler hiccup to double them). An
+    engine that cannot win after a round (`can_win`) is timed no more and removed from ``bundles`` (memory freed)."""
     first = next(iter(bundles.values()))
     feeds = {name: first.pad(first.tokenize(batch)) for name, batch in _timing_batches(first, texts).items()}
     samples: dict[str, dict[str, list[float]]] = {engine: {shape: [] for shape in feeds} for engine in bundles}
     names = list(bundles)
     for round_ in range(rounds + 1):
-        for engine in names if round_ % 2 else reversed(names):
-            for shape, feed in feeds.items():
+        for shape, feed in feeds.items():  # the candidates in turn on one batch: close in time, alike in conditions
+            for engine in names if round_ % 2 else reversed(names):
                 best = math.inf
                 for _ in range(3 if feed["input_ids"].shape[0] < SHORT_BATCH else 1):
                     started = time.perf_counter()
