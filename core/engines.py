@@ -9,14 +9,14 @@ are measured here, where the bundle is served:
 
 1. parity — every candidate embeds the bundle's probe texts and is held against their fp32 (torch) reference
    embeddings (``probes.npz``) with the int8 bars of `ParityBars`; a candidate below them is never served;
-2. speed — the candidates that pass embed batches shaped like the served load (32 short texts; 8 texts at
+2. speed — the candidates that pass embed batches shaped like the served load (32 short texts; 4 texts at
    ``max_seq_length``; and 1, 4 and 16 short texts): a warm-up and then `TIMING_ROUNDS` rounds, the candidates taking
    turns on each batch in an order that alternates, each one's time per batch being the median of its rounds (a
    round disturbed by the rest of a shared machine moves a median less than a best or a mean). After each round, a
    candidate that can no longer win (`can_win`: too slow to be served on either deciding batch, or on one text) is
    not timed again and its graph is freed;
 3. choice — `pick`: onnxruntime's int8 graph (the default setting) unless another engine is faster by
-   `CHALLENGER_MARGIN` on each of the 32-short and 8-long batches (the fastest such by their geometric mean,
+   `CHALLENGER_MARGIN` on each of the 32-short and 4-long batches (the fastest such by their geometric mean,
    preferring `ENGINES`' order within `SPEED_TOLERANCE`): where candidates are close on either batch the default
    wins, so the same CPU gets the same engine from one load to the next; then `pick_small`: a second engine runs the
    small batches only where it is clearly faster than the main one on one text (OpenVINO pays a larger fixed cost per
@@ -51,7 +51,9 @@ SPEED_TOLERANCE = 0.05  # a challenger this much slower than the fastest one sti
 CHALLENGER_MARGIN = 1.15
 TIMING_ROUNDS = 5  # timed rounds after the warm-up; each time is the median of the rounds
 SHORT_BATCH = 32  # texts of the short timing batch (probe sentences)
-LONG_BATCH = 8  # texts of the long timing batch (probes cut at max_seq_length)
+# Texts of the long timing batch (probes cut at max_seq_length): 4, not 8 — the long batch took ~80% of the timing
+# (38 s of a 49 s load of minilm-l6 on a busy 2-core Xeon), and 4 x max_seq_length is as compute-bound as 8.
+LONG_BATCH = 4
 SMALL_BATCHES = (1, 4, 16)  # texts of the small timing batches (probe sentences): where a second engine may serve
 # A second engine runs small batches only when this much faster than the main one on one text, and keeps each larger
 # small batch size unless the main engine is this much faster there: OpenVINO's 1.18x win on 16 short texts at load
@@ -237,7 +239,7 @@ def time_engines(
         for shape, feed in feeds.items():  # the candidates in turn on one batch: close in time, alike in conditions
             for engine in names if round_ % 2 else reversed(names):
                 best = math.inf
-                for _ in range(3 if feed["input_ids"].shape[0] < SHORT_BATCH else 1):
+                for _ in range(1 if shape in BATCH_SHAPES else 3):
                     started = time.perf_counter()
                     bundles[engine].run(feed)
                     best = min(best, time.perf_counter() - started)
