@@ -19,6 +19,9 @@ raw-client p50 and the in-process p50; then the median of the rounds, and the CP
 amx).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_request_path.py --registry /tmp/reg --rounds 5
+    # the server of another commit, same client and in-process arm:
+    git archive 0e1be9b | tar -x -C /tmp/base && HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_request_path.py \
+        --registry /tmp/reg --rounds 5 --server-root /tmp/base
 """
 
 from __future__ import annotations
@@ -128,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300, help="texts per arm and round")
+    parser.add_argument(
+        "--server-root", type=Path, default=ROOT, help="source tree the server runs from (another commit's, unpacked)"
+    )
     parser.add_argument("--blocks", action="store_true", help="each arm runs all texts in turn, not text by text")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     short, _ = workloads()
     texts = short[: args.requests]
     proc, url = start_server(args.registry, serve_int8=True, threads=args.threads, hold=None,
-                             env={"EMBED_ENGINE": args.engine})  # fmt: skip
+                             env={"EMBED_ENGINE": args.engine}, root=args.server_root)  # fmt: skip
     rows: list[dict[str, Any]] = []
     try:
         (card,) = [c for c in httpx.get(f"{url}/v1/models", timeout=30).json()["data"] if c["id"] == MODEL]
