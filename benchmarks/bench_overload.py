@@ -72,9 +72,16 @@ LOADS = (
 
 
 def start_server(
-    registry: Path, *, serve_int8: bool, threads: int, hold: float | None, env: dict[str, str] | None = None
+    registry: Path,
+    *,
+    serve_int8: bool,
+    threads: int,
+    hold: float | None,
+    env: dict[str, str] | None = None,
+    root: Path = ROOT,
 ) -> tuple[subprocess.Popen, str]:
-    """``embedder serve`` on one model with default settings, except the graph, threads, hold and ``env``."""
+    """``embedder serve`` on one model with default settings, except the graph, threads, hold and ``env``; run from
+    the source tree ``root`` (``python -m`` puts it first on the path: another commit's tree serves that commit)."""
     port = _free_port()
     environment = {
         **os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "EMBED_SERVE_INT8": str(serve_int8).lower(),
@@ -85,7 +92,7 @@ def start_server(
         environment["EMBED_OVERLOAD_HOLD_SECONDS"] = str(hold)
     environment |= env or {}
     command = [sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(registry), "--port", str(port)]
-    proc = subprocess.Popen(command, env=environment, cwd=ROOT)
+    proc = subprocess.Popen(command, env=environment, cwd=root)
     url = f"http://127.0.0.1:{port}"
     _wait_ready(url, proc)
     return proc, url

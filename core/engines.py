@@ -9,14 +9,18 @@ are measured here, where the bundle is served:
 
 1. parity — every candidate embeds the bundle's probe texts and is held against their fp32 (torch) reference
    embeddings (``probes.npz``) with the int8 bars of `ParityBars`; a candidate below them is never served;
-2. speed — the candidates that pass embed batches shaped like the served load (32 short texts; 8 texts at
-   ``max_seq_length``; and 1, 4 and 16 short texts), a warm-up and then `TIMING_ROUNDS` rounds in alternating
-   order, keeping each one's best;
-3. choice — `pick`: the fastest by the geometric mean of the 32-short and 8-long times among those no slower than
-   onnxruntime's int8 graph on either batch, preferring `ENGINES`' order within `SPEED_TOLERANCE` of the fastest;
-   then `pick_small`: where another passing engine is faster on one text (OpenVINO pays a larger fixed cost per
-   call: on one short text it ran 1.3-3x slower than onnxruntime int8 on a busy 2-core Xeon with AMX), it runs the
-   small batches it was faster on.
+2. speed — the candidates that pass embed batches shaped like the served load (32 short texts; 4 texts at
+   ``max_seq_length``; and 1, 4 and 16 short texts): a warm-up and then `TIMING_ROUNDS` rounds, the candidates taking
+   turns on each batch in an order that alternates, each one's time per batch being the median of its rounds (a
+   round disturbed by the rest of a shared machine moves a median less than a best or a mean). After each round, a
+   candidate that can no longer win (`can_win`: too slow to be served on either deciding batch, or on one text) is
+   not timed again and its graph is freed;
+3. choice — `pick`: onnxruntime's int8 graph (the default setting) unless another engine is faster by
+   `CHALLENGER_MARGIN` on each of the 32-short and 4-long batches (the fastest such by their geometric mean,
+   preferring `ENGINES`' order within `SPEED_TOLERANCE`): where candidates are close on either batch the default
+   wins, so the same CPU gets the same engine from one load to the next; then `pick_small`: a second engine runs the
+   small batches only where it is clearly faster than the main one on one text (OpenVINO pays a larger fixed cost per
+   call: on one short text it ran 1.3-3x slower than onnxruntime int8 on a busy 2-core Xeon with AMX).
 
 A setting pins one engine instead (checked for parity, never timed); when the pinned engine or every candidate
 misses the bars, the fp32 graph on onnxruntime — checked against torch at export — is served, and the
@@ -40,16 +44,23 @@ from core.runtime import PROBES_FILE, OnnxBundle, ParityBars, cosines, cpu_featu
 
 log = logging.getLogger(__name__)
 
-SPEED_TOLERANCE = 0.05  # a candidate this much slower than the fastest still wins if it comes first in ENGINES
-TIMING_ROUNDS = 2
+SPEED_TOLERANCE = 0.05  # a challenger this much slower than the fastest one still wins if it comes first in ENGINES
+# Another engine replaces onnxruntime int8 only when this much faster on each deciding batch: ten loads on a busy
+# 2-core Xeon with AMX timed OpenVINO bf16 at 0.42-1.55x of onnxruntime int8's speed on 32 short texts (1.08x in
+# process, docs/BENCHMARKS.md), so "no slower" alone flipped the choice from one load to the next.
+CHALLENGER_MARGIN = 1.15
+TIMING_ROUNDS = 5  # timed rounds after the warm-up; each time is the median of the rounds
 SHORT_BATCH = 32  # texts of the short timing batch (probe sentences)
-LONG_BATCH = 8  # texts of the long timing batch (probes cut at max_seq_length)
+# Texts of the long timing batch (probes cut at max_seq_length): 4, not 8 — the long batch took ~80% of the timing
+# (38 s of a 49 s load of minilm-l6 on a busy 2-core Xeon), and 4 x max_seq_length is as compute-bound as 8.
+LONG_BATCH = 4
 SMALL_BATCHES = (1, 4, 16)  # texts of the small timing batches (probe sentences): where a second engine may serve
-# The main engine takes a small batch size from the small-batch engine only when this much faster on it: OpenVINO's
-# 1.18x win on 16 short texts at load became a 0.85-0.88x loss at 1 text x 32 clients served (docs/BENCHMARKS.md).
+# A second engine runs small batches only when this much faster than the main one on one text, and keeps each larger
+# small batch size unless the main engine is this much faster there: OpenVINO's 1.18x win on 16 short texts at load
+# became a 0.85-0.88x loss at 1 text x 32 clients served (docs/BENCHMARKS.md).
 SMALL_BATCH_MARGIN = 1.3
 BATCH_SHAPES = ("short", "long")  # the batches that decide the main engine
-OUT_OF_RACE = 1.3  # after one timed round, an engine this much slower than the fastest on every batch is not timed on
+OUT_OF_RACE = 1.3  # how far behind (ratio of medians) a candidate may be and still be timed on: the rounds' noise
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,7 @@ class Trial:
     reason: str = ""
     mean_cosine: float | None = None
     min_cosine: float | None = None
-    seconds: dict[str, float] = field(default_factory=dict)  # best time per timing batch (short, long, 1, 4, 16)
+    seconds: dict[str, float] = field(default_factory=dict)  # median time per timing batch (short, long, 1, 4, 16)
 
 
 @dataclass(frozen=True)
@@ -125,47 +136,79 @@ def _score(seconds: Mapping[str, float]) -> float:
     return math.exp(sum(math.log(seconds[shape]) for shape in BATCH_SHAPES) / len(BATCH_SHAPES))
 
 
-def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[str, str]:
+def pick(
+    trials: Sequence[Trial], margin: float = CHALLENGER_MARGIN, tolerance: float = SPEED_TOLERANCE
+) -> tuple[str, str]:
     """The engine to serve among timed trials, and why (pure: the choice logic, apart from loading and timing).
 
-    Only a ``passed`` trial is eligible. Where the baseline passed, a candidate slower than it on any timed batch is
-    not. Among the eligible, the first in `ENGINES` order within ``tolerance`` of the fastest wins.
+    Only a ``passed`` trial is eligible. Where the baseline (onnxruntime int8, the default setting) passed, it is
+    served unless a challenger is faster by ``margin`` on each deciding batch: close timings — a tie within the noise
+    of a shared machine — go to the default, and nothing slower than it on either batch is ever served. Among the
+    challengers that qualify (or, without a passing baseline, among every timed passing engine), the first in
+    `ENGINES` order within ``tolerance`` of the fastest (geometric mean of the deciding batches) wins.
     """
     passed = [t for t in trials if t.status == "passed"]
     if not passed:
         return FALLBACK, "no candidate kept the parity bars on this CPU: serving the fp32 reference graph"
     if len(passed) == 1:
         return passed[0].engine, "the only candidate that kept the parity bars on this CPU"
-    baseline = next((t for t in passed if t.engine == BASELINE), None)
-    eligible = [
-        t for t in passed
-        if t.seconds and (baseline is None or all(t.seconds[k] <= baseline.seconds[k] for k in BATCH_SHAPES))
-    ]  # fmt: skip
-    fastest = min(_score(t.seconds) for t in eligible)
+    timed = [t for t in passed if t.seconds]
+    times = ", ".join(f"{t.engine} {_score(t.seconds) * 1e3:.1f} ms" for t in timed)
+    baseline = next((t for t in timed if t.engine == BASELINE), None)
+    pool = timed
+    if baseline is not None:
+        pool = [
+            t for t in timed
+            if t is not baseline and all(t.seconds[k] * margin <= baseline.seconds[k] for k in BATCH_SHAPES)
+        ]  # fmt: skip
+        if not pool:
+            return BASELINE, (
+                f"no candidate that kept the parity bars beat the default by {margin:g}x on both deciding batches "
+                f"(median geometric mean per batch: {times})"
+            )
+    if not pool:  # passed but never timed: nothing to rank them by
+        return passed[0].engine, "the first candidate that kept the parity bars (none were timed)"
+    fastest = min(_score(t.seconds) for t in pool)
     order = [engine.name for engine in ENGINES]
-    winner = min(
-        (t for t in eligible if _score(t.seconds) <= fastest * (1 + tolerance)), key=lambda t: order.index(t.engine)
-    )
-    times = ", ".join(f"{t.engine} {_score(t.seconds) * 1e3:.1f} ms" for t in passed)
-    return winner.engine, f"fastest of the candidates that kept the parity bars (geometric mean per batch: {times})"
+    near = [t for t in pool if _score(t.seconds) <= fastest * (1 + tolerance)]
+    winner = min(near, key=lambda t: order.index(t.engine))
+    beat = f", {margin:g}x faster than the default on both deciding batches" if baseline is not None else ""
+    return winner.engine, f"fastest of the candidates that kept the parity bars{beat} (median geometric mean: {times})"
 
 
 def pick_small(trials: Sequence[Trial], main: str, tokens: Mapping[str, int]) -> tuple[str | None, int]:
-    """A second engine for small batches, and up to how many padded tokens it runs them: (None, 0) when ``main``
-    is at least as fast on one text. Otherwise the engine fastest on one text serves every small timing batch on
-    which ``main`` does not beat it by `SMALL_BATCH_MARGIN` (`SMALL_BATCHES` in ascending order, stopping at the
-    first it loses), up to that batch's padded tokens (``tokens``): an engine built for large matrices can lose
-    several times over on one text, and its thin wins on mid-sized batches did not hold under a crowded machine."""
+    """A second engine for small batches, and up to how many padded tokens it runs them: (None, 0) unless the
+    passing engine fastest on one text beats ``main`` there by `SMALL_BATCH_MARGIN` — one engine serves everything
+    unless another is clearly faster on small batches. That engine then runs every small timing batch on which
+    ``main`` does not beat it by as much (`SMALL_BATCHES` in ascending order, stopping at the first it does), up to
+    that batch's padded tokens (``tokens``): an engine built for large matrices can lose several times over on one
+    text, and its thin wins on mid-sized batches did not hold under a crowded machine."""
     timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
-    if main not in timed:
+    if main not in timed or len(timed) < 2:
         return None, 0
-    small = min(timed, key=lambda engine: timed[engine]["1"])
+    small = min((engine for engine in timed if engine != main), key=lambda engine: timed[engine]["1"])
+    if timed[small]["1"] * SMALL_BATCH_MARGIN > timed[main]["1"]:
+        return None, 0
     limit = 0
-    for size in SMALL_BATCHES:
-        if timed[small][str(size)] >= timed[main][str(size)] * SMALL_BATCH_MARGIN:
+    for size in map(str, SMALL_BATCHES):
+        if timed[main][size] * SMALL_BATCH_MARGIN <= timed[small][size]:
             break
-        limit = tokens[str(size)]
-    return (small, limit) if limit and small != main else (None, 0)
+        limit = tokens[size]
+    return small, limit
+
+
+def can_win(engine: str, seconds: Mapping[str, Mapping[str, float]], slack: float = OUT_OF_RACE) -> bool:
+    """Whether ``engine`` may still be served, as main or small-batch engine, given the median ``seconds`` so far
+    of every engine still timed (pure): the baseline always (the reference every challenger is held against); another
+    engine while within ``slack`` of the baseline on both deciding batches (of the fastest, without a baseline) or
+    within ``slack`` of the fastest on one text."""
+    if engine == BASELINE:
+        return True
+    mine = seconds[engine]
+    best = {k: min(s[k] for s in seconds.values()) for k in mine}
+    main_bar = seconds.get(BASELINE, best)
+    as_main = all(mine[k] <= slack * main_bar[k] for k in BATCH_SHAPES)
+    return as_main or mine["1"] <= slack * best["1"]
 
 
 def _timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[str]]:
@@ -181,26 +224,43 @@ def _timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[
 
 
 def time_engines(
-    bundles: Mapping[str, OnnxBundle], texts: Sequence[str], rounds: int = TIMING_ROUNDS
+    bundles: dict[str, OnnxBundle], texts: Sequence[str], rounds: int = TIMING_ROUNDS
 ) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
-    """Best seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
-    rounds in alternating order so a drift of a shared machine hits every candidate alike (the best is the run
-    least disturbed by it)."""
+    """Median seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
+    rounds, each running one batch on every candidate in turn (alternating their order from round to round) before
+    the next batch, so a drift of a shared machine hits the candidates alike where they are compared. A small
+    batch's time in a round is the best of three runs (short enough for one scheduler hiccup to double them). An
+    engine that cannot win after a round (`can_win`) is timed no more and removed from ``bundles`` (memory freed)."""
     first = next(iter(bundles.values()))
     feeds = {name: first.pad(first.tokenize(batch)) for name, batch in _timing_batches(first, texts).items()}
-    best = {engine: dict.fromkeys(feeds, math.inf) for engine in bundles}
+    samples: dict[str, dict[str, list[float]]] = {engine: {shape: [] for shape in feeds} for engine in bundles}
     names = list(bundles)
     for round_ in range(rounds + 1):
-        for engine in names if round_ % 2 else reversed(names):
-            for shape, feed in feeds.items():
-                for _ in range(3 if feed["input_ids"].shape[0] < SHORT_BATCH else 1):  # small ones are noisier
+        for shape, feed in feeds.items():  # the candidates in turn on one batch: close in time, alike in conditions
+            for engine in names if round_ % 2 else reversed(names):
+                best = math.inf
+                for _ in range(1 if shape in BATCH_SHAPES else 3):
                     started = time.perf_counter()
                     bundles[engine].run(feed)
-                    if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
-                        best[engine][shape] = min(best[engine][shape], time.perf_counter() - started)
-        if round_ == 1:  # keep timing only the engines that may still win a batch: load time is readiness
-            names = [e for e in names if any(best[e][k] <= OUT_OF_RACE * min(best[o][k] for o in best) for k in feeds)]
-    return best, {shape: int(feed["input_ids"].size) for shape, feed in feeds.items()}
+                    best = min(best, time.perf_counter() - started)
+                if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
+                    samples[engine][shape].append(best)
+        if round_:
+            medians = {e: medians_of(samples[e]) for e in names}
+            out = [e for e in names if not can_win(e, medians)]
+            for engine in out:
+                names.remove(engine)
+                del bundles[engine]
+                log.info("engine %s: out of the race after %d timed rounds", engine, round_)
+    return (
+        {engine: medians_of(by_shape) for engine, by_shape in samples.items()},
+        {shape: int(feed["input_ids"].size) for shape, feed in feeds.items()},
+    )
+
+
+def medians_of(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """The median of each batch's timed rounds."""
+    return {shape: float(np.median(values)) for shape, values in samples.items()}
 
 
 def check_parity(
@@ -272,7 +332,7 @@ def load_engine(
         small, small_tokens = pick_small(trials, served, tokens)
     bundle = bundles.pop(served, None) or _open(path, BY_NAME[served], **session)
     if small is not None:
-        bundle.route_small_batches(bundles[small], small_tokens)
+        bundle.route_small_batches(bundles.get(small) or _open(path, BY_NAME[small], **session), small_tokens)
         reason += f"; batches of at most {small_tokens} padded tokens run on {small}, faster there"
     bundles.clear()  # free the candidates not served
     choice = EngineChoice(

@@ -27,6 +27,8 @@ from opentelemetry.trace import Tracer, TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from service.api.direct import direct_route
+from service.api.direct import serve as serve_directly
 from service.api.routes import SERVICE_VERSION, metrics_router, router
 from service.api.tracking import RouteMetrics
 from service.auth import ApiKeys
@@ -88,7 +90,9 @@ class GuardMiddleware:
        so a retry storm costs a header parse and a short answer per request, not a JSON decode;
     6. **the body's pace** — the body must arrive within ``body_timeout_seconds`` plus one second per
        ``body_min_bytes_per_second`` received (Apache mod_reqtimeout's rule), or the request is answered 408 and
-       its slot freed: a client that sends slowly cannot hold a slot for as long as it likes.
+       its slot freed: a client that sends slowly cannot hold a slot for as long as it likes;
+    7. **the route** — an embedding ``POST`` with a JSON body that validates runs its route function directly
+       (`service.api.direct`); everything else, and every body that does not validate, goes through FastAPI.
 
     An admitted request carries its `RequestContext` in ``scope["state"]``; its clock starts at its arrival here,
     so the server's histograms include the time it waited in line and was read and parsed. With tracing on, the
@@ -112,6 +116,7 @@ class GuardMiddleware:
         self.body_timeout = settings.body_timeout_seconds
         self.body_min_rate = settings.body_min_bytes_per_second
         self.access_log = settings.access_log
+        self.direct = True  # embedding requests skip FastAPI's routing when their body validates (service.api.direct)
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         if self.upload_body_bytes is not None and scope["path"] in _UPLOAD_PATHS and scope["method"] == "POST":
@@ -227,8 +232,12 @@ class GuardMiddleware:
                 await self._refuse(route, svc, scope, receive, send, refused)
 
         self.state.in_flight += 1
+        direct = direct_route(scope) if self.direct else None
         try:
-            await self.app(scope, guarded_receive, guarded_send)
+            if direct is not None:  # an embedding request with a JSON body: its route without FastAPI's machinery
+                await serve_directly(direct, self.app, scope, guarded_receive, guarded_send)
+            else:
+                await self.app(scope, guarded_receive, guarded_send)
         except _BodyRefused as err:
             await self._refuse(route, svc, scope, receive, send, err)
         finally:

@@ -87,11 +87,12 @@ class ServiceSettings(BaseSettings):
         "the parity bars on this CPU (checked at load, about 1 s), else its fp32 graph. auto: at load, every "
         "candidate (onnxruntime int8 and fp32, "
         "OpenVINO bf16 where the CPU has bf16 units, OpenVINO f32) is checked against the bundle's fp32 reference "
-        "embeddings on this CPU and the passing ones timed on a few batches; the fastest is served, never one slower "
-        "than onnxruntime int8 (on a Xeon with AMX, OpenVINO bf16 served paragraphs 1.9x faster; docs/BENCHMARKS.md). "
-        "This costs load time and memory: minilm-l6 took 24-50 s and 1.2 GB at peak on a busy 2-core Xeon, against "
-        "1 s pinned, the choice flipped between runs on that busy machine, and a text alone may be embedded by "
-        "another engine than inside a large batch (small batches go to the engine fastest on them). A name pins "
+        "embeddings on this CPU and the passing ones timed on a few batches; another engine replaces onnxruntime "
+        "int8 only when 1.15x faster on both short and long texts, so close candidates leave int8 in place from one "
+        "load to the next (on a Xeon with AMX, OpenVINO bf16 was 1.7-2.8x faster on long texts, not on short ones; "
+        "docs/BENCHMARKS.md). This costs load time and memory: minilm-l6 took 23-25 s and about 1.05 GiB at peak on "
+        "a busy 2-core Xeon, against 1 s pinned; and where another engine is 1.3x faster on one text, small batches "
+        "run on it, so a text alone may be embedded by another engine than inside a large batch. A name pins "
         "that engine (still parity-checked: fp32 on onnxruntime where it misses). /v1/models and embed_model_engine "
         "say which and why.",
     )

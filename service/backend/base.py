@@ -44,6 +44,9 @@ class Backend(ABC):
     the event loop (onnxruntime and tokenizers both release the GIL in their native code)."""
 
     info: ModelInfo
+    # Whether a small batch takes a predictable few milliseconds, so a lone one may run on the event loop rather
+    # than pay two thread hand-offs (`service.engine.batcher`); off unless a backend says so.
+    runs_small_batches_inline: bool = False
 
     @abstractmethod
     def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:

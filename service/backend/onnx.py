@@ -30,6 +30,8 @@ class OnnxBackend(Backend):
     in the graph, so one `run` gives final embeddings): the fastest candidate that keeps the parity bars on the
     bundle's probes here, or the pinned one (`core.engines.load_engine`); ``info`` says which and why."""
 
+    runs_small_batches_inline = True  # one short text: a graph run of a few milliseconds
+
     def __init__(
         self,
         bundle_dir: Path,

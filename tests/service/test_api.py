@@ -224,9 +224,7 @@ def test_adapt_uploads_have_their_own_body_cap(tmp_path, make_app):
 
 def test_adapt_errors_come_from_the_service_error_table_and_are_counted(tmp_path, make_app):
     """/adapt raises the service's error kinds: the same body shape and the same failure counter as /embed."""
-    app = make_app(
-        include_adapt=True, adapt_enabled=True, adapt_supervise_worker=False, adapt_dir=tmp_path / "adapt"
-    )
+    app = make_app(include_adapt=True, adapt_enabled=True, adapt_supervise_worker=False, adapt_dir=tmp_path / "adapt")
     doc = "A sentence of a customer's document that is long enough to count. Another one follows it."
     with TestClient(app, raise_server_exceptions=False) as client:
         body = {"base_model": "minilm-l6", "name": "minilm-l3", "texts": [doc] * 70}
@@ -359,3 +357,54 @@ def test_metrics_exist_before_traffic_and_count_requests_and_failures(client):
     assert after[("embed_tokens_total", (("model", "fake-a"),))] == 4 + 3
     assert after[("embed_input_length_tokens_count", (("model", "fake-a"),))] == 2
     assert after[("embed_request_duration_seconds_count", (("model", "fake-a"), ("route", "/v1/embeddings")))] == 1
+
+
+def test_embedding_routes_answer_alike_with_and_without_fastapis_routing(make_app, monkeypatch):
+    """`service.api.direct` serves a body that validates without FastAPI's routing; every answer — successes,
+    the engine's errors, bodies FastAPI rejects, other content types — is the same either way."""
+    import service.app
+    from service.app import GuardMiddleware
+
+    served_directly = []
+    serve = service.app.serve_directly
+
+    async def counting(route, *args):
+        served_directly.append(route)
+        await serve(route, *args)
+
+    monkeypatch.setattr(service.app, "serve_directly", counting)
+    json_type = {"content-type": "application/json"}
+    requests = [
+        ("/v1/embeddings", {"input": "hello there"}, json_type),
+        ("/v1/embeddings", {"input": ["a b", "c"], "encoding_format": "base64", "dimensions": 8}, json_type),
+        ("/embed", {"inputs": ["one two", "three"], "normalize": False}, json_type),
+        ("/", {"inputs": "root text"}, {"content-type": "application/json; charset=utf-8"}),
+        ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["a", "b c"]}}, json_type),
+        ("/v1/embeddings", {"input": "x", "model": "nope"}, json_type),  # 404 from the engine
+        ("/v1/embeddings", {"input": "x", "dimensions": 99}, json_type),  # 422 from the route
+        ("/v1/embeddings", {"input": []}, json_type),  # 422 from the engine's checks
+        ("/v1/embeddings", {"input": 5}, json_type),  # FastAPI's 422
+        ("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, json_type),
+        ("/v1/embeddings", b"{not json", json_type),
+        ("/v1/embeddings", b"", json_type),
+        ("/v1/embeddings", {"input": "x"}, {"content-type": "text/plain"}),
+    ]
+    answers = {}
+    with TestClient(make_app(), raise_server_exceptions=False) as client:
+        guard = client.app.middleware_stack
+        while not isinstance(guard, GuardMiddleware):
+            guard = guard.app
+        for direct in (True, False):
+            guard.direct = direct
+            for path, body, headers in requests:
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                response = client.post(path, content=content, headers=headers)
+                answers.setdefault((path, content, headers["content-type"]), []).append(
+                    (response.status_code, response.content, response.headers["content-type"])
+                )
+    json_bodies = [r for r in requests if r[2]["content-type"].startswith("application/json")]
+    assert len(served_directly) == len(json_bodies)  # handed to the direct path (the rejected ones handed back)
+    for request, (direct, framework) in answers.items():
+        assert direct == framework, request
+    statuses = [answers[k][0][0] for k in answers]
+    assert statuses == [200, 200, 200, 200, 200, 404, 422, 422, 422, 422, 422, 422, 422]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
 
+from service.engine import batcher as batcher_module
 from service.engine.batcher import Batcher, Throughput
 from service.errors import ErrorKind, ServiceError
 from service.metrics import ServiceMetrics
@@ -86,6 +88,73 @@ def test_idle_request_starts_at_once(publish_fake, tmp_path, fake_backend_cls):
         return job.queue_time
 
     assert asyncio.run(run()) < 0.005
+
+
+def test_a_lone_small_batch_runs_on_the_event_loop_while_small_batches_are_fast(
+    publish_fake, tmp_path, fake_backend_cls, monkeypatch
+):
+    monkeypatch.setattr(batcher_module, "INLINE_BATCH_SECONDS", 0.2)  # the rule, not this machine's speed
+    history = batcher_module.INLINE_HISTORY
+
+    class Recording(fake_backend_cls):
+        runs_small_batches_inline = True
+
+        def embed(self, batch):
+            self.threads.append((len(batch), threading.current_thread().name))
+            return super().embed(batch)
+
+    backend = Recording(publish_fake(tmp_path, "m", max_seq_length=64))
+    backend.threads = []
+
+    async def lone(n: int) -> None:
+        for _ in range(n):
+            await batcher.submit(backend.tokenize([_text(5)])).future
+
+    async def run() -> None:
+        nonlocal batcher
+        batcher = _batcher(backend)
+        batcher.start()
+        await lone(history + 2)  # the first ones build the history on the inference thread
+        jobs = [batcher.submit(backend.tokenize([_text(5)])) for _ in range(6)]  # a queue: never on the loop
+        await asyncio.gather(*(job.future for job in jobs))
+        backend.delay_s = 0.3  # a slow small batch (run on the loop, as the history said it would be fast) ...
+        await lone(1)
+        backend.delay_s = 0.0
+        await lone(history + 1)  # ... sends the next ones back to the thread until it leaves the history
+        await batcher.close(timeout=5)
+
+    batcher: Batcher | None = None
+    asyncio.run(run())
+    on_loop = [thread == threading.main_thread().name for _, thread in backend.threads]
+    assert on_loop[:history] == [False] * history and on_loop[history : history + 2] == [True, True]
+    queued = backend.threads[history + 2 : history + 4]
+    assert [n for n, _ in queued] == [4, 2] and all(t.startswith("infer-") for _, t in queued)
+    assert on_loop[history + 4 :] == [True] + [False] * history + [True]
+
+
+def test_a_batch_that_fails_on_the_event_loop_fails_its_requests_only(
+    publish_fake, tmp_path, fake_backend_cls, monkeypatch
+):
+    monkeypatch.setattr(batcher_module, "INLINE_BATCH_SECONDS", 0.2)
+
+    class Inline(fake_backend_cls):
+        runs_small_batches_inline = True
+
+    backend = Inline(publish_fake(tmp_path, "m", max_seq_length=64, fail_word="boom"))
+
+    async def run() -> tuple[BaseException | None, int]:
+        batcher = _batcher(backend)
+        batcher.start()
+        for _ in range(batcher_module.INLINE_HISTORY):
+            await batcher.submit(backend.tokenize([_text(5)])).future
+        failed = batcher.submit(backend.tokenize(["boom"]))
+        error = await asyncio.gather(failed.future, return_exceptions=True)
+        after = await batcher.submit(backend.tokenize([_text(4)])).future
+        await batcher.close(timeout=5)
+        return error[0], after.out.shape[0]
+
+    error, rows = asyncio.run(run())
+    assert isinstance(error, RuntimeError) and rows == 1
 
 
 def test_full_queue_rejects_at_once_with_retry_after(publish_fake, tmp_path, fake_backend_cls):

@@ -1,0 +1,211 @@
+"""What the server adds to one text: server p50/p99 of 1 text x 1 client against the in-process p50, in one run.
+
+One ``embedder serve`` on a ``minilm-l6`` bundle with the engine of ``--engine`` (``auto``: whatever it chose; the
+in-process arm then runs the same engine, small-batch routing included), and in this process an `OnnxBundle` of the
+same engine, graph and threads (spinning off, as the server). The same short texts (bench_service's seeded
+sentences) go, one request at a time, through three arms per round:
+
+* **in process** — `OnnxBundle.encode` of the one text: tokenise, pad, run (what the server cannot avoid);
+* **server, raw client** — a keep-alive HTTP/1.1 connection on a plain socket sending pre-encoded requests: the
+  client's own cost is a ``send`` and a ``recv`` (tens of microseconds), so the figure is the server's;
+* **server, httpx** — ``httpx.Client.post(json=...)``, what a Python client meets (the client's JSON and
+  request building included).
+
+The arms take turns text by text (in an order rotating from text to text), so a drift of the shared machine hits
+each alike; with ``--blocks`` each arm runs all the texts in turn instead, the order alternating between rounds (each
+arm then runs back to back, warm, as a server under steady single-client traffic would). Printed per round: the
+load average, p50 and p99 per arm, the server's own medians (its ``x-*-time`` headers) and the difference of the
+raw-client p50 and the in-process p50; then the median of the rounds, and the CPU (model name; avx2 / avx512_vnni /
+amx).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_request_path.py --registry /tmp/reg --rounds 5
+    # the server of another commit, same client and in-process arm:
+    git archive 0e1be9b | tar -x -C /tmp/base && HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_request_path.py \
+        --registry /tmp/reg --rounds 5 --server-root /tmp/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from bench_overload import start_server
+from bench_service import MODEL, ROOT, _pct, _stop, workloads
+from report_file import write_report
+
+from core.engines import BY_NAME, ENGINE_SETTINGS
+from core.runtime import OnnxBundle, cpu_features
+from core.settings import DEFAULT_REGISTRY_DIR
+
+ARMS = ("in process", "server, raw client", "server, httpx")
+
+
+class RawClient:
+    """HTTP/1.1 keep-alive on one socket; requests built once, responses read by Content-Length."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.host, self.address = f"{host}:{port}", (host, int(port))
+        self.sock = self.connect()
+
+    def connect(self) -> socket.socket:
+        sock = socket.create_connection(self.address)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def reconnect(self) -> None:
+        """A fresh connection: the server closes an idle one after its keep-alive timeout."""
+        self.sock.close()
+        self.sock = self.connect()
+
+    def request(self, text: str) -> bytes:
+        body = json.dumps({"input": text, "model": MODEL, "encoding_format": "float"}).encode()
+        head = (
+            f"POST /v1/embeddings HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    def post(self, request: bytes) -> dict[str, float]:
+        """Send one request; the server's own timings (its ``x-*-time`` headers, ms)."""
+        self.sock.sendall(request)
+        buffer = b""
+        while b"\r\n\r\n" not in buffer:
+            buffer += self._recv()
+        head, _, body = buffer.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"the server answered {head.splitlines()[0]!r}")
+        fields = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+        while len(body) < int(fields[b"content-length"]):
+            body += self._recv()
+        return {k.decode()[2:-5]: float(v) for k, v in fields.items() if k.startswith(b"x-") and k.endswith(b"-time")}
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise RuntimeError("the server closed the connection")
+        return chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def in_process_bundle(bundle_dir: Path, choice: dict[str, Any], threads: int) -> OnnxBundle:
+    """An `OnnxBundle` of the engine the server serves, small batches routed as the server routes them."""
+
+    def open_(name: str) -> OnnxBundle:
+        engine = BY_NAME[name]
+        return OnnxBundle(bundle_dir, variant=engine.graph, runtime=engine.runtime, precision=engine.precision,
+                          intra_op_threads=threads, allow_spinning=False)  # fmt: skip
+
+    bundle = open_(choice["engine"])
+    if choice.get("small_batch_engine"):
+        bundle.route_small_batches(open_(choice["small_batch_engine"]), choice["small_batch_tokens"])
+    return bundle
+
+
+def timed_ms(call: Any, items: list[Any], server: dict[str, list[float]] | None = None) -> list[float]:
+    """Milliseconds of ``call`` on each item; the server's timings (what ``call`` returns) gathered in ``server``."""
+    latencies = []
+    for item in items:
+        started = time.perf_counter()
+        timings = call(item)
+        latencies.append((time.perf_counter() - started) * 1000)
+        if server is not None:
+            for key, value in timings.items():
+                server.setdefault(key, []).append(value)
+    return latencies
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--registry", type=Path, default=ROOT / DEFAULT_REGISTRY_DIR, help="registry with minilm-l6")
+    parser.add_argument("--engine", default="onnxruntime-int8", choices=ENGINE_SETTINGS, help="EMBED_ENGINE")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=300, help="texts per arm and round")
+    parser.add_argument(
+        "--server-root", type=Path, default=ROOT, help="source tree the server runs from (another commit's, unpacked)"
+    )
+    parser.add_argument("--blocks", action="store_true", help="each arm runs all texts in turn, not text by text")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if not 1 <= args.rounds <= 15 or not 10 <= args.requests <= 5000:
+        parser.error("keep it bounded: 1-15 rounds of 10-5000 requests")
+    short, _ = workloads()
+    texts = short[: args.requests]
+    proc, url = start_server(args.registry, serve_int8=True, threads=args.threads, hold=None,
+                             env={"EMBED_ENGINE": args.engine}, root=args.server_root)  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    try:
+        (card,) = [c for c in httpx.get(f"{url}/v1/models", timeout=30).json()["data"] if c["id"] == MODEL]
+        choice = card["engine_choice"]
+        small = f", batches up to {choice['small_batch_tokens']} tokens on {choice['small_batch_engine']}"
+        print(f"server serves {choice['engine']}{small if choice.get('small_batch_engine') else ''} "
+              f"(setting {args.engine}; chosen in {choice['seconds']} s)", flush=True)  # fmt: skip
+        bundle = in_process_bundle(args.registry / MODEL / "current", choice, args.threads)
+        raw = RawClient(url)
+        requests = [raw.request(text) for text in texts]
+        with httpx.Client(timeout=60) as client:
+
+            def via_httpx(text: str) -> None:
+                client.post(f"{url}/v1/embeddings", json={"input": text, "model": MODEL, "encoding_format": "float"})
+
+            calls = {
+                ARMS[0]: (lambda text: bundle.encode([text]), texts),
+                ARMS[1]: (raw.post, requests),
+                ARMS[2]: (via_httpx, texts),
+            }
+            for call, items in calls.values():  # warm-up: every arm's first requests pay lazy set-up
+                timed_ms(call, items[:30])
+            for round_ in range(1, args.rounds + 1):
+                row: dict[str, Any] = {"round": round_, "load_average_1m": os.getloadavg()[0]}
+                raw.reconnect()
+                timed_ms(raw.post, requests[:5])
+                latencies: dict[str, list[float]] = {arm: [] for arm in ARMS}
+                server: dict[str, list[float]] = {}
+                if args.blocks:  # each arm runs every text in turn, the arms' order alternating between rounds
+                    for arm in ARMS if round_ % 2 else reversed(ARMS):
+                        latencies[arm] = timed_ms(*calls[arm], server if arm == ARMS[1] else None)
+                for index in range(0 if args.blocks else len(texts)):  # the arms take turns text by text
+                    for arm in ARMS[index % 3 :] + ARMS[: index % 3]:
+                        call, items = calls[arm]
+                        latencies[arm] += timed_ms(call, items[index : index + 1], server if arm == ARMS[1] else None)
+                for arm in ARMS:
+                    seconds = [ms / 1000 for ms in latencies[arm]]
+                    row[arm] = {"p50_ms": round(_pct(seconds, 0.5), 3), "p99_ms": round(_pct(seconds, 0.99), 3)}
+                row["server headers p50 (ms)"] = {k: round(statistics.median(v), 3) for k, v in server.items()}
+                row["raw p50 - in-process p50 (ms)"] = round(row[ARMS[1]]["p50_ms"] - row[ARMS[0]]["p50_ms"], 3)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        raw.close()
+    finally:
+        _stop(proc)
+    cpu = cpu_features()
+    amx = any(f.startswith("amx") for f in cpu["flags"])
+    flags = f"avx2 {'avx2' in cpu['flags']}, avx512_vnni {'avx512_vnni' in cpu['flags']}, amx {amx}"
+    print(f"CPU: {cpu['model']} ({flags}); {args.threads} threads; engine {choice['engine']}")
+    print("| arm | p50 ms (median of rounds) | p99 ms (median of rounds) |\n|---|---:|---:|")
+    for arm in ARMS:
+        p50 = statistics.median(r[arm]["p50_ms"] for r in rows)
+        p99 = statistics.median(r[arm]["p99_ms"] for r in rows)
+        print(f"| {arm} | {p50:.2f} | {p99:.2f} |")
+    differences = [r["raw p50 - in-process p50 (ms)"] for r in rows]
+    loads = [r["load_average_1m"] for r in rows]
+    print(f"server (raw client) p50 - in-process p50: median {statistics.median(differences):+.2f} ms "
+          f"(per round {', '.join(f'{d:+.2f}' for d in differences)}); "
+          f"1-minute load average {min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
+    write_report(args.out, {"cpu": cpu, "threads": args.threads, "setting": args.engine, "engine": choice,
+                            "rows": rows})  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
