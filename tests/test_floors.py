@@ -71,3 +71,19 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from training.trainer import train\n    import torch.nn\n")
     assert imported_roots(module) == {"training", "torch"}
+
+
+def test_the_architecture_names_every_module() -> None:
+    """docs/ARCHITECTURE.md says what each module is for: a module is named by its path, or — in a folder listed as
+    one entry (`evaluation/tasks/`, `training/objectives/`) — by its file name beside that folder."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    missing = []
+    for package in MAY_IMPORT:
+        for path in modules(package):
+            rel = path.relative_to(ROOT)
+            if path.name == "__init__.py" or "migrations" in rel.parts:
+                continue
+            folder_entry = f"`{rel.parent.as_posix()}/`"
+            if f"`{rel.as_posix()}`" not in text and not (folder_entry in text and f"`{path.name}`" in text):
+                missing.append(rel.as_posix())
+    assert not missing, missing
