@@ -40,11 +40,16 @@ class BuiltStudent:
 
 
 def build_config(attempt: BuildAttempt) -> TrainConfig:
-    """The recipe with the job's limits, seed and scratch folder."""
+    """The recipe with the job's limits, seed and scratch folder. Its steps decide when it ends, never the recipe's
+    time cap: one base student serves every later job of this base model, so a busy or slow machine must build the
+    same student, only later (a half-trained one, stopped by the clock, would be published and kept)."""
     spec = attempt.spec
     limits = {"max_steps": spec.max_steps, "max_documents": spec.max_documents}
+    recipe = load_config(spec.recipe)
+    if recipe.max_steps is None and recipe.epochs is None and not spec.max_steps:
+        raise ValueError(f"the student recipe {spec.recipe!r} ends only by its time cap: give it max_steps")
     return dataclasses.replace(
-        load_config(spec.recipe), name=spec.name, model=str(attempt.teacher), seed=spec.seed,
+        recipe, name=spec.name, model=str(attempt.teacher), seed=spec.seed, time_budget_s=None,
         num_threads=attempt.config.settings.worker_threads, output_dir=str(attempt.work / "train"),
         progress_bar=False, **{k: v for k, v in limits.items() if v is not None},
     )  # fmt: skip
