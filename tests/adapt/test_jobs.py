@@ -141,19 +141,24 @@ def test_happy_path_submit_events_succeed_and_serve(
     assert 'embed_adapt_jobs{state="succeeded"} 1.0' in client.get("/metrics").text
 
 
-def test_gate_failure_publishes_but_does_not_promote(
+def test_a_job_publishes_and_promotes_only_what_its_gate_passed(
     service: tuple[TestClient, ServiceSettings], corpus: list[str]
 ) -> None:
+    """A job that learns (next to) nothing in its budget: the model is published either way, promoted only if the
+    short-piece check improved — on a tiny model that check moves by a rank flip, so which way it went is not fixed
+    (tests/adapt/test_pipeline_gate.py holds the refusal itself to given scores), but the rule is."""
     client, settings = service
     job = _submit(client, corpus, name="news-gate", time_budget_s=0.001)
     done = _finished(client, job["id"])
     assert done["state"] == "succeeded", done
-    assert done["model"] == {"name": "news-gate", "version": "1", "promoted": False}
-    assert not done["gate"]["passed"]
-    assert done["gate"]["decided_on"] == "ShortPieceRetrieval-heldout"
-    assert any("ShortPieceRetrieval-heldout: must improve" in r for r in done["gate"]["reasons"])
+    gate, pieces = done["gate"], done["evaluation"]["pieces"]
+    assert gate["decided_on"] == "ShortPieceRetrieval-heldout"
+    assert gate["passed"] is (pieces["adapted"] > pieces["base"] and not gate["reasons"])
+    assert done["model"] == {"name": "news-gate", "version": "1", "promoted": gate["passed"]}
+    if not gate["passed"]:
+        assert gate["reasons"], gate
     assert registry.list_versions(settings.registry_dir, "news-gate") == ["1"]
-    assert registry.current_version(settings.registry_dir, "news-gate") is None
+    assert registry.current_version(settings.registry_dir, "news-gate") == ("1" if gate["passed"] else None)
 
 
 def test_cancel_while_running(service: tuple[TestClient, ServiceSettings], corpus: list[str]) -> None:
