@@ -10,6 +10,8 @@ job's checks and the domain's real task (`domain_checks.py`):
   customer's training documents and a sentence of each, plus as many of the base student's own texts — whose targets
   are the teacher's, as in the build), ``--distil-steps`` steps or ``--distil-budget`` seconds, then the same crop step;
 - ``distil-only``: the distillation alone;
+- ``adapted-distil``: the job's crop fine-tune of the teacher first, then that *adapted* teacher distilled into the
+  base student as in ``distil`` (its targets computed for this run), then the crop step;
 - ``adapted-teacher``: the job's crop fine-tune of the teacher itself (what a job without a student publishes) —
   needs no base student (``--base-student`` may be left out), and is the pair that tests whether a check rewards
   what adapting learns while the real task falls.
@@ -48,7 +50,7 @@ from training.inputs import recipe_training_texts
 from training.trainer import train
 
 UNBOUNDED_S = 86_400.0
-VARIANTS = ("default", "distil", "distil-only", "adapted-teacher")
+VARIANTS = ("default", "distil", "distil-only", "adapted-distil", "adapted-teacher")
 
 
 def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule: Any, general: list[str], out: Path):
@@ -124,16 +126,22 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"the variant {variant!r} needs --base-student")
         tick, stages = time.perf_counter(), {}
         start = base
-        if variant == "adapted-teacher":
+        if variant in ("adapted-teacher", "adapted-distil"):
             run = train(crop_train_config(spec, teacher, split.train, work / variant, threads=2), crop_rule=rule)
-            stages["crops"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
+            stages["teacher_crops" if variant == "adapted-distil" else "crops"] = {"steps": run.steps,
+                                                                                  "seconds": round(run.elapsed, 1)}
+            start = run.best_dir
+        if variant == "adapted-distil":
+            run = distil(base, start, split.train, general, args.seed, args.distil_steps, args.distil_budget,
+                         work / f"{variant}-distil", work / f"{variant}-cache")  # fmt: skip
+            stages["distil"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
         elif variant.startswith("distil"):
             run = distil(base, teacher, split.train, general, args.seed, args.distil_steps, args.distil_budget,
                          work / f"{variant}-distil", cache)  # fmt: skip
             stages["distil"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
-        if variant not in ("distil-only", "adapted-teacher"):
+        if variant not in ("distil-only", "adapted-teacher"):  # adapted-distil ends with the crop step too
             run = crop_step(spec, base, start, split.train, rule, general, work / f"{variant}-crops")
             stages["crops"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
