@@ -115,15 +115,27 @@ def piece_retrieval(
     model: EmbeddingModel, held_out: Sequence[str], distractors: Sequence[str] = (), kinds: Sequence[str] = PIECES
 ) -> dict[str, np.ndarray]:
     """Per-query nDCG@10 of each check in ``kinds``: each held-out document's short piece retrieves its rest among the
-    rests of every held-out document of that check and the ``distractors`` (whole documents never queried)."""
-    extra = _unit(model.encode(list(distractors))) if distractors else np.zeros((0, 0), dtype=np.float32)
+    rests of every held-out document of that check and the ``distractors`` (whole documents never queried).
+
+    A list of texts is embedded once: the ``lead`` and ``title`` checks usually share every rest (all but a document's
+    first sentence), and the same call gives the same vectors — an int8 graph quantises each batch by its own range,
+    so texts are never regrouped into other batches than their check's."""
+    seen: dict[tuple[str, ...], np.ndarray] = {}
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        key = tuple(texts)
+        if key not in seen:
+            seen[key] = _unit(model.encode(list(texts)))
+        return seen[key]
+
+    extra = embed(distractors) if distractors else np.zeros((0, 0), dtype=np.float32)
     out = {}
     for kind in kinds:
         pairs = piece_pairs(held_out, kind)
         if len(pairs) < 2:
             continue
-        queries = _unit(model.encode([p.query for p in pairs]))
-        corpus = _unit(model.encode([p.document for p in pairs]))
+        queries = embed([p.query for p in pairs])
+        corpus = embed([p.document for p in pairs])
         if len(extra):
             corpus = np.concatenate([corpus, extra])
         out[kind] = ndcg_at_10(queries @ corpus.T, [[i] for i in range(len(pairs))])
