@@ -18,10 +18,7 @@ from typing import Any
 
 from adapt_jobs.knobs import (
     ADAPTED_TEACHER,
-    BASE_STUDENT,
-    BASE_TEACHER,
     JOB_KNOBS,
-    OBJECTIVES,
     STUDENT_BUILD_KNOBS,
     STUDENT_KNOBS,
     knob_problems,
@@ -31,9 +28,6 @@ from adapt_jobs.knobs import (
 )
 from adapt_jobs.settings import AdaptSettings
 from core.registry import RegistryError, validate_name
-
-# Declared with the knobs whose choices they are; the worker imports them with the spec.
-__all__ = ["ADAPTED_TEACHER", "BASE_STUDENT", "BASE_TEACHER", "OBJECTIVES"]
 
 ADAPT_METHOD = "adapt"  # manifest method.name; /adapt publishes new versions only of models it made
 PROMOTE_POLICIES = ("auto", "never")

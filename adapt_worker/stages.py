@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from adapt_jobs.jobs import Job, JobStoreError
+from adapt_jobs.knobs import OBJECTIVES
 from adapt_jobs.results import JobResult, TrainingReport
-from adapt_jobs.spec import OBJECTIVES, JobSpec
+from adapt_jobs.spec import JobSpec
 from adapt_worker.context import JobContext, JobFailed, JobStopped
 from core.text import CropRule
 from training.config import TrainConfig

@@ -34,9 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from adapt_jobs.knobs import ADAPTED_TEACHER, BASE_STUDENT, BASE_TEACHER
 from adapt_jobs.results import DistillationTargets as DistillationReport
 from adapt_jobs.results import EmbeddedTargets, JobResult, StudentRehearsal, TeacherAdaptation
-from adapt_jobs.spec import ADAPTED_TEACHER, BASE_STUDENT, BASE_TEACHER, base_student_name
+from adapt_jobs.spec import base_student_name
 from adapt_worker.attempt import AdaptedTeacher, Attempt, Baseline, Trained
 from adapt_worker.context import JobFailed
 from adapt_worker.stages import SCRATCH_VOLUME, crop_train_config, guarded, run_training

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adapt_jobs.knobs import BASE_STUDENT, BASE_TEACHER
 from adapt_jobs.results import Evaluation
-from adapt_jobs.spec import BASE_STUDENT, BASE_TEACHER
 from adapt_worker.attempt import Baseline, Trained
 from adapt_worker.release import judge
 from adapt_worker.student import ADAPTED_STUDENT
