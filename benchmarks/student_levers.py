@@ -12,6 +12,7 @@ job's checks and the domain's real task (`domain_checks.py`):
 - ``distil-only``: the distillation alone;
 - ``adapted-distil``: the job's crop fine-tune of the teacher first, then that *adapted* teacher distilled into the
   base student as in ``distil`` (its targets computed for this run), then the crop step;
+- ``adapted-distil-only``: ``adapted-distil`` without the crop step (the adapted teacher distilled, nothing after);
 - ``adapted-teacher``: the job's crop fine-tune of the teacher itself (what a job without a student publishes) —
   needs no base student (``--base-student`` may be left out), and is the pair that tests whether a check rewards
   what adapting learns while the real task falls.
@@ -42,6 +43,7 @@ from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE
 from core.runtime import cpu_features
 from core.text import choose_crop_rule
+from evaluation.domain_checks import PIECES, short_piece
 from evaluation.gate import IN_DOMAIN_TASK
 from evaluation.tasks import CropPairRetrieval
 from training.config import TrainConfig, load_config
@@ -50,7 +52,7 @@ from training.inputs import recipe_training_texts
 from training.trainer import train
 
 UNBOUNDED_S = 86_400.0
-VARIANTS = ("default", "distil", "distil-only", "adapted-distil", "adapted-teacher")
+VARIANTS = ("default", "distil", "distil-only", "adapted-distil", "adapted-distil-only", "adapted-teacher")
 
 
 def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule: Any, general: list[str], out: Path):
@@ -68,11 +70,15 @@ def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule
 
 
 def distil(base: Path, teacher: Path, documents: list[str], general: list[str], seed: int, steps: int, budget: float,
-           out: Path, cache: Path):  # fmt: skip
-    """The recipe's objective on whole texts toward the unadapted teacher's embeddings (computed when drawn, kept in
-    ``cache`` for the next run of the same texts)."""
+           out: Path, cache: Path, pieces: bool = False):  # fmt: skip
+    """The recipe's objective on whole texts toward the teacher's embeddings (computed when drawn, kept in ``cache``
+    for the next run of the same texts); with ``pieces`` the customer's texts also include each training document's
+    short pieces (`evaluation.domain_checks.PIECES`: its first sentence, its first words, its most central sentence)
+    — the shape of a customer's queries."""
     recipe = load_config("sct-tiny")
     customer = text_units(documents, recipe.text_sentences, seed=seed)
+    if pieces:
+        customer += [found[0] for doc in documents for kind in PIECES if (found := short_piece(doc, kind))]
     config = TrainConfig(
         name="lever-distil", model=str(base), teacher=str(teacher), max_seq_length=recipe.max_seq_length,
         objective=recipe.objective, objective_params=recipe.objective_params, views=recipe.views, text_sentences=0,
@@ -91,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--teacher", default=None, help="also score this model (e.g. minilm-l6)")
     parser.add_argument("--variants", default="default,distil")
     parser.add_argument("--distil-steps", type=int, default=60)
+    parser.add_argument("--distil-pieces", action="store_true", help="distil the short pieces of the documents too")
     parser.add_argument("--distil-budget", type=float, default=120.0)
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--crop-steps", type=int, default=None, help="default: the service's student_adapt_steps")
@@ -126,22 +133,23 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"the variant {variant!r} needs --base-student")
         tick, stages = time.perf_counter(), {}
         start = base
-        if variant in ("adapted-teacher", "adapted-distil"):
+        if variant in ("adapted-teacher", "adapted-distil", "adapted-distil-only"):
             run = train(crop_train_config(spec, teacher, split.train, work / variant, threads=2), crop_rule=rule)
-            stages["teacher_crops" if variant == "adapted-distil" else "crops"] = {"steps": run.steps,
-                                                                                  "seconds": round(run.elapsed, 1)}
+            steps_taken = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
+            stages["teacher_crops" if variant != "adapted-teacher" else "crops"] = steps_taken
             start = run.best_dir
-        if variant == "adapted-distil":
+        if variant.startswith("adapted-distil"):
             run = distil(base, start, split.train, general, args.seed, args.distil_steps, args.distil_budget,
-                         work / f"{variant}-distil", work / f"{variant}-cache")  # fmt: skip
+                         work / f"{variant}-distil", work / f"{variant}-cache", args.distil_pieces)  # fmt: skip
             stages["distil"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
         elif variant.startswith("distil"):
             run = distil(base, teacher, split.train, general, args.seed, args.distil_steps, args.distil_budget,
-                         work / f"{variant}-distil", cache)  # fmt: skip
+                         work / f"{variant}-distil", cache / "pieces" if args.distil_pieces else cache,
+                         args.distil_pieces)  # fmt: skip
             stages["distil"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
-        if variant not in ("distil-only", "adapted-teacher"):  # adapted-distil ends with the crop step too
+        if not variant.endswith(("-only", "-teacher")):  # adapted-distil ends with the crop step too
             run = crop_step(spec, base, start, split.train, rule, general, work / f"{variant}-crops")
             stages["crops"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
