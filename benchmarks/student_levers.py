@@ -42,7 +42,7 @@ from adapt_worker.stages import crop_train_config
 from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE
 from core.runtime import cpu_features
-from core.text import choose_crop_rule
+from core.text import choose_crop_rule, split_sentences
 from evaluation.domain_checks import PIECES, short_piece
 from evaluation.gate import IN_DOMAIN_TASK
 from evaluation.tasks import CropPairRetrieval
@@ -70,15 +70,25 @@ def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule
 
 
 def distil(base: Path, teacher: Path, documents: list[str], general: list[str], seed: int, steps: int, budget: float,
-           out: Path, cache: Path, pieces: bool = False):  # fmt: skip
+           out: Path, cache: Path, pieces: bool = False, spans: int = 0):  # fmt: skip
     """The recipe's objective on whole texts toward the teacher's embeddings (computed when drawn, kept in ``cache``
     for the next run of the same texts); with ``pieces`` the customer's texts also include each training document's
     short pieces (`evaluation.domain_checks.PIECES`: its first sentence, its first words, its most central sentence)
-    — the shape of a customer's queries."""
+    — the shape of a customer's queries; with ``spans`` also every sentence of each document and ``spans`` seeded
+    runs of 3–12 of its words (name-like phrases)."""
     recipe = load_config("sct-tiny")
     customer = text_units(documents, recipe.text_sentences, seed=seed)
     if pieces:
         customer += [found[0] for doc in documents for kind in PIECES if (found := short_piece(doc, kind))]
+    if spans:
+        rng = random.Random(seed)
+        for doc in documents:
+            customer += split_sentences(doc)
+            words = doc.split()
+            for _ in range(spans if len(words) > 12 else 0):
+                n = rng.randint(3, 12)
+                at = rng.randrange(len(words) - n)
+                customer.append(" ".join(words[at : at + n]))
     config = TrainConfig(
         name="lever-distil", model=str(base), teacher=str(teacher), max_seq_length=recipe.max_seq_length,
         objective=recipe.objective, objective_params=recipe.objective_params, views=recipe.views, text_sentences=0,
@@ -98,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="default,distil")
     parser.add_argument("--distil-steps", type=int, default=60)
     parser.add_argument("--distil-pieces", action="store_true", help="distil the short pieces of the documents too")
+    parser.add_argument("--distil-spans", type=int, default=0, help="every sentence, N word runs per document")
     parser.add_argument("--distil-budget", type=float, default=120.0)
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--crop-steps", type=int, default=None, help="default: the service's student_adapt_steps")
@@ -140,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
             start = run.best_dir
         if variant.startswith("adapted-distil"):
             run = distil(base, start, split.train, general, args.seed, args.distil_steps, args.distil_budget,
-                         work / f"{variant}-distil", work / f"{variant}-cache", args.distil_pieces)  # fmt: skip
+                         work / f"{variant}-distil", work / f"{variant}-cache", args.distil_pieces,
+                         args.distil_spans)  # fmt: skip
             stages["distil"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
         elif variant.startswith("distil"):
             run = distil(base, teacher, split.train, general, args.seed, args.distil_steps, args.distil_budget,
-                         work / f"{variant}-distil", cache / "pieces" if args.distil_pieces else cache,
-                         args.distil_pieces)  # fmt: skip
+                         work / f"{variant}-distil", cache, args.distil_pieces, args.distil_spans)  # fmt: skip
             stages["distil"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
         if not variant.endswith(("-only", "-teacher")):  # adapted-distil ends with the crop step too
