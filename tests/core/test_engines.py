@@ -46,6 +46,9 @@ def test_a_challenger_takes_only_the_batch_sizes_it_is_clearly_faster_on() -> No
     assert [r.batches for r in routes] == [["1", "4", "16", "short"], ["long"]]
     assert "long (2048 tokens): openvino-bf16 100.0 ms, 2.00x faster than onnxruntime-int8" in routes[1].reason
     assert "no other 1.15x faster" in routes[0].reason
+    assert engines.describe(routes) == (
+        f"batches of 1-{boundary} padded tokens on {BASELINE}, above {boundary} padded tokens on openvino-bf16"
+    )
     # Faster on every batch by the margins: one route, the challenger's.
     trials[1] = _passed("openvino-bf16", 0.030, 0.100, 0.001, 0.004, 0.01)
     assert _routes(trials) == [("openvino-bf16", None)]
