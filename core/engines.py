@@ -13,7 +13,7 @@ depends on the CPU too. So both are measured here, where the bundle is served:
 2. speed — the candidates that pass are timed on batches shaped like the served load (`core.engine_timing`: 1, 4,
    16 and 32 short texts, 4 texts at ``max_seq_length``), the candidates taking turns on each batch, each time the
    median of `TIMING_ROUNDS` rounds. After each round, a candidate that can no longer win a batch (`can_win`) is
-   not timed again and its graph is freed;
+   not timed again, its graph is freed, and it no longer competes (its medians are of fewer rounds);
 3. choice, per shape class — `pick` names the default engine: onnxruntime's int8 graph where it passed (the
    default setting's engine), else the fastest that passed. Then `pick_routes`: each timing batch is the shape
    class of the served batches of about its padded tokens, and a challenger takes a class only where it is faster
@@ -306,6 +306,7 @@ def load_engine(
             log.info("bundle %s: engine %s %s: %s", path, trial.engine, trial.status, trial.reason)
         trials.append(trial)
     tokens: dict[str, int] = {}
+    contenders = trials  # the trials the routes are chosen among
     if engine != AUTO and engine in bundles:
         default, reason = engine, "pinned by the engine setting; kept the parity bars on this CPU"
     elif engine != AUTO:
@@ -318,8 +319,10 @@ def load_engine(
             timed, tokens = time_engines(bundles, probes[0], still_in=can_win)
         for trial in trials:
             trial.seconds = {shape: round(s, 6) for shape, s in timed.get(trial.engine, {}).items()}
-        default, reason = pick(trials)
-    routes = pick_routes(trials, default, tokens)
+        # Only the engines timed to the last round compete: an engine out of the race has medians of fewer rounds.
+        contenders = [t for t in trials if t.status != "passed" or t.engine in bundles]
+        default, reason = pick(contenders)
+    routes = pick_routes(contenders, default, tokens)
     if len(routes) > 1:
         reason += f"; {describe(routes)}, each faster there by the margin"
     kept = {r.engine: bundles.pop(r.engine) for r in routes if r.engine in bundles}
