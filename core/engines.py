@@ -19,8 +19,8 @@ depends on the CPU too. So both are measured here, where the bundle is served:
    class of the served batches of about its padded tokens, and a challenger takes a class only where it is faster
    than the default by `CHALLENGER_MARGIN` on that class's batch (`SMALL_BATCH_MARGIN` on the small ones, whose
    timings are the noisiest), the fastest such preferring `ENGINES`' order within `SPEED_TOLERANCE`. Where
-   candidates are close the default keeps the class, so the same CPU routes alike from one load to the next, and no
-   class is served by an engine slower than the default on its timing batch. Neighbouring classes with one engine
+   candidates are close the default keeps the class (a tie within a shared machine's noise does not hand it over),
+   and no class is served by an engine slower than the default on its timing batch. Neighbouring classes with one engine
    make one route; a route ends halfway (geometric mean) between the padded tokens of its last timing batch and
    the next route's first, and the bundle runs each batch on the engine of the route its padded tokens fall in
    (`OnnxBundle.route_batches`). Padded tokens, not texts: the served batcher cuts batches by a token budget, and
