@@ -46,7 +46,7 @@ from bench_overload import scrape, start_server
 from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _post_one, _stop, workloads
 from report_file import write_report
 
-from core.engines import BY_NAME as ENGINES_BY_NAME
+from core.engines import open_routes
 from core.runtime import OnnxBundle, cosines, cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
 
@@ -180,20 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     try:
         choice = served_engine(servers[OURS][1])
-        engine = ENGINES_BY_NAME[choice["engine"]]
-        print(f"ours serves {engine.name}: {choice['reason']} (chosen in {choice['seconds']} s)", flush=True)
-        in_process = {
-            variant: OnnxBundle(bundle_dir, variant=e.graph, runtime=e.runtime, precision=e.precision,
-                                intra_op_threads=args.threads, allow_spinning=False)
-            for variant, e in {"served": engine, "int8": ENGINES_BY_NAME["onnxruntime-int8"]}.items()
-        }  # fmt: skip
-        if choice["small_batch_engine"]:  # the same routing of small batches as the server's
-            small = ENGINES_BY_NAME[choice["small_batch_engine"]]
-            in_process["served"].route_small_batches(
-                OnnxBundle(bundle_dir, variant=small.graph, runtime=small.runtime, precision=small.precision,
-                           intra_op_threads=args.threads, allow_spinning=False),
-                choice["small_batch_tokens"],
-            )  # fmt: skip
+        print(f"ours serves {choice['engine']}: {choice['reason']} (chosen in {choice['seconds']} s)", flush=True)
+        session = {"intra_op_threads": args.threads, "allow_spinning": False}
+        in_process = {  # the served engines routed as the server routes them, and onnxruntime int8 alone
+            "served": open_routes(bundle_dir, [(r["engine"], r["max_tokens"]) for r in choice["routes"]], **session),
+            "int8": open_routes(bundle_dir, [("onnxruntime-int8", None)], **session),
+        }
         reference = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=args.threads)
         same = parity_texts(reference, short, paragraphs)
         expected = reference.encode(same)
@@ -228,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = cpu_features()
     report = {"cpu": cpu, "threads": args.threads, "rounds": args.rounds, "engine": choice, "parity": parity,
               "rows": rows}  # fmt: skip
-    print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads; ours serves {engine.name}")
+    print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads; ours serves {choice['reason']}")
     print(summary(rows, loads, parity))
     write_report(args.out, report)
     return 0

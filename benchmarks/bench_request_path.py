@@ -40,7 +40,7 @@ from bench_overload import start_server
 from bench_service import MODEL, ROOT, _pct, _stop, workloads
 from report_file import write_report
 
-from core.engines import BY_NAME, ENGINE_SETTINGS
+from core.engines import ENGINE_SETTINGS, Route, describe, open_routes
 from core.runtime import OnnxBundle, cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
 
@@ -98,17 +98,9 @@ class RawClient:
 
 
 def in_process_bundle(bundle_dir: Path, choice: dict[str, Any], threads: int) -> OnnxBundle:
-    """An `OnnxBundle` of the engine the server serves, small batches routed as the server routes them."""
-
-    def open_(name: str) -> OnnxBundle:
-        engine = BY_NAME[name]
-        return OnnxBundle(bundle_dir, variant=engine.graph, runtime=engine.runtime, precision=engine.precision,
-                          intra_op_threads=threads, allow_spinning=False)  # fmt: skip
-
-    bundle = open_(choice["engine"])
-    if choice.get("small_batch_engine"):
-        bundle.route_small_batches(open_(choice["small_batch_engine"]), choice["small_batch_tokens"])
-    return bundle
+    """An `OnnxBundle` of the engines the server serves, each batch routed as the server routes it."""
+    routes = [(r["engine"], r["max_tokens"]) for r in choice["routes"]]
+    return open_routes(bundle_dir, routes, intra_op_threads=threads, allow_spinning=False)
 
 
 def timed_ms(call: Any, items: list[Any], server: dict[str, list[float]] | None = None) -> list[float]:
@@ -147,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         (card,) = [c for c in httpx.get(f"{url}/v1/models", timeout=30).json()["data"] if c["id"] == MODEL]
         choice = card["engine_choice"]
-        small = f", batches up to {choice['small_batch_tokens']} tokens on {choice['small_batch_engine']}"
-        print(f"server serves {choice['engine']}{small if choice.get('small_batch_engine') else ''} "
-              f"(setting {args.engine}; chosen in {choice['seconds']} s)", flush=True)  # fmt: skip
+        routes = describe([Route(**{k: r[k] for k in ("engine", "max_tokens", "batches", "reason")})
+                           for r in choice["routes"]])  # fmt: skip
+        print(f"server: {routes} (setting {args.engine}; chosen in {choice['seconds']} s)", flush=True)
         bundle = in_process_bundle(args.registry / MODEL / "current", choice, args.threads)
         raw = RawClient(url)
         requests = [raw.request(text) for text in texts]

@@ -1,26 +1,30 @@
-"""Which engine runs a bundle on this CPU: chosen by measurement at load, like the int8 graph before it.
+"""Which engine runs a bundle on this CPU, per batch size: chosen by measurement at load, like the int8 graph before it.
 
 A candidate is an engine × precision over one of the bundle's graphs (`ENGINES`): onnxruntime's int8 and fp32
 graphs as exported, and OpenVINO compiling the same fp32 ``model.onnx`` for this CPU — at bf16 where the CPU has
 bf16 units (AMX or AVX-512 BF16: OpenVINO's own default there), and at f32. Which is fastest depends on the CPU's
-matrix units (on a Xeon with AMX, OpenVINO's bf16 ran MiniLM paragraphs ~2x faster than onnxruntime's int8; on
-an AVX2-only CPU there is no bf16 to run), and so does what its reduced precision does to the vectors, so both
-are measured here, where the bundle is served:
+matrix units and on the batch: on a busy 2-core Xeon with AMX, OpenVINO's bf16 ran 4 MiniLM paragraphs 1.7-2.8x
+faster than onnxruntime's int8, but 32 short texts at 0.7-0.94x of its speed and one short text 1.3-3x slower (a
+fixed cost per call); on an AVX2-only CPU there is no bf16 to run. What reduced precision does to the vectors
+depends on the CPU too. So both are measured here, where the bundle is served:
 
 1. parity — every candidate embeds the bundle's probe texts and is held against their fp32 (torch) reference
    embeddings (``probes.npz``) with the int8 bars of `ParityBars`; a candidate below them is never served;
-2. speed — the candidates that pass embed batches shaped like the served load (32 short texts; 4 texts at
-   ``max_seq_length``; and 1, 4 and 16 short texts): a warm-up and then `TIMING_ROUNDS` rounds, the candidates taking
-   turns on each batch in an order that alternates, each one's time per batch being the median of its rounds (a
-   round disturbed by the rest of a shared machine moves a median less than a best or a mean). After each round, a
-   candidate that can no longer win (`can_win`: too slow to be served on either deciding batch, or on one text) is
-   not timed again and its graph is freed;
-3. choice — `pick`: onnxruntime's int8 graph (the default setting) unless another engine is faster by
-   `CHALLENGER_MARGIN` on each of the 32-short and 4-long batches (the fastest such by their geometric mean,
-   preferring `ENGINES`' order within `SPEED_TOLERANCE`): where candidates are close on either batch the default
-   wins, so the same CPU gets the same engine from one load to the next; then `pick_small`: a second engine runs the
-   small batches only where it is clearly faster than the main one on one text (OpenVINO pays a larger fixed cost per
-   call: on one short text it ran 1.3-3x slower than onnxruntime int8 on a busy 2-core Xeon with AMX).
+2. speed — the candidates that pass are timed on batches shaped like the served load (`core.engine_timing`: 1, 4,
+   16 and 32 short texts, 4 texts at ``max_seq_length``), the candidates taking turns on each batch, each time the
+   median of `TIMING_ROUNDS` rounds. After each round, a candidate that can no longer win a batch (`can_win`) is
+   not timed again, its graph is freed, and it no longer competes (its medians are of fewer rounds);
+3. choice, per shape class — `pick` names the default engine: onnxruntime's int8 graph where it passed (the
+   default setting's engine), else the fastest that passed. Then `pick_routes`: each timing batch is the shape
+   class of the served batches of about its padded tokens, and a challenger takes a class only where it is faster
+   than the default by `CHALLENGER_MARGIN` on that class's batch (`SMALL_BATCH_MARGIN` on the small ones, whose
+   timings are the noisiest), the fastest such preferring `ENGINES`' order within `SPEED_TOLERANCE`. Where
+   candidates are close the default keeps the class (a tie within a shared machine's noise does not hand it over),
+   and no class is served by an engine slower than the default on its timing batch. Neighbouring classes with one engine
+   make one route; a route ends halfway (geometric mean) between the padded tokens of its last timing batch and
+   the next route's first, and the bundle runs each batch on the engine of the route its padded tokens fall in
+   (`OnnxBundle.route_batches`). Padded tokens, not texts: the served batcher cuts batches by a token budget, and
+   what separates the engines is the size of the matrices (OpenVINO's lead grew with the batch's tokens).
 
 A setting pins one engine instead (checked for parity, never timed); when the pinned engine or every candidate
 misses the bars, the fp32 graph on onnxruntime — checked against torch at export — is served, and the
@@ -39,27 +43,21 @@ from typing import Any
 
 import numpy as np
 
+from core.engine_timing import SMALL_BATCHES, time_engines
 from core.registry import read_manifest
 from core.runtime import PROBES_FILE, OnnxBundle, ParityBars, cosines, cpu_features, int8_failures, read_probes
 
 log = logging.getLogger(__name__)
 
 SPEED_TOLERANCE = 0.05  # a challenger this much slower than the fastest one still wins if it comes first in ENGINES
-# Another engine replaces onnxruntime int8 only when this much faster on each deciding batch: ten loads on a busy
-# 2-core Xeon with AMX timed OpenVINO bf16 at 0.42-1.55x of onnxruntime int8's speed on 32 short texts (1.08x in
-# process, docs/BENCHMARKS.md), so "no slower" alone flipped the choice from one load to the next.
+# A challenger takes a shape class from the default only when this much faster on its timing batch: ten loads on a
+# busy 2-core Xeon with AMX timed OpenVINO bf16 at 0.42-1.55x of onnxruntime int8's speed on 32 short texts (1.08x
+# in process, docs/BENCHMARKS.md), so "no slower" alone flipped the choice from one load to the next.
 CHALLENGER_MARGIN = 1.15
-TIMING_ROUNDS = 5  # timed rounds after the warm-up; each time is the median of the rounds
-SHORT_BATCH = 32  # texts of the short timing batch (probe sentences)
-# Texts of the long timing batch (probes cut at max_seq_length): 4, not 8 — the long batch took ~80% of the timing
-# (38 s of a 49 s load of minilm-l6 on a busy 2-core Xeon), and 4 x max_seq_length is as compute-bound as 8.
-LONG_BATCH = 4
-SMALL_BATCHES = (1, 4, 16)  # texts of the small timing batches (probe sentences): where a second engine may serve
-# A second engine runs small batches only when this much faster than the main one on one text, and keeps each larger
-# small batch size unless the main engine is this much faster there: OpenVINO's 1.18x win on 16 short texts at load
-# became a 0.85-0.88x loss at 1 text x 32 clients served (docs/BENCHMARKS.md).
+# The margin on the small timing batches (1, 4, 16 texts): OpenVINO's 1.18x win on 16 short texts at load became a
+# 0.85-0.88x loss at 1 text x 32 clients served (docs/BENCHMARKS.md).
 SMALL_BATCH_MARGIN = 1.3
-BATCH_SHAPES = ("short", "long")  # the batches that decide the main engine
+BATCH_SHAPES = ("short", "long")  # the batches that rank engines overall (the default, without onnxruntime int8)
 OUT_OF_RACE = 1.3  # how far behind (ratio of medians) a candidate may be and still be timed on: the rounds' noise
 
 
@@ -82,7 +80,7 @@ ENGINES = (
     Engine("onnxruntime-fp32", "onnxruntime", "fp32", "fp32", "the fp32 reference graph, checked against torch"),
 )
 BY_NAME = {engine.name: engine for engine in ENGINES}
-BASELINE = "onnxruntime-int8"  # nothing slower than it is served where it passes
+BASELINE = "onnxruntime-int8"  # the default where it passes: nothing slower than it on a shape class runs that class
 FALLBACK = "onnxruntime-fp32"  # served when nothing else passes
 AUTO = "auto"
 ENGINE_SETTINGS = (AUTO, *BY_NAME)
@@ -99,22 +97,34 @@ class Trial:
     reason: str = ""
     mean_cosine: float | None = None
     min_cosine: float | None = None
-    seconds: dict[str, float] = field(default_factory=dict)  # median time per timing batch (short, long, 1, 4, 16)
+    seconds: dict[str, float] = field(default_factory=dict)  # median time per timing batch (1, 4, 16, short, long)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Batches of at most ``max_tokens`` padded tokens (``None``: no bound) that no earlier route takes run on
+    ``engine``, chosen on the timing batches ``batches``; ``reason`` gives each batch's times."""
+
+    engine: str
+    max_tokens: int | None
+    batches: list[str]
+    reason: str
 
 
 @dataclass(frozen=True)
 class EngineChoice:
-    """The engine served, the setting that asked for it, why, every candidate's trial, the CPU and how long the
-    choice took (parity checks and timing, graph compilation included)."""
+    """The engines served and for which batch sizes (``routes``, ascending; ``engine`` runs the largest batches),
+    the setting that asked for them, why, every candidate's trial, each timing batch's padded tokens, the CPU and how
+    long the choice took (parity checks and timing, graph compilation included)."""
 
     engine: str
     setting: str
     reason: str
     trials: list[Trial]
+    routes: list[Route]
+    batch_tokens: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     cpu: dict[str, Any] = field(default_factory=cpu_features)
-    small_batch_engine: str | None = None  # runs batches of at most small_batch_tokens padded tokens, when faster
-    small_batch_tokens: int = 0
 
     @property
     def graph(self) -> str:
@@ -128,139 +138,117 @@ class EngineChoice:
         return next((t for t in self.trials if t.engine == name), None)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"precision": self.precision}
+        routes = [asdict(r) | {"precision": BY_NAME[r.engine].precision} for r in self.routes]
+        return asdict(self) | {"precision": self.precision, "routes": routes}
 
 
 def _score(seconds: Mapping[str, float]) -> float:
-    """Geometric mean of the main batches' times: each shape counts alike, whatever its length."""
+    """Geometric mean of the short and long batches' times: each shape counts alike, whatever its length."""
     return math.exp(sum(math.log(seconds[shape]) for shape in BATCH_SHAPES) / len(BATCH_SHAPES))
 
 
-def pick(
-    trials: Sequence[Trial], margin: float = CHALLENGER_MARGIN, tolerance: float = SPEED_TOLERANCE
-) -> tuple[str, str]:
-    """The engine to serve among timed trials, and why (pure: the choice logic, apart from loading and timing).
+def _first_of_fastest(pool: Sequence[str], seconds: Mapping[str, float], tolerance: float) -> str:
+    """The engine of ``pool`` first in `ENGINES` order among those within ``tolerance`` of the fastest."""
+    fastest = min(seconds[engine] for engine in pool)
+    order = [engine.name for engine in ENGINES]
+    return min((e for e in pool if seconds[e] <= fastest * (1 + tolerance)), key=order.index)
 
-    Only a ``passed`` trial is eligible. Where the baseline (onnxruntime int8, the default setting) passed, it is
-    served unless a challenger is faster by ``margin`` on each deciding batch: close timings — a tie within the noise
-    of a shared machine — go to the default, and nothing slower than it on either batch is ever served. Among the
-    challengers that qualify (or, without a passing baseline, among every timed passing engine), the first in
-    `ENGINES` order within ``tolerance`` of the fastest (geometric mean of the deciding batches) wins.
+
+def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[str, str]:
+    """The default engine among the trials — the one that runs every shape class no challenger takes
+    (`pick_routes`) — and why (pure: the choice logic, apart from loading and timing).
+
+    Only a ``passed`` trial is eligible: onnxruntime int8 (the default setting) where it passed; else the fastest
+    timed passing engine by the geometric mean of the short and long batches, the first in `ENGINES` order within
+    ``tolerance`` of it; with nothing passed, the fp32 reference graph.
     """
     passed = [t for t in trials if t.status == "passed"]
     if not passed:
         return FALLBACK, "no candidate kept the parity bars on this CPU: serving the fp32 reference graph"
+    if any(t.engine == BASELINE for t in passed):
+        return BASELINE, f"{BASELINE} kept the parity bars: the default"
     if len(passed) == 1:
         return passed[0].engine, "the only candidate that kept the parity bars on this CPU"
-    timed = [t for t in passed if t.seconds]
-    times = ", ".join(f"{t.engine} {_score(t.seconds) * 1e3:.1f} ms" for t in timed)
-    baseline = next((t for t in timed if t.engine == BASELINE), None)
-    pool = timed
-    if baseline is not None:
-        pool = [
-            t for t in timed
-            if t is not baseline and all(t.seconds[k] * margin <= baseline.seconds[k] for k in BATCH_SHAPES)
-        ]  # fmt: skip
-        if not pool:
-            return BASELINE, (
-                f"no candidate that kept the parity bars beat the default by {margin:g}x on both deciding batches "
-                f"(median geometric mean per batch: {times})"
-            )
-    if not pool:  # passed but never timed: nothing to rank them by
+    timed = {t.engine: _score(t.seconds) for t in passed if t.seconds}
+    if not timed:  # passed but never timed: nothing to rank them by
         return passed[0].engine, "the first candidate that kept the parity bars (none were timed)"
-    fastest = min(_score(t.seconds) for t in pool)
-    order = [engine.name for engine in ENGINES]
-    near = [t for t in pool if _score(t.seconds) <= fastest * (1 + tolerance)]
-    winner = min(near, key=lambda t: order.index(t.engine))
-    beat = f", {margin:g}x faster than the default on both deciding batches" if baseline is not None else ""
-    return winner.engine, f"fastest of the candidates that kept the parity bars{beat} (median geometric mean: {times})"
+    times = ", ".join(f"{engine} {score * 1e3:.1f} ms" for engine, score in timed.items())
+    winner = _first_of_fastest(list(timed), timed, tolerance)
+    return winner, f"the fastest that kept the parity bars, {BASELINE} did not (median geometric mean: {times})"
 
 
-def pick_small(trials: Sequence[Trial], main: str, tokens: Mapping[str, int]) -> tuple[str | None, int]:
-    """A second engine for small batches, and up to how many padded tokens it runs them: (None, 0) unless the
-    passing engine fastest on one text beats ``main`` there by `SMALL_BATCH_MARGIN` — one engine serves everything
-    unless another is clearly faster on small batches. That engine then runs every small timing batch on which
-    ``main`` does not beat it by as much (`SMALL_BATCHES` in ascending order, stopping at the first it does), up to
-    that batch's padded tokens (``tokens``): an engine built for large matrices can lose several times over on one
-    text, and its thin wins on mid-sized batches did not hold under a crowded machine."""
+def pick_routes(
+    trials: Sequence[Trial], default: str, batch_tokens: Mapping[str, int], tolerance: float = SPEED_TOLERANCE
+) -> list[Route]:
+    """Which engine runs which batch sizes (pure): per timing batch (``batch_tokens``: its padded tokens), the
+    ``default`` unless a passing challenger is faster there by the margin (`SMALL_BATCH_MARGIN` on the small
+    batches, else `CHALLENGER_MARGIN`; the first in `ENGINES` order within ``tolerance`` of the fastest such; timing
+    batches of equal padded tokens are decided together, a challenger having to win each). Neighbouring batches with
+    one engine make one route, which ends halfway (geometric mean) between its last batch's padded tokens and the
+    next route's first. One route, the default's, when nothing was timed against it."""
     timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
-    if main not in timed or len(timed) < 2:
-        return None, 0
-    small = min((engine for engine in timed if engine != main), key=lambda engine: timed[engine]["1"])
-    if timed[small]["1"] * SMALL_BATCH_MARGIN > timed[main]["1"]:
-        return None, 0
-    limit = 0
-    for size in map(str, SMALL_BATCHES):
-        if timed[main][size] * SMALL_BATCH_MARGIN <= timed[small][size]:
-            break
-        limit = tokens[size]
-    return small, limit
+    if default not in timed or len(timed) < 2 or not batch_tokens:
+        return [Route(default, None, [], "")]
+    classes: list[tuple[str, list[str], list[str]]] = []  # (engine, batches, reasons) of each route
+    for size in sorted(set(batch_tokens.values())):
+        group = [batch for batch, tokens in batch_tokens.items() if tokens == size]
+        engine, reasons = _fastest_on(group, timed, default, batch_tokens, tolerance)
+        if classes and classes[-1][0] == engine:
+            classes[-1][1].extend(group)
+            classes[-1][2].extend(reasons)
+        else:
+            classes.append((engine, group, reasons))
+    routes = []
+    for (engine, batches, reasons), after in zip(classes, [*classes[1:], None], strict=True):
+        bound = None if after is None else int(math.sqrt(batch_tokens[batches[-1]] * batch_tokens[after[1][0]]))
+        routes.append(Route(engine, bound, batches, "; ".join(reasons)))
+    return routes
+
+
+def _fastest_on(
+    group: Sequence[str],
+    timed: Mapping[str, Mapping[str, float]],
+    default: str,
+    batch_tokens: Mapping[str, int],
+    tolerance: float,
+) -> tuple[str, list[str]]:
+    """The engine for timing batches of one padded size, and each batch's times: ``default`` unless another is
+    faster by the margin on each batch of ``group``."""
+    margin = {b: SMALL_BATCH_MARGIN if b in SMALL_BATCHES else CHALLENGER_MARGIN for b in group}
+    faster = [e for e in timed if e != default and all(timed[e][b] * margin[b] <= timed[default][b] for b in group)]
+    score = {e: math.prod(timed[e][b] for b in group) for e in faster}
+    engine = _first_of_fastest(faster, score, tolerance) if faster else default
+    reasons = []
+    for batch in group:
+        ms = {e: f"{seconds[batch] * 1e3:.1f} ms" for e, seconds in timed.items()}
+        ratio = timed[default][batch] / timed[engine][batch]
+        verdict = f"{ratio:.2f}x faster than {default}" if faster else f"no other {margin[batch]:g}x faster"
+        others = ", ".join(f"{e} {ms[e]}" for e in timed if e != engine)
+        reasons.append(f"{batch} ({batch_tokens[batch]} tokens): {engine} {ms[engine]}, {verdict} ({others})")
+    return engine, reasons
 
 
 def can_win(engine: str, seconds: Mapping[str, Mapping[str, float]], slack: float = OUT_OF_RACE) -> bool:
-    """Whether ``engine`` may still be served, as main or small-batch engine, given the median ``seconds`` so far
-    of every engine still timed (pure): the baseline always (the reference every challenger is held against); another
-    engine while within ``slack`` of the baseline on both deciding batches (of the fastest, without a baseline) or
-    within ``slack`` of the fastest on one text."""
+    """Whether ``engine`` may still take a shape class, given the median ``seconds`` so far of every engine still
+    timed (pure): the baseline always (the default every challenger is held against); another engine while within
+    ``slack`` of the baseline (of the fastest, without a baseline) on some timing batch."""
     if engine == BASELINE:
         return True
     mine = seconds[engine]
-    best = {k: min(s[k] for s in seconds.values()) for k in mine}
-    main_bar = seconds.get(BASELINE, best)
-    as_main = all(mine[k] <= slack * main_bar[k] for k in BATCH_SHAPES)
-    return as_main or mine["1"] <= slack * best["1"]
+    bar = seconds.get(BASELINE) or {k: min(s[k] for s in seconds.values()) for k in mine}
+    return any(mine[k] <= slack * bar[k] for k in mine)
 
 
-def _timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[str]]:
-    """Batches of short probe texts (1, 4, 16 and 32) and one of texts cut at ``max_seq_length``, like the
-    served load's two ends."""
-    lengths = [len(e.ids) for e in bundle.tokenize(texts)]
-    by_length = sorted(range(len(texts)), key=lambda i: lengths[i])
-    short = [texts[i] for i in by_length if 8 <= lengths[i] <= 32] or [texts[i] for i in by_length]
-    long = [texts[i] for i in by_length if lengths[i] >= bundle.max_seq_length] or [texts[by_length[-1]]]
-    cycle = lambda pool, n: [pool[i % len(pool)] for i in range(n)]  # noqa: E731
-    small = {str(n): cycle(short[len(short) // 2 :], n) for n in SMALL_BATCHES}
-    return {"short": cycle(short, SHORT_BATCH), "long": cycle(long, LONG_BATCH), **small}
-
-
-def time_engines(
-    bundles: dict[str, OnnxBundle], texts: Sequence[str], rounds: int = TIMING_ROUNDS
-) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
-    """Median seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
-    rounds, each running one batch on every candidate in turn (alternating their order from round to round) before
-    the next batch, so a drift of a shared machine hits the candidates alike where they are compared. A small
-    batch's time in a round is the best of three runs (short enough for one scheduler hiccup to double them). An
-    engine that cannot win after a round (`can_win`) is timed no more and removed from ``bundles`` (memory freed)."""
-    first = next(iter(bundles.values()))
-    feeds = {name: first.pad(first.tokenize(batch)) for name, batch in _timing_batches(first, texts).items()}
-    samples: dict[str, dict[str, list[float]]] = {engine: {shape: [] for shape in feeds} for engine in bundles}
-    names = list(bundles)
-    for round_ in range(rounds + 1):
-        for shape, feed in feeds.items():  # the candidates in turn on one batch: close in time, alike in conditions
-            for engine in names if round_ % 2 else reversed(names):
-                best = math.inf
-                for _ in range(1 if shape in BATCH_SHAPES else 3):
-                    started = time.perf_counter()
-                    bundles[engine].run(feed)
-                    best = min(best, time.perf_counter() - started)
-                if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
-                    samples[engine][shape].append(best)
-        if round_:
-            medians = {e: medians_of(samples[e]) for e in names}
-            out = [e for e in names if not can_win(e, medians)]
-            for engine in out:
-                names.remove(engine)
-                del bundles[engine]
-                log.info("engine %s: out of the race after %d timed rounds", engine, round_)
-    return (
-        {engine: medians_of(by_shape) for engine, by_shape in samples.items()},
-        {shape: int(feed["input_ids"].size) for shape, feed in feeds.items()},
-    )
-
-
-def medians_of(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """The median of each batch's timed rounds."""
-    return {shape: float(np.median(values)) for shape, values in samples.items()}
+def describe(routes: Sequence[Route]) -> str:
+    """The routes in a line: which engine runs which padded batch sizes."""
+    if len(routes) == 1:
+        return f"{routes[0].engine} runs every batch"
+    spans, low = [], 0
+    for route in routes:
+        span = f"above {low}" if route.max_tokens is None else f"{low + 1}-{route.max_tokens}"
+        spans.append(f"{span} padded tokens on {route.engine}")
+        low = route.max_tokens or low
+    return "batches of " + ", ".join(spans)
 
 
 def check_parity(
@@ -317,36 +305,54 @@ def load_engine(
         if trial.status not in ("passed", "not-tried"):
             log.info("bundle %s: engine %s %s: %s", path, trial.engine, trial.status, trial.reason)
         trials.append(trial)
-    small, small_tokens = None, 0
+    tokens: dict[str, int] = {}
+    contenders = trials  # the trials the routes are chosen among
     if engine != AUTO and engine in bundles:
-        served, reason = engine, "pinned by the engine setting; kept the parity bars on this CPU"
+        default, reason = engine, "pinned by the engine setting; kept the parity bars on this CPU"
     elif engine != AUTO:
-        pinned = next(t for t in trials if t.engine == engine)
-        served = FALLBACK
-        reason = f"{engine} is pinned but did not pass here ({pinned.status}): serving the fp32 reference graph"
+        default = FALLBACK
+        status = next(t.status for t in trials if t.engine == engine)
+        reason = f"{engine} is pinned but did not pass here ({status}): serving the fp32 reference graph"
     else:
-        timed, tokens = time_engines(bundles, probes[0]) if len(bundles) > 1 and probes is not None else ({}, {})
+        timed = {}
+        if len(bundles) > 1 and probes is not None:
+            timed, tokens = time_engines(bundles, probes[0], still_in=can_win)
         for trial in trials:
             trial.seconds = {shape: round(s, 6) for shape, s in timed.get(trial.engine, {}).items()}
-        served, reason = pick(trials)
-        small, small_tokens = pick_small(trials, served, tokens)
-    bundle = bundles.pop(served, None) or _open(path, BY_NAME[served], **session)
-    if small is not None:
-        bundle.route_small_batches(bundles.get(small) or _open(path, BY_NAME[small], **session), small_tokens)
-        reason += f"; batches of at most {small_tokens} padded tokens run on {small}, faster there"
-    bundles.clear()  # free the candidates not served
-    choice = EngineChoice(
-        served, engine, reason, trials, round(time.perf_counter() - started, 2), small_batch_engine=small,
-        small_batch_tokens=small_tokens,
-    )  # fmt: skip
+        # Only the engines timed to the last round compete: an engine out of the race has medians of fewer rounds.
+        contenders = [t for t in trials if t.status != "passed" or t.engine in bundles]
+        default, reason = pick(contenders)
+    routes = pick_routes(contenders, default, tokens)
+    if len(routes) > 1:
+        reason += f"; {describe(routes)}, each faster there by the margin"
+    kept = {r.engine: bundles.pop(r.engine) for r in routes if r.engine in bundles}
+    bundles.clear()  # free the candidates not served before opening what was not kept
+    bundle = open_routes(path, [(r.engine, r.max_tokens) for r in routes], kept, **session)
+    served = routes[-1].engine
+    seconds = round(time.perf_counter() - started, 2)
+    choice = EngineChoice(served, engine, reason, trials, routes, tokens, seconds)
     missed = any(t.status in ("failed", "unavailable") for t in trials)  # something that should run here did not
     log_level = logging.WARNING if served == FALLBACK and missed else logging.INFO
     log.log(
-        log_level, "bundle %s: serving %s on this CPU (%s; %s), chosen in %.1f s: %s",
-        path, served, choice.cpu["model"], ",".join(choice.cpu["flags"]) or "no int8/bf16 extensions",
+        log_level, "bundle %s: %s on this CPU (%s; %s), chosen in %.1f s: %s",
+        path, describe(routes), choice.cpu["model"], ",".join(choice.cpu["flags"]) or "no int8/bf16 extensions",
         choice.seconds, reason,
     )  # fmt: skip
     return bundle, choice
+
+
+def open_routes(
+    path: str | Path, routes: Sequence[tuple[str, int | None]], opened: Mapping[str, OnnxBundle] = {}, **session: Any
+) -> OnnxBundle:
+    """The bundle at ``path`` on the last route's engine, each batch run as ``routes`` — (engine, max padded tokens)
+    in ascending order, as `EngineChoice.routes` — say; engines in ``opened`` are reused, the others opened with
+    ``session`` (`OnnxBundle`'s keyword arguments)."""
+    bundles = dict(opened)
+    for name, _ in routes:
+        bundles[name] = bundles.get(name) or _open(Path(path), BY_NAME[name], **session)
+    bundle = bundles[routes[-1][0]]
+    bundle.route_batches([(max_tokens or 0, bundles[name]) for name, max_tokens in routes[:-1]])
+    return bundle
 
 
 def _skip_reason(

@@ -188,7 +188,7 @@ class OnnxBundle:
         else:
             raise ValueError(f"unknown runtime {runtime!r}; use one of {RUNTIMES}")
         self.runtime = runtime
-        self._small: tuple[int, _OrtRunner | _OpenVinoRunner] | None = None
+        self._routes: list[tuple[int, _OrtRunner | _OpenVinoRunner]] = []
         self.precision = precision if runtime == "openvino" else self.variant
         self.input_names = self._runner.input_names
         self.max_seq_length = int(self.manifest["max_seq_length"])
@@ -228,17 +228,26 @@ class OnnxBundle:
         return {name: feeds[name] for name in self.input_names}
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        """Padded inputs → ``(B, dim)`` float32 embeddings (pooled and normalised in the graph)."""
-        if self._small is not None and feeds["input_ids"].size <= self._small[0]:
-            return self._small[1].run(feeds)
+        """Padded inputs → ``(B, dim)`` float32 embeddings (pooled and normalised in the graph), on the engine of the
+        batch's route (`route_batches`)."""
+        tokens = feeds["input_ids"].size
+        for max_tokens, runner in self._routes:
+            if tokens <= max_tokens:
+                return runner.run(feeds)
         return self._runner.run(feeds)
 
-    def route_small_batches(self, other: OnnxBundle, max_tokens: int) -> None:
-        """Run batches of at most ``max_tokens`` padded tokens on ``other``'s engine (a bundle of the same folder
-        whose engine is faster on them: one built for large matrices can lose several times over on one text)."""
-        if other.path != self.path:
-            raise ValueError(f"small batches must run the same bundle: {other.path} is not {self.path}")
-        self._small = (max_tokens, other._runner)
+    def route_batches(self, routes: Sequence[tuple[int, OnnxBundle]]) -> None:
+        """Run a batch on the engine of the first of ``routes`` — ``(max_tokens, bundle)``, bounds ascending — whose
+        bound its padded tokens do not exceed, and a batch above every bound on this bundle's own engine. Each
+        bundle is one of the same folder (another engine of it, or this one): `core.engines.pick_routes` sends each
+        batch size to the engine fastest on it."""
+        bounds = [max_tokens for max_tokens, _ in routes]
+        if bounds != sorted(set(bounds)):
+            raise ValueError(f"route bounds must be ascending and distinct, got {bounds}")
+        for _, other in routes:
+            if other.path != self.path:
+                raise ValueError(f"routes must run the same bundle: {other.path} is not {self.path}")
+        self._routes = [(max_tokens, other._runner) for max_tokens, other in routes]
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Embed texts in length-sorted batches; rows come back in input order."""

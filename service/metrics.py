@@ -111,9 +111,17 @@ class ServiceMetrics:
         )
         self.model_engine = Gauge(
             "embed_model_engine",
-            "1 for the engine and precision serving the model (chosen at load on this CPU, or pinned; /v1/models "
-            "says why).",
+            "1 for the engine and precision serving the model's largest batches (chosen at load on this CPU, or "
+            "pinned; /v1/models says why).",
             ["model", "engine", "precision"],
+            registry=r,
+        )
+        self.model_engine_route = Gauge(
+            "embed_model_engine_route",
+            "1 for each engine serving the model and the largest padded batch (tokens) it runs, above the previous "
+            "route's: max_tokens 'inf' for the largest batches (chosen at load on this CPU, per batch size; "
+            "/v1/models engine_choice.routes says why).",
+            ["model", "engine", "precision", "max_tokens"],
             registry=r,
         )
         self.tokens = Counter("embed_tokens", "Tokens embedded.", ["model"], registry=r)

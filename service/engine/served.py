@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core import registry
 from service.backend.base import Backend, BackendFactory, ModelInfo
@@ -177,8 +178,12 @@ class ModelManager:
         old = self._models.get(name)
         if old is not None and old.info.engine:
             self.metrics.model_engine.remove(name, old.info.engine["engine"], old.info.engine["precision"])
+            for labels in _route_labels(old.info.engine):
+                self.metrics.model_engine_route.remove(name, *labels)
         if model.info.engine:
             self.metrics.model_engine.labels(name, model.info.engine["engine"], model.info.engine["precision"]).set(1)
+            for labels in _route_labels(model.info.engine):
+                self.metrics.model_engine_route.labels(name, *labels).set(1)
         model.batcher.start()
         self._models[name] = model
         self._failed.pop(name, None)
@@ -196,3 +201,8 @@ class ModelManager:
                 await self.refresh()
             except Exception:  # a broken registry must not stop serving what is loaded
                 log.exception("registry poll failed")
+
+
+def _route_labels(choice: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(engine, precision, max_tokens) of each route of an engine choice (`core.engines.EngineChoice.as_dict`)."""
+    return [(r["engine"], r["precision"], str(r["max_tokens"] or "inf")) for r in choice.get("routes", [])]

@@ -1,17 +1,22 @@
-"""The engine choice: `pick` on made-up trials (the rules, whatever this CPU is), and `load_engine` on a real
-small bundle (parity checks against its probes, pinning, fallbacks, a candidate that cannot load)."""
+"""The engine choice: `pick` and `pick_routes` on made-up trials (the rules, whatever this CPU is), and `load_engine`
+on a real small bundle (parity checks against its probes, routing by batch size, pinning, fallbacks, a candidate
+that cannot load)."""
 
 from __future__ import annotations
 
 import logging
+import random
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from core import engines, runtime
-from core.engines import BASELINE, ENGINES, FALLBACK, Trial, load_engine, pick
+from core import engine_timing, engines, runtime
+from core.engines import BASELINE, ENGINES, FALLBACK, Route, Trial, load_engine, pick, pick_routes
+
+BATCHES = engine_timing.BATCHES
+TOKENS = {"1": 20, "4": 80, "16": 320, "short": 640, "long": 2048}
 
 
 def _passed(engine: str, short: float, long: float, *small: float) -> Trial:
@@ -19,48 +24,66 @@ def _passed(engine: str, short: float, long: float, *small: float) -> Trial:
     return Trial(engine, "passed", mean_cosine=0.995, min_cosine=0.98, seconds=seconds)
 
 
-TOKENS = {"1": 20, "4": 80, "16": 320, "short": 640, "long": 2048}
+def _routes(trials: list[Trial]) -> list[tuple[str, int | None]]:
+    return [(r.engine, r.max_tokens) for r in pick_routes(trials, pick(trials)[0], TOKENS)]
 
 
-# --- pick: the rules ---------------------------------------------------------------------------------------------
+def _engine_for(routes: list[Route], tokens: int) -> str:
+    """The engine a batch of ``tokens`` padded tokens runs on (as `OnnxBundle.run` routes it)."""
+    return next(r.engine for r in routes if r.max_tokens is None or tokens <= r.max_tokens)
 
 
-def test_the_fastest_passing_engine_is_served() -> None:
-    trials = [_passed(BASELINE, 0.040, 0.200), _passed("openvino-bf16", 0.030, 0.100), _passed(FALLBACK, 0.1, 0.5)]
-    assert pick(trials)[0] == "openvino-bf16"
+# --- pick and pick_routes: the rules ---------------------------------------------------------------------------
+
+
+def test_a_challenger_takes_only_the_batch_sizes_it_is_clearly_faster_on() -> None:
+    # OpenVINO twice as fast on long texts, slower on short ones: it takes the long batches only, the default the rest.
+    trials = [_passed(BASELINE, 0.040, 0.200), _passed("openvino-bf16", 0.045, 0.100), _passed(FALLBACK, 0.1, 0.5)]
+    assert pick(trials)[0] == BASELINE
+    boundary = int((TOKENS["short"] * TOKENS["long"]) ** 0.5)  # halfway between the two timing batches
+    assert _routes(trials) == [(BASELINE, boundary), ("openvino-bf16", None)]
+    routes = pick_routes(trials, BASELINE, TOKENS)
+    assert [r.batches for r in routes] == [["1", "4", "16", "short"], ["long"]]
+    assert "long (2048 tokens): openvino-bf16 100.0 ms, 2.00x faster than onnxruntime-int8" in routes[1].reason
+    assert "no other 1.15x faster" in routes[0].reason
+    assert engines.describe(routes) == (
+        f"batches of 1-{boundary} padded tokens on {BASELINE}, above {boundary} padded tokens on openvino-bf16"
+    )
+    # Faster on every batch by the margins: one route, the challenger's.
+    trials[1] = _passed("openvino-bf16", 0.030, 0.100, 0.001, 0.004, 0.01)
+    assert _routes(trials) == [("openvino-bf16", None)]
+    assert engines.describe(pick_routes(trials, BASELINE, TOKENS)) == "openvino-bf16 runs every batch"
 
 
 def test_an_engine_below_the_parity_bars_is_never_served_however_fast() -> None:
     failed = Trial("openvino-bf16", "failed", "openvino-bf16: min cosine to torch 0.9 < 0.97", 0.98, 0.9)
-    failed.seconds = {"short": 0.001, "long": 0.001}
-    assert pick([_passed(BASELINE, 0.04, 0.2), failed, _passed(FALLBACK, 0.1, 0.5)])[0] == BASELINE
+    failed.seconds = dict.fromkeys(BATCHES, 0.0001)
+    trials = [_passed(BASELINE, 0.04, 0.2), failed, _passed(FALLBACK, 0.1, 0.5)]
+    assert _routes(trials) == [(BASELINE, None)]
     assert pick([failed, Trial(BASELINE, "failed"), Trial(FALLBACK, "failed")])[0] == FALLBACK
 
 
-def test_an_engine_slower_than_onnxruntime_int8_on_either_batch_is_never_served() -> None:
-    # Faster overall (geometric mean), but slower than the baseline on short texts: not served.
-    trials = [_passed(BASELINE, 0.040, 0.200), _passed("openvino-bf16", 0.045, 0.050)]
-    assert pick(trials)[0] == BASELINE
-    # Without a passing baseline, the fastest passing engine is served.
-    trials[0] = Trial(BASELINE, "failed", "int8: mean cosine to torch 0.95 < 0.99")
-    assert pick([*trials, _passed(FALLBACK, 0.1, 0.5)])[0] == "openvino-bf16"
+def test_without_onnxruntime_int8_the_fastest_passing_engine_is_the_default() -> None:
+    trials = [Trial(BASELINE, "failed", "int8: mean cosine to torch 0.95 < 0.99"), _passed("openvino-bf16", 0.04, 0.05)]
+    trials.append(_passed(FALLBACK, 0.1, 0.5, 0.001, 0.003, 0.01))
+    engine, reason = pick(trials)
+    assert engine == "openvino-bf16" and "did not" in reason
+    # The fp32 graph is twice as fast on the small batches: it takes them from that default.
+    assert _routes(trials) == [(FALLBACK, int((TOKENS["16"] * TOKENS["short"]) ** 0.5)), ("openvino-bf16", None)]
 
 
-def test_ties_go_to_the_default_and_a_challenger_must_beat_it_by_the_margin_on_each_batch() -> None:
+def test_ties_go_to_the_default_and_a_challenger_must_beat_it_by_the_margin() -> None:
     under = engines.CHALLENGER_MARGIN * 0.97  # faster on both batches, but by less than the margin
     trials = [_passed(BASELINE, 0.040, 0.200), _passed("openvino-bf16", 0.040 / under, 0.200 / under)]
-    engine, reason = pick(trials)
-    assert engine == BASELINE and "openvino-bf16" in reason and "beat the default" in reason
+    assert _routes(trials) == [(BASELINE, None)]
     over = engines.CHALLENGER_MARGIN * 1.03
     trials[1] = _passed("openvino-bf16", 0.040 / over, 0.200 / over)
-    engine, reason = pick(trials)
-    assert engine == "openvino-bf16" and "openvino-bf16" in reason and BASELINE in reason
-    # A large lead on one batch does not buy a loss on the other: never slower than the default on either ...
-    trials[1] = _passed("openvino-bf16", 0.0401, 0.020)
-    assert pick(trials)[0] == BASELINE
-    # ... nor a tie: twice as fast on long texts, within the margin on short ones, and the default stays.
-    trials[1] = _passed("openvino-bf16", 0.040 / under, 0.100)
-    assert pick(trials)[0] == BASELINE
+    assert [e for e, _ in _routes(trials)] == [BASELINE, "openvino-bf16"]  # short and long; not the small ones
+    # The small batches ask for the larger margin: 1.2x faster on one text is not enough, 1.35x is.
+    trials[1] = _passed("openvino-bf16", 0.05, 0.3, 0.002 / 1.2, 0.006, 0.02)
+    assert _routes(trials) == [(BASELINE, None)]
+    trials[1] = _passed("openvino-bf16", 0.05, 0.3, 0.002 / 1.35, 0.006, 0.02)
+    assert _routes(trials) == [("openvino-bf16", int((TOKENS["1"] * TOKENS["4"]) ** 0.5)), (BASELINE, None)]
 
 
 def test_among_challengers_within_the_tolerance_the_earlier_engine_wins() -> None:
@@ -70,49 +93,80 @@ def test_among_challengers_within_the_tolerance_the_earlier_engine_wins() -> Non
         _passed("openvino-f32", 0.040 / near, 0.200 / near),
         _passed("openvino-bf16", 0.040, 0.200),
     ]
-    assert pick(trials)[0] == "openvino-bf16"  # comes first in ENGINES, within the tolerance of the fastest
+    assert [e for e, _ in _routes(trials)][-1] == "openvino-bf16"  # first in ENGINES, within the tolerance
     far = 1 + engines.SPEED_TOLERANCE * 2
     trials[1] = _passed("openvino-f32", 0.040 / far, 0.200 / far)
-    assert pick(trials)[0] == "openvino-f32"
+    assert [e for e, _ in _routes(trials)][-1] == "openvino-f32"
+
+
+def test_an_avx2_only_cpu_routes_among_the_engines_it_has() -> None:
+    # No bf16 units: OpenVINO bf16 is unavailable (never timed); OpenVINO f32 wins the long batch there.
+    trials = [
+        _passed(BASELINE, 0.040, 0.400),
+        Trial("openvino-bf16", "unavailable", "this CPU has no bf16 units"),
+        _passed("openvino-f32", 0.060, 0.300),
+        _passed(FALLBACK, 0.080, 0.500),
+    ]
+    assert [e for e, _ in _routes(trials)] == [BASELINE, "openvino-f32"]
+    assert all(r.engine != "openvino-bf16" for r in pick_routes(trials, BASELINE, TOKENS))
+
+
+def test_on_any_timings_each_batch_runs_on_a_passing_engine_no_slower_than_the_default() -> None:
+    rng = random.Random(0)
+    for _ in range(500):
+        trials = [
+            Trial(e.name, rng.choice(["passed", "passed", "failed", "unavailable"]))
+            for e in ENGINES
+        ]  # fmt: skip
+        for trial in trials:
+            if trial.status == "passed":
+                trial.seconds = {b: rng.uniform(0.5, 2.0) * TOKENS[b] / 1e4 for b in BATCHES}
+        tokens = {b: int(TOKENS[b] * rng.uniform(0.5, 2.0)) for b in BATCHES}  # any order, ties included
+        default, _ = pick(trials)
+        routes = pick_routes(trials, default, tokens)
+        status = {t.engine: t.status for t in trials}
+        assert default == BASELINE if status[BASELINE] == "passed" else default != BASELINE
+        assert routes[-1].max_tokens is None and sorted(b for r in routes for b in r.batches) == sorted(
+            tokens if len(routes) > 1 or routes[0].batches else []
+        )
+        bounds = [r.max_tokens for r in routes[:-1]]
+        assert bounds == sorted(bounds) and all(bound is not None for bound in bounds)
+        seconds = {t.engine: t.seconds for t in trials}
+        for route in routes:
+            assert status[route.engine] == "passed" or route.engine == FALLBACK == default
+            for batch in route.batches:  # no slower than the default on its timing batch ...
+                assert seconds[route.engine][batch] <= seconds[default][batch]
+        if len(routes) > 1:  # ... and a batch of its padded tokens is routed to that engine
+            for batch in BATCHES:
+                chosen = next(r.engine for r in routes if batch in r.batches)
+                assert _engine_for(routes, tokens[batch]) == chosen
 
 
 def test_the_choice_reads_medians_so_one_disturbed_round_does_not_flip_it() -> None:
     # Five rounds; in one the machine stalled the baseline threefold. Its best is untouched either way, its mean is
-    # not; the median keeps the steady figure, and the default keeps its place.
+    # not; the median keeps the steady figure, and the default keeps every batch.
     baseline = {"short": [0.040, 0.041, 0.120, 0.040, 0.042], "long": [0.20, 0.21, 0.60, 0.20, 0.20]}
     challenger = {"short": [0.038, 0.039, 0.039, 0.040, 0.038], "long": [0.19, 0.20, 0.19, 0.19, 0.20]}
     small = {size: [0.002] for size in ("1", "4", "16")}
-    medians = {e: engines.medians_of(s | small) for e, s in ((BASELINE, baseline), ("openvino-bf16", challenger))}
+    medians_of = engine_timing.medians_of
+    medians = {e: medians_of(s | small) for e, s in ((BASELINE, baseline), ("openvino-bf16", challenger))}
     assert medians[BASELINE] == {"short": 0.041, "long": 0.20, "1": 0.002, "4": 0.002, "16": 0.002}
     trials = [Trial(e, "passed", seconds=s) for e, s in medians.items()]
-    assert pick(trials)[0] == BASELINE
-    assert engines.pick_small(trials, BASELINE, TOKENS) == (None, 0)
+    assert _routes(trials) == [(BASELINE, None)]
 
 
-def test_only_engines_that_can_still_win_are_timed_on() -> None:
+def test_only_engines_that_can_still_win_a_batch_are_timed_on() -> None:
     small = {"1": 0.002, "4": 0.006, "16": 0.02}
     seconds = {
         BASELINE: {"short": 0.04, "long": 0.2, **small},
-        "openvino-bf16": {"short": 0.05, "long": 0.1, **small, "1": 0.008},  # within reach on short texts
-        "openvino-f32": {"short": 0.2, "long": 0.8, **small, "1": 0.009},  # far behind everywhere
-        FALLBACK: {"short": 0.13, "long": 0.9, **small, "1": 0.0021},  # behind, but close on one text
+        "openvino-bf16": {"short": 0.2, "long": 0.1, **small, "1": 0.008},  # within reach on long texts
+        "openvino-f32": {"short": 0.2, "long": 0.8, **small, "1": 0.009, "4": 0.1, "16": 0.1},  # far behind
+        FALLBACK: {"short": 0.13, "long": 0.9, **small, "1": 0.0021, "4": 0.1, "16": 0.1},  # close on one text
     }
     assert [e for e in seconds if engines.can_win(e, seconds)] == [BASELINE, "openvino-bf16", FALLBACK]
-    seconds["openvino-bf16"]["short"] = 0.04 * engines.OUT_OF_RACE * 1.01  # out of reach on one deciding batch
-    assert not engines.can_win("openvino-bf16", seconds)
+    seconds[FALLBACK]["1"] = 0.002 * engines.OUT_OF_RACE * 1.01  # out of reach on every batch
+    assert not engines.can_win(FALLBACK, seconds)
     assert engines.can_win(BASELINE, {**seconds, BASELINE: {"short": 9.0, "long": 9.0, **small}})
-
-
-def test_a_second_engine_runs_small_batches_only_when_clearly_faster_there() -> None:
-    # The default serves; OpenVINO is a little faster on one text: one engine for everything.
-    trials = [
-        _passed(BASELINE, 0.04, 0.2, 0.002, 0.006, 0.02),
-        _passed("openvino-bf16", 0.05, 0.3, 0.0019, 0.006, 0.02),
-    ]
-    assert engines.pick_small(trials, BASELINE, TOKENS) == (None, 0)
-    # Clearly faster on one text (and four), clearly slower on sixteen: those two sizes move to it.
-    trials[1] = _passed("openvino-bf16", 0.05, 0.3, 0.001, 0.004, 0.03)
-    assert engines.pick_small(trials, BASELINE, TOKENS) == ("openvino-bf16", TOKENS["4"])
 
 
 def test_the_baseline_comes_first_and_the_reference_graph_last() -> None:
@@ -148,12 +202,11 @@ def copy(int8_bundle: Path, tmp_path: Path) -> Path:
     return target
 
 
-def test_auto_serves_a_passing_engine_no_slower_than_onnxruntime_int8(int8_bundle: Path) -> None:
+def test_auto_serves_passing_engines_no_slower_than_onnxruntime_int8_on_their_batches(int8_bundle: Path) -> None:
     bundle, choice = load_engine(int8_bundle, intra_op_threads=1)
     trials = {t.engine: t for t in choice.trials}
     assert list(trials) == [e.name for e in ENGINES] and choice.setting == "auto"
-    served = trials[choice.engine]
-    assert served.status == "passed" and served.mean_cosine >= 0.99 and served.min_cosine >= 0.97
+    assert choice.engine == choice.routes[-1].engine and choice.routes[-1].max_tokens is None
     assert (bundle.runtime, bundle.variant) == (engines.BY_NAME[choice.engine].runtime, choice.graph)
     assert trials["openvino-f32"].status == "passed"  # every x86 CPU has OpenVINO's f32 kernels
     import openvino as ov
@@ -163,18 +216,65 @@ def test_auto_serves_a_passing_engine_no_slower_than_onnxruntime_int8(int8_bundl
         assert bf16.status in ("passed", "failed") and bf16.mean_cosine is not None
     else:  # an AVX2-only CPU: skipped, and says why
         assert bf16.status == "unavailable" and "no bf16 units" in bf16.reason
-    baseline = trials[BASELINE]
-    if baseline.status == "passed":
-        assert all(served.seconds[k] <= baseline.seconds[k] for k in engines.BATCH_SHAPES)
     for trial in trials.values():  # timed exactly when it passed, on every batch
-        assert set(trial.seconds) == ({"short", "long", "1", "4", "16"} if trial.status == "passed" else set())
-    if choice.small_batch_engine is not None:
-        small = trials[choice.small_batch_engine]
-        assert small.status == "passed" and small.seconds["1"] < served.seconds["1"]
-        assert choice.small_batch_tokens > 0 and bundle.run(bundle.pad(bundle.tokenize(["a text"]))).shape[0] == 1
+        assert set(trial.seconds) == (set(BATCHES) if trial.status == "passed" else set())
+    assert set(choice.batch_tokens) == set(BATCHES) and choice.batch_tokens["1"] < choice.batch_tokens["long"]
+    baseline = trials[BASELINE]
+    for route in choice.routes:
+        served = trials[route.engine]
+        assert served.status == "passed" and served.mean_cosine >= 0.99 and served.min_cosine >= 0.97
+        for batch in route.batches:  # each timing batch runs on an engine no slower there than onnxruntime int8
+            assert served.seconds[batch] <= baseline.seconds[batch]
+            assert _engine_for(choice.routes, choice.batch_tokens[batch]) == route.engine
+    assert sorted(b for r in choice.routes for b in r.batches) == sorted(BATCHES) or len(choice.routes) == 1
     assert choice.cpu == runtime.cpu_features() and choice.seconds > 0
+    card = choice.as_dict()
+    assert [(r["engine"], r["max_tokens"], r["precision"]) for r in card["routes"]] == [
+        (r.engine, r.max_tokens, engines.BY_NAME[r.engine].precision) for r in choice.routes
+    ]
     texts, reference = runtime.read_probes(int8_bundle)
-    assert runtime.cosines(bundle.encode(texts), reference).min() >= 0.97
+    for batch_size in (1, 4, 32):  # whichever engine each batch size runs on, the vectors keep the bars
+        assert runtime.cosines(bundle.encode(texts, batch_size=batch_size), reference).min() >= 0.97
+
+
+def test_an_engine_whose_vectors_miss_the_bars_runs_no_batch(copy: Path) -> None:
+    # An int8 graph that runs fast and loads fine but computes other vectors (weights scrambled): never served.
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(copy / "model.onnx"))
+    rng = np.random.default_rng(0)
+    for tensor in model.graph.initializer:
+        weights = numpy_helper.to_array(tensor)
+        if weights.dtype == np.float32 and weights.ndim == 2:
+            scrambled = rng.permutation(weights.ravel()).reshape(weights.shape)
+            tensor.CopyFrom(numpy_helper.from_array(scrambled, tensor.name))
+    onnx.save(model, str(copy / "model_int8.onnx"))
+    bundle, choice = load_engine(copy)
+    int8 = choice.trial(BASELINE)
+    assert int8.status == "failed" and "onnxruntime-int8: mean cosine to torch" in int8.reason and not int8.seconds
+    assert BASELINE not in {r.engine for r in choice.routes} and bundle.variant == "fp32"
+    assert {choice.trial(r.engine).status for r in choice.routes} == {"passed"}
+
+
+def test_batches_run_on_the_engine_of_their_route(int8_bundle: Path, copy: Path) -> None:
+    texts = runtime.read_probes(int8_bundle)[0]
+    int8 = runtime.OnnxBundle(int8_bundle, variant="int8")
+    fp32 = runtime.OnnxBundle(int8_bundle, variant="fp32")
+    alone = {"int8": int8.encode(texts, batch_size=1), "fp32": fp32.encode(texts, batch_size=1)}
+    assert not np.allclose(alone["int8"], alone["fp32"], atol=1e-6)  # the two engines are told apart
+    routed = engines.open_routes(int8_bundle, [("onnxruntime-fp32", 16), ("onnxruntime-int8", None)])
+    assert routed.variant == "int8"
+    short = np.array([len(e.ids) <= 16 for e in routed.tokenize(texts)])  # a text alone: up to 16 tokens on fp32
+    assert 0 < short.sum() < len(texts)
+    expected = np.where(short[:, None], alone["fp32"], alone["int8"])
+    assert np.allclose(routed.encode(texts, batch_size=1), expected, atol=1e-6)
+    whole = int8.encode(texts, batch_size=len(texts))  # every text in one batch: far above 16 tokens, on int8
+    assert np.allclose(routed.encode(texts, batch_size=len(texts)), whole, atol=1e-6)
+    with pytest.raises(ValueError, match="ascending and distinct"):
+        int8.route_batches([(64, fp32), (64, int8)])
+    with pytest.raises(ValueError, match="routes must run the same bundle"):
+        int8.route_batches([(64, runtime.OnnxBundle(copy, variant="fp32"))])
 
 
 def test_a_pinned_engine_wins_and_others_are_not_tried(int8_bundle: Path) -> None:

@@ -1,0 +1,125 @@
+"""OpenVINO int8 (NNCF post-training quantisation of the fp32 graph) against OpenVINO bf16 and onnxruntime int8,
+in process: is it a candidate worth adding to the engine choice (`core/engines.py`)?
+
+The bundle's fp32 ``model.onnx`` is quantised by NNCF (``nncf.quantize``, transformer model type: int8 matmuls,
+the rest as compiled), calibrated on the bundle's probe texts, one text per sample — the texts a bundle carries,
+nothing downloaded. The quantised graph is saved as OpenVINO IR into a scratch copy of the bundle (symlinks to its
+files) and compiled with OpenVINO at two precision hints for what NNCF left unquantised: bf16 (its default on a CPU
+with bf16 units) and f32 (every CPU).
+
+Printed: the CPU, the quantisation's seconds, and per arm the median texts/s over the rounds on one batch of 32 short
+texts and one of 32 paragraphs (bench_service's seeded texts; the arms alternate in order from round to round), and
+the cosine (mean / min) to the fp32 reference on the probes (the bundle's torch references: calibration texts) and
+on 256 held-out texts (128 short, 128 paragraphs; reference: the fp32 graph on onnxruntime).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_ov_int8.py --bundle runs/reg/minilm-l6/current --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_service import workloads
+from report_file import write_report
+
+from core.runtime import OnnxBundle, cosines, cpu_features, read_probes
+
+OV_INT8_FILE = "model_ov_int8.xml"
+
+
+def quantise(bundle_dir: Path, scratch: Path, texts: list[str]) -> float:
+    """NNCF int8 of the bundle's fp32 graph, calibrated on ``texts``, saved as IR into ``scratch``: seconds taken."""
+    import nncf
+    import openvino as ov
+
+    for file in bundle_dir.iterdir():
+        (scratch / file.name).symlink_to(file.resolve())
+    bundle = OnnxBundle(bundle_dir, variant="fp32")
+    samples = [bundle.pad(bundle.tokenize([text])) for text in texts]
+    started = time.perf_counter()
+    model = ov.Core().read_model(str(bundle_dir / bundle.manifest["onnx"]["fp32"]))
+    quantised = nncf.quantize(
+        model, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(samples)
+    )
+    ov.save_model(quantised, str(scratch / OV_INT8_FILE))
+    return time.perf_counter() - started
+
+
+def arms(bundle_dir: Path, scratch: Path, threads: int) -> dict[str, OnnxBundle]:
+    session: dict[str, Any] = {"intra_op_threads": threads}
+    return {
+        "onnxruntime-int8": OnnxBundle(bundle_dir, variant="int8", allow_spinning=False, **session),
+        "openvino-bf16": OnnxBundle(bundle_dir, variant="fp32", runtime="openvino", precision="bf16", **session),
+        "openvino-int8 (rest bf16)": OnnxBundle(
+            scratch, onnx_file=OV_INT8_FILE, runtime="openvino", precision="bf16", **session
+        ),
+        "openvino-int8 (rest f32)": OnnxBundle(
+            scratch, onnx_file=OV_INT8_FILE, runtime="openvino", precision="f32", **session
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", type=Path, required=True, help="a bundle folder with int8 and fp32 graphs")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if not 1 <= args.rounds <= 20:
+        parser.error("keep it bounded: 1-20 rounds")
+    probes = read_probes(args.bundle)
+    if probes is None:
+        parser.error(f"{args.bundle} stores no probes: re-export it")
+    probe_texts, probe_reference = probes
+    short, paragraphs = workloads()
+    batches = {"32 short": short[:32], "32 paragraphs": paragraphs[:32]}
+    held_out = short[1000:1128] + paragraphs[200:328]
+    cpu = cpu_features()
+    print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads", flush=True)
+    with tempfile.TemporaryDirectory(prefix="ov-int8-") as tmp:
+        scratch = Path(tmp)
+        seconds = quantise(args.bundle, scratch, probe_texts)
+        print(f"NNCF quantisation: {seconds:.1f} s on {len(probe_texts)} probe texts", flush=True)
+        bundles = arms(args.bundle, scratch, args.threads)
+        reference = OnnxBundle(args.bundle, variant="fp32", intra_op_threads=args.threads).encode(held_out)
+        report: dict[str, Any] = {"cpu": cpu, "threads": args.threads, "quantise_seconds": round(seconds, 1)}
+        for name, bundle in bundles.items():
+            on_probes = cosines(bundle.encode(probe_texts, batch_size=16), probe_reference)
+            on_held_out = cosines(bundle.encode(held_out), reference)
+            report[name] = {
+                "probes": [round(float(on_probes.mean()), 5), round(float(on_probes.min()), 5)],
+                "held_out": [round(float(on_held_out.mean()), 5), round(float(on_held_out.min()), 5)],
+                **{batch: [] for batch in batches},
+            }
+        names = list(bundles)
+        for round_ in range(args.rounds + 1):
+            for batch, texts in batches.items():
+                for name in names if round_ % 2 else reversed(names):
+                    started = time.perf_counter()
+                    bundles[name].encode(texts, batch_size=32)
+                    if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
+                        report[name][batch].append(len(texts) / (time.perf_counter() - started))
+    for name in names:
+        row = report[name]
+        speeds = {batch: round(statistics.median(row[batch]), 1) for batch in batches}
+        ratio = {b: round(speeds[b] / statistics.median(report["onnxruntime-int8"][b]), 2) for b in batches}
+        row["texts_per_s"], row["vs_onnxruntime_int8"] = speeds, ratio
+        print(
+            f"{name:28s} " + "  ".join(f"{b}: {speeds[b]:7.1f} texts/s ({ratio[b]:.2f}x)" for b in batches)
+            + f"  cosine to fp32, probes {row['probes'][0]:.5f} / {row['probes'][1]:.5f},"
+            f" held-out {row['held_out'][0]:.5f} / {row['held_out'][1]:.5f}",
+            flush=True,
+        )  # fmt: skip
+    write_report(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

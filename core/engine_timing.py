@@ -1,0 +1,84 @@
+"""How the candidate engines are timed at load (`core.engines`): batches shaped like the served load, the candidates
+taking turns on each, medians of several rounds.
+
+The timing batches span the batch sizes the service forms, by padded tokens: 1, 4 and 16 short probe texts, 32 short
+ones, and 4 texts at ``max_seq_length`` — each is the timing batch of one shape class, and the engine chosen for a
+class runs the served batches of about that many padded tokens (`core.engines.pick_routes`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from core.runtime import OnnxBundle
+
+log = logging.getLogger(__name__)
+
+TIMING_ROUNDS = 5  # timed rounds after the warm-up; each time is the median of the rounds
+SHORT_BATCH = 32  # texts of the short timing batch (probe sentences)
+# Texts of the long timing batch (probes cut at max_seq_length): 4, not 8 — the long batch took ~80% of the timing
+# (38 s of a 49 s load of minilm-l6 on a busy 2-core Xeon), and 4 x max_seq_length is as compute-bound as 8.
+LONG_BATCH = 4
+SMALL_BATCHES = ("1", "4", "16")  # timing batches of that many short probe texts
+BATCHES = (*SMALL_BATCHES, "short", "long")
+
+# Whether an engine is still worth timing, given every remaining engine's median seconds per batch so far.
+StillIn = Callable[[str, Mapping[str, Mapping[str, float]]], bool]
+
+
+def timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[str]]:
+    """Batches of short probe texts (1, 4, 16 and 32) and one of texts cut at ``max_seq_length``, like the
+    served load's two ends."""
+    lengths = [len(e.ids) for e in bundle.tokenize(texts)]
+    by_length = sorted(range(len(texts)), key=lambda i: lengths[i])
+    short = [texts[i] for i in by_length if 8 <= lengths[i] <= 32] or [texts[i] for i in by_length]
+    long = [texts[i] for i in by_length if lengths[i] >= bundle.max_seq_length] or [texts[by_length[-1]]]
+    cycle = lambda pool, n: [pool[i % len(pool)] for i in range(n)]  # noqa: E731
+    small = {size: cycle(short[len(short) // 2 :], int(size)) for size in SMALL_BATCHES}
+    return {**small, "short": cycle(short, SHORT_BATCH), "long": cycle(long, LONG_BATCH)}
+
+
+def time_engines(
+    bundles: dict[str, OnnxBundle], texts: Sequence[str], still_in: StillIn, rounds: int = TIMING_ROUNDS
+) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    """Median seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
+    rounds, each running one batch on every candidate in turn (alternating their order from round to round) before
+    the next batch, so a drift of a shared machine hits the candidates alike where they are compared. A small
+    batch's time in a round is the best of three runs (short enough for one scheduler hiccup to double them). An
+    engine that cannot win after a round (``still_in`` false) is timed no more and removed from ``bundles`` (memory
+    freed)."""
+    first = next(iter(bundles.values()))
+    feeds = {name: first.pad(first.tokenize(batch)) for name, batch in timing_batches(first, texts).items()}
+    samples: dict[str, dict[str, list[float]]] = {engine: {shape: [] for shape in feeds} for engine in bundles}
+    names = list(bundles)
+    for round_ in range(rounds + 1):
+        for shape, feed in feeds.items():  # the candidates in turn on one batch: close in time, alike in conditions
+            for engine in names if round_ % 2 else reversed(names):
+                best = math.inf
+                for _ in range(3 if shape in SMALL_BATCHES else 1):
+                    started = time.perf_counter()
+                    bundles[engine].run(feed)
+                    best = min(best, time.perf_counter() - started)
+                if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
+                    samples[engine][shape].append(best)
+        if round_:
+            medians = {e: medians_of(samples[e]) for e in names}
+            out = [e for e in names if not still_in(e, medians)]
+            for engine in out:
+                names.remove(engine)
+                del bundles[engine]
+                log.info("engine %s: out of the race after %d timed rounds", engine, round_)
+    return (
+        {engine: medians_of(by_shape) for engine, by_shape in samples.items()},
+        {shape: int(feed["input_ids"].size) for shape, feed in feeds.items()},
+    )
+
+
+def medians_of(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """The median of each batch's timed rounds."""
+    return {shape: float(np.median(values)) for shape, values in samples.items()}
