@@ -51,7 +51,7 @@ from report_file import write_report
 
 from adapt_worker.attempt import MAX_PIECE_DISTRACTORS, split_corpus
 from core.runtime import cpu_features
-from evaluation.domain_checks import _STOP, _WORD, PIECES, _content_words, ndcg_at_10, piece_pairs
+from evaluation.domain_checks import PIECES, STOP_WORDS, content_words, ndcg_at_10, piece_pairs, words
 
 KEYWORDS = 6
 MIN_STRIPPED_WORDS = 3
@@ -72,24 +72,24 @@ SHOWN = ("pieces", "keyphrase", "stripped", "agree-teacher", "agree-teacher-lt",
 
 def keyphrase(document: str, idf: dict[str, float]) -> str:
     """The `KEYWORDS` content words of ``document`` with the highest TF-IDF, in the order they first appear."""
-    words = [w for w in _WORD.findall(document.lower()) if w not in _STOP and not w.isdigit() and len(w) > 2]
-    counts = Counter(words)
+    kept = [w for w in words(document) if w not in STOP_WORDS and not w.isdigit() and len(w) > 2]
+    counts = Counter(kept)
     top = sorted(counts, key=lambda w: (-counts[w] * idf.get(w, 0.0), w))[:KEYWORDS]
-    first = {w: i for i, w in reversed(list(enumerate(words)))}
+    first = {w: i for i, w in reversed(list(enumerate(kept)))}
     return " ".join(sorted(top, key=first.__getitem__))
 
 
 def document_frequencies(documents: Sequence[str]) -> dict[str, float]:
-    df = Counter(w for d in documents for w in set(_WORD.findall(d.lower())))
+    df = Counter(w for d in documents for w in set(words(d)))
     return {w: math.log(len(documents) / n) for w, n in df.items()}
 
 
 def stripped(piece: str, rest: str) -> str | None:
     """``piece`` without the words the rest of its document also has (stop words kept), or None when fewer than
     `MIN_STRIPPED_WORDS` content words are left."""
-    shared = _content_words(rest)
-    kept = [w for w in piece.split() if not ({*_WORD.findall(w.lower())} & shared)]
-    return " ".join(kept) if len(_content_words(" ".join(kept))) >= MIN_STRIPPED_WORDS else None
+    shared = content_words(rest)
+    kept = [w for w in piece.split() if not (set(words(w)) & shared)]
+    return " ".join(kept) if len(content_words(" ".join(kept))) >= MIN_STRIPPED_WORDS else None
 
 
 def text_lists(held_out: list[str], distractors: list[str], every: list[str]) -> dict[str, Any]:

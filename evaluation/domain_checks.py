@@ -30,7 +30,7 @@ TITLE_WORDS = 8
 MIN_REST_WORDS = 8  # a remainder shorter than this is too little to retrieve
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 _WORD = re.compile(r"[a-z0-9]+")
-_STOP = frozenset(
+STOP_WORDS = frozenset(
     ["a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "has", "have", "in", "is", "it", "its", "of", "on",
      "or", "that", "the", "this", "to", "was", "were", "which", "with"]
 )  # fmt: skip
@@ -47,8 +47,14 @@ def _sentences(text: str) -> list[str]:
     return [s for s in (" ".join(p.split()) for p in _SENTENCE_END.split(text.strip())) if s]
 
 
-def _content_words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+def words(text: str) -> list[str]:
+    """The lower-cased words (runs of letters and digits) of ``text``, in order."""
+    return _WORD.findall(text.lower())
+
+
+def content_words(text: str) -> set[str]:
+    """The distinct words of ``text`` that are not `STOP_WORDS`."""
+    return {w for w in words(text) if w not in STOP_WORDS}
 
 
 def short_piece(text: str, kind: str) -> tuple[str, str] | None:
@@ -69,8 +75,8 @@ def short_piece(text: str, kind: str) -> tuple[str, str] | None:
     else:  # summary: the sentence whose content words cover most of the rest's
         overlaps = []
         for i, sentence in enumerate(sentences):
-            own = _content_words(sentence)
-            others = _content_words(" ".join(sentences[:i] + sentences[i + 1 :]))
+            own = content_words(sentence)
+            others = content_words(" ".join(sentences[:i] + sentences[i + 1 :]))
             overlaps.append(len(own & others) / (len(own) ** 0.5 or 1.0))
         at = int(np.argmax(overlaps))
     rest = " ".join(sentences[:at] + sentences[at + 1 :])
