@@ -107,6 +107,13 @@ class Evaluation(Section):
         default=None, description="each short-piece check by role: {role: {lead, title, summary}}"
     )
     pieces_task: str | None = None
+    teacher_agreement: dict[str, float] | None = Field(
+        default=None,
+        description="a student job's: how closely each model's retrieval of the lead and title pieces follows the "
+        "base teacher's (nDCG@10 against the teacher's ten nearest rests); the adapted student must improve on the "
+        "base student's",
+    )
+    teacher_agreement_task: str | None = None
     general_in_domain: list[str] | None = Field(
         default=None, description="general tasks left out: the scored model was trained on their domain"
     )

@@ -221,6 +221,7 @@ class Trained:
     role: str  # its role in the evaluation (adapted, adapted_student)
     baselines: tuple[Baseline, ...]  # scored beside it, in the order the evaluation reports them
     compared_with: tuple[str, ...]  # the roles the gate compares it with: the first decides, the others are reported
+    reference: str | None = None  # the role whose retrieval it must follow more closely than the deciding role does
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ change between jobs.
 
 Gate (`evaluation.gate.adapt_gate`, the trained model against the first of the roles it is compared with): the short
 pieces of the held-out documents retrieving the rest of them (`evaluation.domain_checks`, the checks shaped like a
-customer's search) must improve; held-out crop-pair retrieval, each task of the general offline suite that is
+customer's search) must improve — and for a student, how closely its retrieval of them follows the base teacher's
+(`Trained.reference`); held-out crop-pair retrieval, each task of the general offline suite that is
 out-of-domain for the model it was trained from — and kNN accuracy when labels were given — may drop at most
 ``gate_margin`` points. A student is also compared with the base teacher, reported beside the decision. The model is
 always published as a new version of ``name``; it is promoted (made servable) only when the gate passes and the job
@@ -73,8 +74,9 @@ def evaluate(attempt: Attempt, trained: Trained, exported: Exported) -> Evaluati
         general = general_tasks(attempt.spec.hyperparameters.general_tasks, trained.trained_on)
         roles = [b.role for b in trained.baselines if b.general] + [trained.role]
         return score_models(
-            attempt, models, general=general, general_roles=roles, checks=attempt.checks, labelled=attempt.labelled
-        )
+            attempt, models, general=general, general_roles=roles, checks=attempt.checks, labelled=attempt.labelled,
+            reference=trained.reference,
+        )  # fmt: skip
 
 
 def decide(attempt: Attempt, trained: Trained, evaluation: Evaluation) -> GateDecision:
@@ -103,9 +105,11 @@ def _against(evaluation: Evaluation, candidate: str, base: str, margin: float) -
     in_domain = pair(evaluation.in_domain)
     if in_domain is None:
         raise ValueError("the gate of an adapt job needs its in-domain scores")
+    agreement = evaluation.teacher_agreement or {}
     gate = adapt_gate(
-        in_domain, pair(evaluation.general_tasks), pair(evaluation.knn), margin=margin, pieces=pair(evaluation.pieces)
-    )
+        in_domain, pair(evaluation.general_tasks), pair(evaluation.knn), margin=margin, pieces=pair(evaluation.pieces),
+        agreement=pair(agreement) if base in agreement and candidate in agreement else None,
+    )  # fmt: skip
     return GateDecision.model_validate(gate)
 
 

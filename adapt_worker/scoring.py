@@ -7,12 +7,14 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Mapping, Sequence
 
+import numpy as np
+
 from adapt_jobs.results import CropStats, Evaluation
 from adapt_worker.attempt import AnyAttempt, InDomainChecks, LabelledSample
 from adapt_worker.context import JobFailed
 from evaluation.data import is_in_domain
 from evaluation.diagnostics import knn_accuracy
-from evaluation.domain_checks import PIECES, piece_retrieval
+from evaluation.domain_checks import AGREEMENT_PIECES, PIECES, piece_scores, piece_similarities, retrieval_agreement
 from evaluation.embedding_model import EmbeddingModel
 from evaluation.suite import run_suite
 from evaluation.tasks import resolve_task
@@ -38,17 +40,21 @@ def score_models(
     general_roles: Collection[str],
     checks: InDomainChecks | None = None,
     labelled: LabelledSample | None = None,
+    reference: str | None = None,
 ) -> Evaluation:
     """Score each model (by role: ``base``, ``adapted``, ``base_student``…) on the in-domain ``checks`` — crop pairs
     and the short pieces of each held-out document retrieving the rest of it (`evaluation.domain_checks`, the mean of
     its checks) —, the roles in ``general_roles`` also on the general tasks out-of-domain for them (their mean in
     points), and, when ``labelled``, those same roles on kNN accuracy: k = 10 cosine neighbours on up to 400 labelled
     documents (the cropping paper's protocol, 000 §3.3.1: training never sees labels), averaged over five seeded 9:1
-    splits. Scores are points (× 100), rounded to 3 decimals."""
+    splits. With a ``reference`` role (a student's teacher) among ``models``, every other role is also scored on how
+    closely its retrieval of the lead and title pieces follows the reference's (`evaluation.domain_checks.
+    retrieval_agreement`, from the same similarities). Scores are points (× 100), rounded to 3 decimals."""
     ctx, config = attempt.ctx, attempt.config
     in_domain: dict[str, float] = {}
     pieces: dict[str, float] = {}
     piece_checks: dict[str, dict[str, float]] = {}
+    similarities: dict[str, dict[str, np.ndarray]] = {}
     general_scores: dict[str, dict[str, float]] = {}
     for which, model in models.items():
         if checks is not None:
@@ -56,7 +62,8 @@ def score_models(
             ctx.stage("evaluating", detail=f"{which} in-domain")
             report = run_suite(model, [checks.crop_pairs], progress=False)
             in_domain[which] = round(report["scores"][checks.crop_pairs.metadata.name], 3)
-            found = piece_retrieval(model, checks.held_out, checks.distractors)
+            similarities[which] = piece_similarities(model, checks.held_out, checks.distractors)
+            found = piece_scores(similarities[which])
             if found:
                 means = {kind: float(scores.mean()) for kind, scores in found.items()}
                 piece_checks[which] = {kind: round(value, 3) for kind, value in means.items()}
@@ -77,6 +84,11 @@ def score_models(
             "crops": CropStats.model_validate(checks.crop_pairs.crop_stats),
             **({"pieces": pieces, "piece_checks": piece_checks, "pieces_task": _pieces_task(checks)} if pieces else {}),
         })  # fmt: skip
+        agreement = _agreement(similarities, reference)
+        if agreement:
+            evaluation = evaluation.model_copy(update={
+                "teacher_agreement": agreement, "teacher_agreement_task": _agreement_task(reference),
+            })  # fmt: skip
     if general_scores:
         means = {w: round(sum(s.values()) / len(s), 3) for w, s in general_scores.items()}
         evaluation = evaluation.model_copy(update={"general_tasks": general_scores, "general": means})
@@ -96,6 +108,28 @@ def _pieces_task(checks: InDomainChecks) -> str:
         f"ShortPieceRetrieval ({', '.join(PIECES)} of each held-out document → the rest of it, among "
         f"{len(checks.held_out)} held-out documents and {len(checks.distractors)} training documents; nDCG@10, "
         "the mean of the checks)"
+    )
+
+
+def _agreement(similarities: Mapping[str, Mapping[str, np.ndarray]], reference: str | None) -> dict[str, float]:
+    """Each role's mean `retrieval_agreement` with the ``reference`` role over the `AGREEMENT_PIECES` checks both
+    have (the reference itself left out: it agrees with itself)."""
+    theirs = similarities.get(reference) if reference is not None else None
+    if not theirs:
+        return {}
+    out = {}
+    for role, ours in similarities.items():
+        kinds = [kind for kind in AGREEMENT_PIECES if kind in ours and kind in theirs]
+        if role != reference and kinds:
+            means = [float(retrieval_agreement(ours[kind], theirs[kind]).mean()) for kind in kinds]
+            out[role] = round(sum(means) / len(means), 3)
+    return out
+
+
+def _agreement_task(reference: str | None) -> str:
+    return (
+        f"RetrievalAgreement ({', '.join(AGREEMENT_PIECES)} pieces of each held-out document: nDCG@10 of a model's "
+        f"ranking with the {reference} model's ten nearest rests as the relevant set, the mean of the checks)"
     )
 
 

@@ -21,7 +21,10 @@ Two kinds of work, two kinds of job:
 Both are stages of the job's pipeline (`adapt_worker.pipeline`): `adapt_teacher_first`, then `make_student`, which
 hands the student to the stages every /adapt job ends with (`adapt_worker.release`). The gate decides on the adapted
 student against the base student — the short pieces of the held-out documents must find the rest of them better,
-crop pairs and each general task may drop at most ``gate_margin`` points — and reports the same comparison against
+and its retrieval of them must follow the base teacher's more closely (`evaluation.domain_checks.
+retrieval_agreement`: a crop step can raise the pieces by learning the corpus's phrasing while the student retrieves
+less like its better teacher, and worse on a real task), crop pairs and each general task may drop at most
+``gate_margin`` points — and reports the same comparison against
 the base teacher (never deciding: a 2-layer student is not expected to keep every point of a 6-layer teacher). The
 base student's build is `adapt_worker.student_build`.
 """
@@ -133,6 +136,7 @@ def make_student(attempt: Attempt, teacher: AdaptedTeacher) -> Trained:
         role=ADAPTED_STUDENT,
         baselines=(Baseline(BASE_TEACHER, attempt.base_path), *adapted, Baseline(BASE_STUDENT, start.checkpoint)),
         compared_with=(BASE_STUDENT, BASE_TEACHER),
+        reference=BASE_TEACHER,
     )
 
 

@@ -51,7 +51,15 @@ from report_file import write_report
 
 from adapt_worker.attempt import MAX_PIECE_DISTRACTORS, split_corpus
 from core.runtime import cpu_features
-from evaluation.domain_checks import PIECES, STOP_WORDS, content_words, ndcg_at_10, piece_pairs, words
+from evaluation.domain_checks import (
+    PIECES,
+    STOP_WORDS,
+    content_words,
+    ndcg_at_10,
+    piece_pairs,
+    retrieval_agreement,
+    words,
+)
 
 KEYWORDS = 6
 MIN_STRIPPED_WORDS = 3
@@ -150,7 +158,7 @@ def checks_of(emb: dict[str, np.ndarray], refs: dict[str, dict[str, np.ndarray]]
         for kind in PIECES:
             queries, corpus, _ = checks[kind]
             ours, theirs = similarity(emb, queries, corpus), similarity(ref_emb, queries, corpus)
-            out[f"agree-{ref}-{kind}"] = float(ndcg_at_10(ours, np.argsort(-theirs, axis=1)[:, :10].tolist()).mean())
+            out[f"agree-{ref}-{kind}"] = float(retrieval_agreement(ours, theirs).mean())
             out[f"rank-{ref}-{kind}"] = spearman_rows(ours, theirs)
         out[f"agree-{ref}"] = float(np.mean([out[f"agree-{ref}-{kind}"] for kind in PIECES]))
         out[f"agree-{ref}-lt"] = float(np.mean([out[f"agree-{ref}-{kind}"] for kind in ("lead", "title")]))
@@ -158,7 +166,7 @@ def checks_of(emb: dict[str, np.ndarray], refs: dict[str, dict[str, np.ndarray]]
         ours, theirs = similarity(emb, "documents", "documents"), similarity(ref_emb, "documents", "documents")
         own = np.arange(len(ours))
         ours[own, own], theirs[own, own] = -np.inf, -np.inf  # a document is not its own neighbour
-        out[f"doc-{ref}"] = float(ndcg_at_10(ours, np.argsort(-theirs, axis=1)[:, :10].tolist()).mean())
+        out[f"doc-{ref}"] = float(retrieval_agreement(ours, theirs).mean())
     return out
 
 

@@ -10,6 +10,11 @@ training documents (distractors, as in the customer's own index):
 - ``title``: the first `TITLE_WORDS` words of the first sentence → the rest (a title-like line);
 - ``summary``: the sentence sharing the most words with the rest of the document → the rest (a summary-like span).
 
+For a student, which is made to retrieve as its teacher does, `retrieval_agreement` scores how closely its retrieval of
+the ``lead`` and ``title`` pieces follows its teacher's (the teacher's ten nearest rests as the relevant set): a step
+that raises the pieces by learning the corpus's phrasing while moving the student away from its better teacher lowers
+it.
+
 Scores are nDCG@10 × 100 with one relevant document per query; `title_retrieval` scores a domain's real task the same
 way (a name given by the data's publisher retrieves its document). kNN accuracy, when labels exist, is
 `evaluation.diagnostics.knn_accuracy`.
@@ -28,6 +33,11 @@ from evaluation.embedding_model import EmbeddingModel
 PIECES = ("lead", "title", "summary")
 TITLE_WORDS = 8
 MIN_REST_WORDS = 8  # a remainder shorter than this is too little to retrieve
+# A student's retrieval of these pieces is held to its teacher's (`retrieval_agreement`, its teacher's top rows):
+# over 15 student pairs of three unseen domains (docs/ADAPT.md) the lead and title pieces' agreement moved with the
+# real task where the pieces' own scores did not (a crop step that raised the pieces and lowered the real task).
+AGREEMENT_PIECES = ("lead", "title")
+AGREEMENT_DEPTH = 10
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 _WORD = re.compile(r"[a-z0-9]+")
 STOP_WORDS = frozenset(
@@ -117,11 +127,12 @@ def ndcg_at_10(similarity: np.ndarray, relevant: Sequence[Iterable[int]]) -> np.
     return scores
 
 
-def piece_retrieval(
+def piece_similarities(
     model: EmbeddingModel, held_out: Sequence[str], distractors: Sequence[str] = (), kinds: Sequence[str] = PIECES
 ) -> dict[str, np.ndarray]:
-    """Per-query nDCG@10 of each check in ``kinds``: each held-out document's short piece retrieves its rest among the
-    rests of every held-out document of that check and the ``distractors`` (whole documents never queried).
+    """Each check's cosine similarities (queries × corpus): each held-out document's short piece (row ``i``) against
+    the rests of every held-out document of that check (column ``i`` is its own) and then the ``distractors`` (whole
+    documents never queried). A check with fewer than two pairs is left out.
 
     A list of texts is embedded once: the ``lead`` and ``title`` checks usually share every rest (all but a document's
     first sentence), and the same call gives the same vectors — an int8 graph quantises each batch by its own range,
@@ -144,8 +155,30 @@ def piece_retrieval(
         corpus = embed([p.document for p in pairs])
         if len(extra):
             corpus = np.concatenate([corpus, extra])
-        out[kind] = ndcg_at_10(queries @ corpus.T, [[i] for i in range(len(pairs))])
+        out[kind] = queries @ corpus.T
     return out
+
+
+def piece_scores(similarities: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-query nDCG@10 of each check of `piece_similarities` (each piece's own rest is its one relevant row)."""
+    return {kind: ndcg_at_10(sim, [[i] for i in range(len(sim))]) for kind, sim in similarities.items()}
+
+
+def piece_retrieval(
+    model: EmbeddingModel, held_out: Sequence[str], distractors: Sequence[str] = (), kinds: Sequence[str] = PIECES
+) -> dict[str, np.ndarray]:
+    """Per-query nDCG@10 of each check in ``kinds``: each held-out document's short piece retrieves its rest among the
+    rests of every held-out document of that check and the ``distractors`` (`piece_similarities`)."""
+    return piece_scores(piece_similarities(model, held_out, distractors, kinds))
+
+
+def retrieval_agreement(similarity: np.ndarray, reference: np.ndarray, depth: int = AGREEMENT_DEPTH) -> np.ndarray:
+    """Per-query nDCG@10 of ``similarity``'s ranking with the ``depth`` corpus rows ``reference`` ranks highest for
+    that query as its relevant set: how closely a model retrieves like the reference model (100: the same top rows
+    in the same order)."""
+    if similarity.shape != reference.shape:
+        raise ValueError(f"similarities of shape {similarity.shape} against a reference of shape {reference.shape}")
+    return ndcg_at_10(similarity, np.argsort(-reference, axis=1)[:, :depth].tolist())
 
 
 def title_retrieval(model: EmbeddingModel, titles: Sequence[str], texts: Sequence[str]) -> np.ndarray:

@@ -177,6 +177,7 @@ def check(
 IN_DOMAIN_TASK = "CropPairRetrieval-heldout"
 PIECES_TASK = "ShortPieceRetrieval-heldout"  # the mean of `evaluation.domain_checks`' checks on the held-out documents
 KNN_TASK = "kNN-accuracy-labels"
+AGREEMENT_TASK = "RetrievalAgreement-teacher"  # a student's retrieval of short pieces against its teacher's
 
 
 def adapt_gate(
@@ -186,6 +187,7 @@ def adapt_gate(
     *,
     margin: float,
     pieces: Mapping[str, float] | None = None,
+    agreement: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """/adapt's two-sided gate on base vs adapted scores, in points: the held-out in-domain check must improve
     strictly; every other score (each general task, and kNN accuracy when labels were given) may drop at most
@@ -195,6 +197,9 @@ def adapt_gate(
     ``{"base": {task: x}, "adapted": {task: y}}``. With ``pieces`` (short pieces of held-out documents retrieving the
     rest of them: `evaluation.domain_checks`), they are the in-domain check that must improve, and crop pairs — a
     proxy a model can win by matching style, which adapting rewards — are held to ``margin`` like the general tasks.
+    ``agreement`` (a student's: how closely its retrieval of short pieces follows its teacher's,
+    `evaluation.domain_checks.retrieval_agreement`) must improve too when given: a student whose pieces rise while
+    it retrieves less like its better teacher learned the corpus's phrasing, not the customer's search.
     Returns ``{"passed", "margin", "reasons", "table", "decided_on"}``.
     """
     decided_on = PIECES_TASK if pieces is not None else IN_DOMAIN_TASK
@@ -209,6 +214,11 @@ def adapt_gate(
     if knn is not None:
         candidate[KNN_TASK] = knn["adapted"]
         baseline[KNN_TASK] = knn["base"]
-    result = check(candidate, baseline, max_drop=margin, must_improve=[decided_on])
+    must_improve = [decided_on]
+    if agreement is not None:
+        candidate[AGREEMENT_TASK] = agreement["adapted"]
+        baseline[AGREEMENT_TASK] = agreement["base"]
+        must_improve.append(AGREEMENT_TASK)
+    result = check(candidate, baseline, max_drop=margin, must_improve=must_improve)
     return {"passed": result.passed, "margin": margin, "reasons": result.failures, "table": result.table,
             "decided_on": decided_on}  # fmt: skip

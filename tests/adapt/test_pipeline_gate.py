@@ -19,7 +19,7 @@ from adapt_worker.student import ADAPTED_STUDENT
 from adapt_worker.teacher import ADAPTED, BASE
 from core.text import choose_crop_rule
 from evaluation.domain_checks import ndcg_at_10, piece_retrieval
-from evaluation.gate import IN_DOMAIN_TASK, PIECES_TASK
+from evaluation.gate import AGREEMENT_TASK, IN_DOMAIN_TASK, PIECES_TASK
 from evaluation.tasks import CropPairRetrieval
 from tests.evaluation.conftest import FakeModel
 from tests.evaluation.test_domain_checks import DIM, _bag, _corpus
@@ -77,3 +77,23 @@ def test_a_student_must_pass_the_short_pieces_against_the_base_student(scores) -
     roles = {BASE_TEACHER: "names", BASE_STUDENT: "markers", ADAPTED_STUDENT: "names"}
     gate = judge(_evaluation(scores, roles), trained, margin=100.0)
     assert gate.passed and gate.compared_with is not None and not gate.compared_with[BASE_TEACHER].passed
+
+
+def test_a_student_whose_pieces_rise_while_it_retrieves_less_like_its_teacher_is_refused(scores) -> None:
+    """The student's short pieces improve on the base student's, but its retrieval of them follows the base teacher's
+    less closely (as the crop step did on CWE, where the real task fell): refused on the agreement alone. The same
+    student following the teacher more closely passes. The base teacher is the reference, so its own reported
+    comparison has no agreement row."""
+    baselines = (Baseline(BASE_TEACHER, UNUSED), Baseline(BASE_STUDENT, UNUSED))
+    trained = Trained(UNUSED, "base--sct-tiny", (), ADAPTED_STUDENT, baselines, (BASE_STUDENT, BASE_TEACHER),
+                      reference=BASE_TEACHER)  # fmt: skip
+    roles = {BASE_TEACHER: "names", BASE_STUDENT: "markers", ADAPTED_STUDENT: "names"}
+    evaluation = _evaluation(scores, roles)
+    away = evaluation.model_copy(update={"teacher_agreement": {BASE_STUDENT: 61.0, ADAPTED_STUDENT: 57.0}})
+    gate = judge(away, trained, margin=100.0)
+    assert not gate.passed and [r.split(":")[0] for r in gate.reasons] == [AGREEMENT_TASK]
+    assert gate.compared_with is not None
+    assert all(row.task != AGREEMENT_TASK for row in gate.compared_with[BASE_TEACHER].table)
+    closer = evaluation.model_copy(update={"teacher_agreement": {BASE_STUDENT: 61.0, ADAPTED_STUDENT: 64.0}})
+    assert judge(closer, trained, margin=100.0).passed
+    assert judge(evaluation, trained, margin=100.0).passed  # no agreement scored (no reference): pieces decide

@@ -24,6 +24,7 @@ from adapt_worker.student import StudentStart, base_student_checkpoint, distilla
 from core import registry
 from core.model_folder import RECIPE_FILE
 from embedder import adapt_cli
+from evaluation.gate import AGREEMENT_TASK
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.adapt.cluster import ADMIN, AUTH, wait_for
@@ -116,10 +117,16 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     # the adapted teacher, which is not served
     assert done["evaluation"]["general_in_domain"] == ["LeeDocSTS"]
     assert set(done["evaluation"]["general"]) == roles - {"adapted_teacher"}
+    # how closely each model retrieves the short pieces as the base teacher does (the teacher itself left out)
+    assert set(done["evaluation"]["teacher_agreement"]) == roles - {"base_teacher"}
+    assert "base_teacher" in done["evaluation"]["teacher_agreement_task"]
     gate = done["gate"]
     assert gate["compared_with"]["base_student"]["decides"] is True
     assert gate["compared_with"]["base_teacher"]["decides"] is False
     assert gate["passed"] == gate["compared_with"]["base_student"]["passed"]
+    deciding = {row["task"] for row in gate["compared_with"]["base_student"]["table"]}
+    assert AGREEMENT_TASK in deciding
+    assert AGREEMENT_TASK not in {row["task"] for row in gate["compared_with"]["base_teacher"]["table"]}
     published = registry.read_manifest(settings.registry_dir / "news-tiny" / done["model"]["version"])
     assert published["layers"] == 2 and published["method"]["hyperparameters"]["student"]["recipe"] == "sct-tiny"
     assert published["base_model"] == "tiny6--sct-tiny"  # distilled into that student, from the adapted tiny6

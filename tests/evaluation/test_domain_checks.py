@@ -10,9 +10,19 @@ import numpy as np
 import pytest
 
 from core.text import choose_crop_rule
-from evaluation.domain_checks import ndcg_at_10, piece_pairs, piece_retrieval, short_piece, title_retrieval
+from evaluation.domain_checks import (
+    AGREEMENT_PIECES,
+    ndcg_at_10,
+    piece_pairs,
+    piece_retrieval,
+    piece_similarities,
+    retrieval_agreement,
+    short_piece,
+    title_retrieval,
+)
 from evaluation.gate import IN_DOMAIN_TASK, PIECES_TASK, adapt_gate
 from evaluation.tasks import CropPairRetrieval
+from tests.evaluation.conftest import FakeModel
 
 DIM = 256
 
@@ -101,3 +111,26 @@ def test_piece_pairs_and_title_retrieval(fake_model_factory) -> None:
     assert len(shared) == 1 and shared[0] == pytest.approx(100.0)
     with pytest.raises(ValueError, match="titles for"):
         title_retrieval(model, titles[:3], docs)
+
+
+def test_retrieval_agreement_measures_how_closely_a_model_retrieves_like_its_reference() -> None:
+    """The same ranking agrees fully, a slightly disturbed one mostly, an unrelated or reversed one hardly; and a model
+    that matches the documents' markers instead of their subjects agrees less with a subject-matching reference than a
+    model that mostly matches subjects."""
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(30, 80))
+    assert retrieval_agreement(reference, reference).mean() == pytest.approx(100.0)
+    near = retrieval_agreement(reference + 0.1 * rng.normal(size=reference.shape), reference).mean()
+    unrelated = retrieval_agreement(rng.normal(size=reference.shape), reference).mean()
+    assert near > 80 > 30 > unrelated and retrieval_agreement(-reference, reference).mean() < 1
+    with pytest.raises(ValueError, match="shape"):
+        retrieval_agreement(reference[:3], reference)
+    docs = _corpus()
+    teacher = piece_similarities(FakeModel("names", _bag({"key": 1.0, "fill": 0.0}), DIM), docs)
+    close = piece_similarities(FakeModel("mostly names", _bag({"key": 1.0, "fill": 0.3}), DIM), docs)
+    far = piece_similarities(FakeModel("markers", _bag({"key": 0.0, "fill": 1.0}), DIM), docs)
+    for kind in AGREEMENT_PIECES:
+        assert (
+            retrieval_agreement(close[kind], teacher[kind]).mean()
+            > retrieval_agreement(far[kind], teacher[kind]).mean()
+        )
