@@ -17,8 +17,6 @@ on 256 held-out texts (128 short, 128 paragraphs; reference: the fp32 graph on o
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_service import workloads
+from bundle_args import bundle_arguments
 from report_file import write_report
 
 from core.runtime import OnnxBundle, cosines, cpu_features, read_probes
@@ -66,17 +65,10 @@ def arms(bundle_dir: Path, scratch: Path, threads: int) -> dict[str, OnnxBundle]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="a bundle folder with int8 and fp32 graphs")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    args = parser.parse_args(argv)
-    if not 1 <= args.rounds <= 20:
-        parser.error("keep it bounded: 1-20 rounds")
+    args = bundle_arguments(__doc__, 5, argv)
     probes = read_probes(args.bundle)
     if probes is None:
-        parser.error(f"{args.bundle} stores no probes: re-export it")
+        raise SystemExit(f"{args.bundle} stores no probes: re-export it")
     probe_texts, probe_reference = probes
     short, paragraphs = workloads()
     batches = {"32 short": short[:32], "32 paragraphs": paragraphs[:32]}

@@ -14,14 +14,12 @@ fastest on them.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from bench_service import workloads
+from bundle_args import bundle_arguments
 from report_file import write_report
 
 from core.engines import describe, load_engine, open_routes
@@ -41,14 +39,7 @@ def served_batches(bundle: OnnxBundle) -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="a bundle folder with int8 and fp32 graphs")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="inference threads")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    args = parser.parse_args(argv)
-    if not 1 <= args.rounds <= 20:
-        parser.error("keep it bounded: 1-20 rounds")
+    args = bundle_arguments(__doc__, 7, argv)
     session: dict[str, Any] = {"intra_op_threads": args.threads, "allow_spinning": False}
     routed, choice = load_engine(args.bundle, **session)
     cpu = choice.cpu
