@@ -7,7 +7,8 @@ load (bench_peers' loads, bench_service's seeded texts and aiohttp client) on bo
 between rounds, so a drift of the shared machine hits each alike. Printed per round and load: the 1-minute load
 average, texts/s and p50 of each, and after ÷ before; then per load the median of the rounds' ratios, and the CPU
 (model name; avx2 / avx512_vnni / amx). ``--before-root`` of this tree measures the noise: the ratios of two equal
-servers.
+servers; ``--after-env`` gives the "after" server settings of its own (``EMBED_...=value``), the same tree then
+measuring a setting.
 
     git archive 824c26a | tar -x -C /tmp/before   # an empty folder
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_server_loads.py --registry /tmp/reg --before-root /tmp/before
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", nargs="+", default=list(DEFAULT_LOADS), choices=list(LOADS))
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=4, help="each load's texts sent this many times a round")
+    parser.add_argument(
+        "--after-env", nargs="*", default=[], metavar="KEY=VALUE", help="settings of the 'after' server only"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if not 1 <= args.rounds <= 20 or not 1 <= args.repeat <= 20:
@@ -63,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     texts = {"short": short, "paragraphs": paragraphs}
     roots = {"before": args.before_root, "after": ROOT}
     env = {"EMBED_ENGINE": args.engine}
+    after_env = env | dict(pair.split("=", 1) for pair in args.after_env)
+    envs = {"before": env, "after": after_env}
     servers = {
-        name: start_server(args.registry, serve_int8=True, threads=args.threads, hold=None, env=env, root=root)
+        name: start_server(args.registry, serve_int8=True, threads=args.threads, hold=None, env=envs[name], root=root)
         for name, root in roots.items()
     }
     rows: list[dict[str, Any]] = []
