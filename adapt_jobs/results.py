@@ -110,7 +110,7 @@ class Evaluation(Section):
     teacher_agreement: dict[str, float] | None = Field(
         default=None,
         description="a student job's: how closely each model's retrieval of the lead and title pieces follows the "
-        "base teacher's (nDCG@10 against the teacher's ten nearest rests); the adapted student must improve on the "
+        "base teacher's (nDCG@10 against the teacher's ten nearest documents); the adapted student must improve on the "
         "base student's",
     )
     teacher_agreement_task: str | None = None

@@ -129,7 +129,7 @@ def _agreement(similarities: Mapping[str, Mapping[str, np.ndarray]], reference: 
 def _agreement_task(reference: str | None) -> str:
     return (
         f"RetrievalAgreement ({', '.join(AGREEMENT_PIECES)} pieces of each held-out document: nDCG@10 of a model's "
-        f"ranking with the {reference} model's ten nearest rests as the relevant set, the mean of the checks)"
+        f"ranking with the {reference} model's ten nearest documents as the relevant set, the mean of the checks)"
     )
 
 

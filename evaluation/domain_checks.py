@@ -11,9 +11,9 @@ training documents (distractors, as in the customer's own index):
 - ``summary``: the sentence sharing the most words with the rest of the document → the rest (a summary-like span).
 
 For a student, which is made to retrieve as its teacher does, `retrieval_agreement` scores how closely its retrieval of
-the ``lead`` and ``title`` pieces follows its teacher's (the teacher's ten nearest rests as the relevant set): a step
-that raises the pieces by learning the corpus's phrasing while moving the student away from its better teacher lowers
-it.
+the ``lead`` and ``title`` pieces follows its teacher's (the teacher's ten nearest documents as the relevant set): a
+step that raises the pieces by learning the corpus's phrasing while moving the student away from its better teacher
+lowers it.
 
 Scores are nDCG@10 × 100 with one relevant document per query; `title_retrieval` scores a domain's real task the same
 way (a name given by the data's publisher retrieves its document). kNN accuracy, when labels exist, is
