@@ -70,14 +70,18 @@ class EmbeddedTargets(Section):
 
 
 class DistillationTargets(Section):
-    """What a student's distillation learns toward: the customer's texts (the adapted teacher's embeddings, computed
-    when drawn) and the general ones (``general_targets``; a frozen model embeds them before the clock)."""
+    """What a student's distillation learns toward: the customer's texts (``distil_teacher``'s embeddings, computed
+    when drawn; absent in jobs that ran before it could be chosen: the adapted teacher's) and the general ones
+    (``general_targets``; another model than the distillation's teacher embeds them before the clock, its count and
+    seconds under its role)."""
 
     customer_texts: int
     general_texts: int
     general_targets: str
+    distil_teacher: str | None = None
     base_student: EmbeddedTargets | None = None
     base_teacher: EmbeddedTargets | None = None
+    adapted_teacher: EmbeddedTargets | None = None
 
 
 class CropStats(Section):

@@ -70,10 +70,10 @@ class StudentPlan(make_dataclass("StudentKnobs", [("recipe", str), *spec_fields(
     """How an /adapt job turns the model it adapted into a compact student (`adapt_worker.student`): the base student's
     recipe (the job's ``student``; its objective and views are the distillation's, when there is one), then one field
     per knob of `adapt_jobs.knobs.STUDENT_KNOBS` — the distillation's budget (``max_steps``: 0 = none, the crop step
-    starts from the base student; ``time_budget_s``), the general texts it keeps its view of and whose view
-    (``general_texts``, ``general_targets``), and the crop step on the student (``adapt_steps``: 0 = distillation
-    only; ``adapt_lr``, ``adapt_time_budget_s``) with its rehearsal of the general texts (``rehearsal_weight``,
-    ``rehearsal_temperature``, ``rehearsal_position_weight``)."""
+    starts from the base student; ``time_budget_s``), its teacher and texts (``distil_teacher``, ``distil_spans``),
+    the general texts it keeps its view of and whose view (``general_texts``, ``general_targets``), and the crop step
+    on the student (``adapt_steps``: 0 = distillation only; ``adapt_lr``, ``adapt_time_budget_s``) with its rehearsal
+    of the general texts (``rehearsal_weight``, ``rehearsal_temperature``, ``rehearsal_position_weight``)."""
 
     def __post_init__(self) -> None:
         check_student(self.recipe)
@@ -102,9 +102,12 @@ class StudentPlan(make_dataclass("StudentKnobs", [("recipe", str), *spec_fields(
 
     @property
     def uses_adapted_teacher(self) -> bool:
-        """Whether the student learns from the adapted teacher (a distillation, or the adapted teacher's view of the
-        general texts rehearsed): when not, the job does not adapt the teacher."""
-        return self.distils or (self.rehearses and self.general_targets == ADAPTED_TEACHER)
+        """Whether the student learns from the adapted teacher (a distillation of its embeddings, of the customer's
+        texts or the general ones, or its view of the general texts rehearsed): when not, the job does not adapt the
+        teacher."""
+        if self.distils and ADAPTED_TEACHER in (self.distil_teacher, self.general_targets):
+            return True
+        return self.rehearses and self.general_targets == ADAPTED_TEACHER
 
 
 _BUILD_FIELDS = [("base_model", str), ("recipe", str), ("name", str), *spec_fields(STUDENT_BUILD_KNOBS)]

@@ -9,14 +9,16 @@ Two kinds of work, two kinds of job:
   ``<base>--<recipe>`` (``minilm-l6--sct-tiny``: servable itself), its bundle keeping the torch checkpoint
   (``checkpoint/``) every student job starts from. The service queues it the first time a job asks for that
   student, as a job of its own; the asking job waits for it (`adapt_jobs.store.JobStore.create`, ``after_job``).
-* **The adapted student** (inside the /adapt job): a copy of the base student trained on the customer's crops with the
-  job's own crop recipe, every layer trained (``student_adapt_steps``), while a similarity rehearsal keeps the base
-  student's own structure and positions of a seeded sample of its training texts (``student_general_targets``,
-  ``student_rehearsal_position_weight``; so it keeps what it knew off the customer's domain: `make_student`). The job
-  adapts the teacher first only when the student learns from it (`StudentPlan.uses_adapted_teacher`): its
-  view rehearsed instead, or ``student_max_steps`` > 0, a distillation of the adapted teacher with the recipe's
-  objective and whole-text views, on the customer's training documents plus those general texts (off by default: on IMDB
-  both lost more out of domain than they gained in domain).
+* **The adapted student** (inside the /adapt job): a copy of the base student that learns the base teacher's
+  embeddings of the customer's training texts — whole documents, a sentence of each, their short pieces, every
+  sentence and seeded word runs, text shaped like the customer's queries — and of a seeded sample of its own general
+  training texts (``student_max_steps``, ``student_distil_spans``, ``student_general_texts``; `make_student`). The
+  teacher is 6-18 points better than the base student on the real tasks of unseen domains before any adaptation;
+  learning its view of the customer's texts is what carries the student toward it, where crop pairs on the student
+  raised the crop check and lowered the real task on one domain of three (docs/BENCHMARKS.md). A crop step on the
+  student can follow (``student_adapt_steps``, off by default), and the teacher is adapted first only when the
+  student learns from it (`StudentPlan.uses_adapted_teacher`: ``student_distil_teacher`` or
+  ``student_general_targets`` ``adapted_teacher``).
 
 Both are stages of the job's pipeline (`adapt_worker.pipeline`): `adapt_teacher_first`, then `make_student`, which
 hands the student to the stages every /adapt job ends with (`adapt_worker.release`). The gate decides on the adapted
@@ -49,7 +51,7 @@ from core import registry as reg
 from core.model_folder import RECIPE_FILE, read_trained_on
 from training.assembly import cut_texts
 from training.config import TrainConfig, load_config
-from training.data import text_units
+from training.data import query_units, text_units
 from training.encoder import Encoder
 from training.inputs import recipe_training_texts
 from training.targets import TEACHER_EMBEDDINGS, TeacherTargets, write_vectors
@@ -80,8 +82,11 @@ def adapt_teacher_first(attempt: Attempt) -> AdaptedTeacher:
     plan = attempt.student
     if plan.uses_adapted_teacher:
         return AdaptedTeacher(adapt_teacher(attempt).checkpoint)
-    why = "the student neither distils the adapted teacher nor rehearses its view (general_targets {})"
-    skipped = TeacherAdaptation(skipped=True, why=why.format(plan.general_targets))
+    why = (
+        "the student learns neither the adapted teacher's embeddings nor its view (distil_teacher {}, "
+        "general_targets {})"
+    )
+    skipped = TeacherAdaptation(skipped=True, why=why.format(plan.distil_teacher, plan.general_targets))
     attempt.ctx.result(JobResult(teacher_adaptation=skipped), event="teacher_adaptation")
     return AdaptedTeacher(None)
 
@@ -98,24 +103,21 @@ class StudentStart:
 
 
 def make_student(attempt: Attempt, teacher: AdaptedTeacher) -> Trained:
-    """Make the adapted student from a copy of the base student: distil the adapted teacher into it when the plan
-    has distillation steps (off by default), then run the job's own crop recipe on it for ``adapt_steps``, every
-    layer trained, with the similarity rehearsal of general texts (`training.objectives.rehearsal`): a seeded sample
-    of the base student's own training texts keeps the similarities the ``general_targets`` model — the base
-    student itself by default — gives them, while the crops train the student on the customer's documents.
+    """Make the adapted student from a copy of the base student: distil the plan's ``distil_teacher`` into it
+    (`distil`; the default), then, when the plan has ``adapt_steps`` (off by default), run the job's own crop recipe on
+    it, every layer trained, with the similarity rehearsal of general texts (`training.objectives.rehearsal`).
     ``teacher`` (the adapted teacher) has no checkpoint when the plan does not use it.
 
-    On IMDB (docs/BENCHMARKS.md, "Adapt: a compact student"): the crop step carries the student past the unadapted
-    teacher in domain; the rehearsal of its own view keeps 0.4–0.5 more out of domain than the adapted teacher's
-    at the same in-domain score; distilling first gained 0.4 in domain and lost 0.65 more out of domain: off unless
-    asked.
+    The distillation runs the recipe's objective (SCT + MSE, papers/001 §3.4) on whole texts of two kinds: the
+    customer's training texts (never the held-out documents) toward the distillation teacher's embeddings — each
+    document, a sentence of it and, with ``distil_spans``, its short pieces, every sentence and word runs
+    (`training.data.query_units`) — and the general texts toward the ``general_targets`` model's
+    (`distillation_targets`). On three unseen domains (CWE, SPDX licences, drug reviews; docs/BENCHMARKS.md) it raised
+    the domain's real task (a title or review finding its document) on each, out of domain within half a point of the
+    base student, where the crop step alone lost 3.3 points on CWE.
 
-    The distillation, when on, runs the recipe's objective on whole texts of two kinds: the customer's training
-    documents (and a sentence of each; never the held-out ones), toward the adapted teacher's embeddings, and the
-    general texts toward the embeddings of ``general_targets`` (`distillation_targets`).
-
-    The student is judged against the base student (deciding) and the base teacher (reported); the adapted teacher
-    is scored in domain beside them."""
+    The student is judged against the base student (deciding) and the base teacher (reported); the adapted teacher,
+    when there is one, is scored in domain beside them."""
     plan = attempt.student
     if plan.uses_adapted_teacher and teacher.checkpoint is None:
         raise ValueError("this student's plan learns from the adapted teacher: adapt it first")
@@ -154,7 +156,8 @@ def student_start(attempt: Attempt, teacher: AdaptedTeacher) -> StudentStart:
 
 
 def distil(attempt: Attempt, start: StudentStart) -> Path:
-    """The distillation of the adapted teacher into the base student (the plan's ``max_steps``); its best checkpoint."""
+    """The distillation of the plan's ``distil_teacher`` into the base student (``max_steps``, ``time_budget_s``); its
+    best checkpoint."""
     plan, hp = attempt.student, attempt.spec.hyperparameters
     recipe = load_config(plan.recipe)
     with guarded("distillation", SCRATCH_VOLUME):
@@ -162,7 +165,7 @@ def distil(attempt: Attempt, start: StudentStart) -> Path:
     train_config = TrainConfig(
         name=attempt.spec.name,
         model=str(start.checkpoint),
-        teacher=str(start.models[ADAPTED_TEACHER]),
+        teacher=str(start.models[plan.distil_teacher]),
         max_seq_length=recipe.max_seq_length,
         objective=recipe.objective,
         objective_params=recipe.objective_params,
@@ -215,34 +218,39 @@ def crop_step(attempt: Attempt, start: StudentStart, checkpoint: Path) -> Path:
 @dataclass(frozen=True)
 class DistillationTargets:
     texts: tuple[str, ...]  # the customer's text units, then the general ones
-    path: Path | None  # the general texts' targets (training.targets.write_vectors); None: the adapted teacher's
+    path: Path | None  # the general texts' targets (training.targets.write_vectors); None: the distil teacher's
 
 
 def distillation_targets(attempt: Attempt, start: StudentStart) -> DistillationTargets:
-    """The distillation's texts (see `make_student`: the customer's text units, then the general ones) and, when the
-    general texts' targets come from a frozen model (``start.models`` by role: base_student, base_teacher), a file of
-    those: that model embeds them once, longest first, and keeps its vectors in the cache's teacher-embedding store
-    for the next job. Texts without a given target — the customer's, and with ``adapted_teacher`` every text — are
-    embedded by the adapted teacher the first time a batch draws them, inside the distillation's time budget. What
-    the targets are and how many texts a frozen model embedded (and its seconds) go to the job's result
+    """The distillation's texts (see `make_student`: the customer's text units and, with ``distil_spans``, the
+    query-shaped pieces of the training documents, then the general texts) and, when the general texts' targets come
+    from another model than the distillation's teacher (``general_targets``, by role in ``start.models``), a file of
+    those: that model embeds them once before the clock starts, longest first, and a base model keeps its vectors in
+    the cache's teacher-embedding store for the next job. Texts without a given target are embedded by the
+    distillation's teacher the first time a batch draws them, inside the distillation's time budget. What the targets
+    are and how many texts a frozen model embedded (and its seconds) go to the job's result
     (``distillation_targets``)."""
     plan, ctx, general = attempt.student, attempt.ctx, start.general
-    recipe = load_config(plan.recipe)
-    customer = text_units(attempt.split.train, recipe.text_sentences, seed=attempt.spec.hyperparameters.seed)
+    recipe, seed = load_config(plan.recipe), attempt.spec.hyperparameters.seed
+    customer = text_units(attempt.split.train, recipe.text_sentences, seed=seed)
+    if plan.distil_spans:
+        customer += query_units(attempt.split.train, plan.distil_spans, seed=seed)
     embedded: dict[str, EmbeddedTargets] = {}
     path = None
-    if general and plan.general_targets != ADAPTED_TEACHER:
+    if general and plan.general_targets != plan.distil_teacher:
         role = plan.general_targets
         ctx.stage("distilling", detail=f"the {role.replace('_', ' ')} embeds {len(general)} general texts")
         tick = time.perf_counter()
         model = cut_texts(Encoder.from_pretrained(start.models[role]), recipe.max_seq_length).eval()
-        targets = TeacherTargets(model, attempt.config.cache_dir / TEACHER_EMBEDDINGS)
+        store = None if role == ADAPTED_TEACHER else attempt.config.cache_dir / TEACHER_EMBEDDINGS  # no later job
+        targets = TeacherTargets(model, store)  # meets this job's own adapted teacher again
         count = targets.fill(general, batch_size=recipe.batch_size)
         targets.save()
         path = attempt.work / "general-targets.npz"
         write_vectors(path, targets.of(general))
         embedded[role] = EmbeddedTargets(embedded=count, seconds=round(time.perf_counter() - tick, 2))
     report = DistillationReport(customer_texts=len(customer), general_texts=len(general),
-                                general_targets=plan.general_targets, **embedded)  # fmt: skip
+                                general_targets=plan.general_targets, distil_teacher=plan.distil_teacher,
+                                **embedded)  # fmt: skip
     ctx.result(JobResult(distillation_targets=report), event="distillation_targets")
     return DistillationTargets(tuple(customer) + tuple(general), path)

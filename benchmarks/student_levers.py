@@ -5,7 +5,10 @@ documents, the job's seeded split and crop rule, its spec with the service's def
 for each variant, then scores the base student, each adapted student and (with ``--teacher``) the teacher on the
 job's checks and the domain's real task (`domain_checks.py`):
 
-- ``default``: the job's crop step on the base student with its rehearsal (what the job's student stage runs);
+- ``job-distil``: the job's own distillation stage (`adapt_worker.student.distil` on the job's attempt: its spec
+  from the service's settings, split and general texts) — what a default student job trains before its export;
+- ``default``: the crop step on the base student with its rehearsal (``student_adapt_steps``, or 120 when the
+  settings run none), the job's student step when the settings ask for a crop step;
 - ``distil``: first distil the *unadapted* teacher into the base student (the recipe's SCT + MSE on whole texts: the
   customer's training documents and a sentence of each, plus as many of the base student's own texts — whose targets
   are the teacher's, as in the build), ``--distil-steps`` steps or ``--distil-budget`` seconds, then the same crop step;
@@ -35,24 +38,26 @@ from bench_adapt import unseen_documents
 from domain_checks import score
 from report_file import write_report
 
-from adapt_jobs.settings import AdaptSettings
+from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.spec import JobSpec
-from adapt_worker.attempt import split_corpus
+from adapt_worker.attempt import Attempt, split_corpus
 from adapt_worker.stages import crop_train_config
+from adapt_worker.student import StudentStart
+from adapt_worker.student import distil as job_distil  # the stage, beside this file's own distil
 from core.catalog import resolve_model
 from core.model_folder import RECIPE_FILE
 from core.runtime import cpu_features
-from core.text import choose_crop_rule, split_sentences
-from evaluation.domain_checks import PIECES, short_piece
+from core.text import choose_crop_rule
 from evaluation.gate import IN_DOMAIN_TASK
 from evaluation.tasks import CropPairRetrieval
 from training.config import TrainConfig, load_config
-from training.data import text_units
+from training.data import document_pieces, query_units, text_units
 from training.inputs import recipe_training_texts
 from training.trainer import train
 
 UNBOUNDED_S = 86_400.0
-VARIANTS = ("default", "distil", "distil-only", "adapted-distil", "adapted-distil-only", "adapted-teacher")
+VARIANTS = ("job-distil", "default", "distil", "distil-only", "adapted-distil", "adapted-distil-only",
+            "adapted-teacher")  # fmt: skip
 
 
 def crop_step(spec: JobSpec, base: Path, start: Path, documents: list[str], rule: Any, general: list[str], out: Path):
@@ -73,22 +78,15 @@ def distil(base: Path, teacher: Path, documents: list[str], general: list[str], 
            out: Path, cache: Path, pieces: bool = False, spans: int = 0):  # fmt: skip
     """The recipe's objective on whole texts toward the teacher's embeddings (computed when drawn, kept in ``cache``
     for the next run of the same texts); with ``pieces`` the customer's texts also include each training document's
-    short pieces (`evaluation.domain_checks.PIECES`: its first sentence, its first words, its most central sentence)
-    — the shape of a customer's queries; with ``spans`` also every sentence of each document and ``spans`` seeded
-    runs of 3–12 of its words (name-like phrases)."""
+    short pieces (`training.data.document_pieces`) — the shape of a customer's queries; with ``spans`` those, every
+    sentence of each document and ``spans`` seeded runs of 3–12 of its words (`training.data.query_units`, as the
+    job's distillation cuts them)."""
     recipe = load_config("sct-tiny")
     customer = text_units(documents, recipe.text_sentences, seed=seed)
-    if pieces:
-        customer += [found[0] for doc in documents for kind in PIECES if (found := short_piece(doc, kind))]
     if spans:
-        rng = random.Random(seed)
-        for doc in documents:
-            customer += split_sentences(doc)
-            words = doc.split()
-            for _ in range(spans if len(words) > 12 else 0):
-                n = rng.randint(3, 12)
-                at = rng.randrange(len(words) - n)
-                customer.append(" ".join(words[at : at + n]))
+        customer += query_units(documents, spans, seed=seed)
+    elif pieces:
+        customer += document_pieces(documents)
     config = TrainConfig(
         name="lever-distil", model=str(base), teacher=str(teacher), max_seq_length=recipe.max_seq_length,
         objective=recipe.objective, objective_params=recipe.objective_params, views=recipe.views, text_sentences=0,
@@ -97,6 +95,37 @@ def distil(base: Path, teacher: Path, documents: list[str], general: list[str], 
         grad_clip=recipe.grad_clip, seed=seed, num_threads=2, output_dir=str(out), progress_bar=False, log_every=10,
     )  # fmt: skip
     return train(config, cache_dir=cache)
+
+
+class _Unreported:
+    """The context of a stage run outside a worker: nothing to report to, never stopped."""
+
+    def stage(self, name: str, **data: Any) -> None:
+        pass
+
+    def progress(self, data: dict[str, Any], *, force: bool = False) -> None:
+        pass
+
+    def result(self, data: Any, *, event: str | None = None) -> None:
+        pass
+
+    def should_stop(self) -> bool:
+        return False
+
+    def check(self) -> None:
+        pass
+
+
+def job_distillation(spec: JobSpec, settings: AdaptSettings, base: Path, split: Any, rule: Any, general: list[str],
+                     out: Path) -> Path:  # fmt: skip
+    """The job's distillation stage on this split, as a worker runs it (`adapt_worker.student.distil`); its best
+    checkpoint."""
+    config = AdaptConfig(registry_dir=out / "registry", cache_dir=out / "cache", settings=settings)
+    attempt = Attempt(job=None, ctx=_Unreported(), config=config, work=out, spec=spec,  # type: ignore[arg-type]
+                      base_path=resolve_model(spec.base_model), split=split, rule=rule, checks=None,
+                      labelled=None)  # fmt: skip
+    models = {"base_student": base, "base_teacher": attempt.base_path}
+    return job_distil(attempt, StudentStart("minilm-l6--sct-tiny", base, (), general, models))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,14 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distil-spans", type=int, default=0, help="every sentence, N word runs per document")
     parser.add_argument("--distil-budget", type=float, default=120.0)
     parser.add_argument("--documents", type=int, default=1000)
-    parser.add_argument("--crop-steps", type=int, default=None, help="default: the service's student_adapt_steps")
+    parser.add_argument("--crop-steps", type=int, default=None,
+                        help="default: the service's student_adapt_steps, or 120 when it is 0")  # fmt: skip
     parser.add_argument("--steps-only", action="store_true", help="no time budgets (a busy machine): steps decide")
     parser.add_argument("--workdir", type=Path, default=Path("runs/levers"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    overrides: dict[str, Any] = {} if args.crop_steps is None else {"student_adapt_steps": args.crop_steps}
+    crop_steps = 120 if args.crop_steps is None and not AdaptSettings().student_adapt_steps else args.crop_steps
+    overrides: dict[str, Any] = {} if crop_steps is None else {"student_adapt_steps": crop_steps}
     if args.steps_only:
-        overrides |= {"time_budget_s": UNBOUNDED_S, "student_adapt_time_budget_s": UNBOUNDED_S}
+        overrides |= {"time_budget_s": UNBOUNDED_S, "student_adapt_time_budget_s": UNBOUNDED_S,
+                      "student_time_budget_s": UNBOUNDED_S}  # fmt: skip
         args.distil_budget = UNBOUNDED_S
     settings = AdaptSettings(**overrides)
     spec = JobSpec.build(settings, base_model="minilm-l6", name="lever", seed=args.seed, student="sct-tiny")
@@ -144,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"the variant {variant!r} needs --base-student")
         tick, stages = time.perf_counter(), {}
         start = base
+        if variant == "job-distil":
+            tick_stage = time.perf_counter()
+            start = job_distillation(spec, settings, base, split, rule, general, work / variant)
+            stages["distil"] = {"steps": plan.max_steps, "seconds": round(time.perf_counter() - tick_stage, 1)}
         if variant in ("adapted-teacher", "adapted-distil", "adapted-distil-only"):
             run = train(crop_train_config(spec, teacher, split.train, work / variant, threads=2), crop_rule=rule)
             steps_taken = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
@@ -160,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                          work / f"{variant}-distil", cache, args.distil_pieces, args.distil_spans)  # fmt: skip
             stages["distil"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir
-        if not variant.endswith(("-only", "-teacher")):  # adapted-distil ends with the crop step too
+        if not variant.endswith(("-only", "-teacher", "job-distil")):  # adapted-distil ends with the crop step too
             run = crop_step(spec, base, start, split.train, rule, general, work / f"{variant}-crops")
             stages["crops"] = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
             start = run.best_dir

@@ -27,9 +27,11 @@ from pathlib import Path
 from core import corpora
 from core.corpus_files import read_corpus_file
 from core.text import CorpusError, hold_out, split_sentences
+from evaluation.domain_checks import PIECES, short_piece
 
 MIN_PARAGRAPH_CHARS = 200
 MIN_SENTENCE_CHARS = 40  # shorter "sentences" are mostly split debris ("Fig.", "et al.", list items)
+SPAN_WORDS = (3, 12)  # the shortest and longest word run `query_units` cuts
 
 
 def bbc_train_texts() -> list[str]:
@@ -129,6 +131,31 @@ def text_units(documents: Sequence[str], sentences_per_document: int, *, seed: i
         for sentence in rng.sample(sentences, min(sentences_per_document, len(sentences))):
             units[sentence] = None
     return list(units)
+
+
+def document_pieces(documents: Sequence[str]) -> list[str]:
+    """Each document's short pieces (`evaluation.domain_checks.PIECES`: its first sentence, its first words, its most
+    central sentence), those it is long enough for."""
+    return [found[0] for doc in documents for kind in PIECES if (found := short_piece(doc, kind))]
+
+
+def query_units(documents: Sequence[str], spans: int, *, seed: int) -> list[str]:
+    """Short texts shaped like a customer's queries, cut from ``documents``: each document's short pieces
+    (`document_pieces`), then, per
+    document, every sentence and ``spans`` seeded runs of 3-12 of its words (name-like phrases; none from a document of
+    12 words or fewer). A text may come twice (a first sentence is a piece and a sentence): the shapes customers
+    query with weigh more. Split documents first, then cut: a held-out document's pieces stay held out."""
+    units = document_pieces(documents)
+    rng = random.Random(seed)
+    shortest, longest = SPAN_WORDS
+    for document in documents:
+        units += split_sentences(document)
+        words = document.split()
+        for _ in range(spans if len(words) > longest else 0):
+            n = rng.randint(shortest, longest)
+            at = rng.randrange(len(words) - n)
+            units.append(" ".join(words[at : at + n]))
+    return units
 
 
 @dataclass(frozen=True)

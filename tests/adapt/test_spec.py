@@ -71,7 +71,7 @@ def test_a_student_job_stored_before_the_rehearsal_reads_back_without_one() -> N
     spec = JobSpec.build(_settings(), base_model="minilm-l6", name="acme", student="sct-tiny")
     params = spec.to_params()
     assert params["student"]["rehearsal_weight"] == AdaptSettings().student_rehearsal_weight > 0
-    assert params["student"]["max_steps"] == 0 and spec.student is not None and not spec.student.distils
+    assert params["student"]["max_steps"] == AdaptSettings().student_max_steps
     params["student"] = {k: v for k, v in params["student"].items() if k != "rehearsal_weight"}
     student = JobSpec.from_params(params).student
     assert student is not None and student.rehearsal_weight == 0.0  # what that job ran
@@ -91,9 +91,29 @@ def test_a_student_job_stored_before_the_rehearsal_reads_back_without_one() -> N
         replace(student, rehearsal_position_weight=-1.0)
 
 
+def test_a_student_job_stored_before_the_base_teachers_distillation_reads_back_as_it_ran() -> None:
+    spec = JobSpec.build(_settings(), base_model="minilm-l6", name="acme", student="sct-tiny")
+    params = spec.to_params()
+    assert params["student"]["distil_teacher"] == "base_teacher" and params["student"]["distil_spans"] > 0
+    old = {k: v for k, v in params["student"].items() if k not in ("distil_teacher", "distil_spans")}
+    params["student"] = {**old, "max_steps": 40}  # an older job that asked for a distillation
+    student = JobSpec.from_params(params).student
+    assert student is not None and (student.distil_teacher, student.distil_spans) == ("adapted_teacher", 0)
+    assert student.uses_adapted_teacher  # it distilled the adapted teacher, as such jobs did
+    with pytest.raises(SpecError, match="distil_teacher must be one of"):
+        replace(student, distil_teacher="base_student")
+    with pytest.raises(SpecError, match="distil_spans must be >= 0"):
+        replace(student, distil_spans=-1)
+
+
 def test_the_job_adapts_the_teacher_only_when_its_student_learns_from_it() -> None:
     plan = JobSpec.build(AdaptSettings(), base_model="minilm-l6", name="x", student="sct-tiny").student
-    assert plan is not None and plan.general_targets == "base_student" and not plan.uses_adapted_teacher
-    assert replace(plan, general_targets="adapted_teacher").uses_adapted_teacher  # its view rehearsed
-    assert not replace(plan, general_targets="adapted_teacher", rehearsal_weight=0.0).uses_adapted_teacher
-    assert replace(plan, max_steps=10).uses_adapted_teacher  # a distillation toward it
+    assert plan is not None and plan.distils and not plan.adapt_steps  # the base teacher distilled, no crop step
+    assert (plan.distil_teacher, plan.general_targets) == ("base_teacher", "base_teacher")
+    assert not plan.uses_adapted_teacher
+    assert replace(plan, distil_teacher="adapted_teacher").uses_adapted_teacher  # its embeddings distilled
+    assert replace(plan, general_targets="adapted_teacher").uses_adapted_teacher  # its view of the general texts
+    crops = replace(plan, max_steps=0, adapt_steps=120, general_targets="adapted_teacher")
+    assert crops.uses_adapted_teacher  # its view rehearsed in the crop step
+    assert not replace(crops, rehearsal_weight=0.0).uses_adapted_teacher
+    assert not replace(crops, general_targets="base_student").uses_adapted_teacher

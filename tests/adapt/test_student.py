@@ -42,21 +42,24 @@ def service(
 ) -> Iterator[tuple[TestClient, ServiceSettings]]:
     root = tmp_path_factory.mktemp("adapt-student")
     shutil.copytree(base_registry, root / "registry", symlinks=True)
-    # the teacher's route, not the default: distil the adapted teacher, and keep its view of the general texts
-    settings = ServiceSettings.from_flat(**_flat_settings(root, tiny_bert6_path), adapt_student_max_steps=4,
-                                         adapt_student_general_targets="adapted_teacher")  # fmt: skip
+    # the adapted teacher's route, not the default: distil the adapted teacher, keep its view of the general texts,
+    # then the crop step
+    settings = ServiceSettings.from_flat(**_flat_settings(root, tiny_bert6_path),
+                                         adapt_student_distil_teacher="adapted_teacher",
+                                         adapt_student_general_targets="adapted_teacher",
+                                         adapt_student_adapt_steps=3)  # fmt: skip
     with TestClient(create_app(settings)) as client:
         yield client, settings
 
 
 def _flat_settings(root: Path, teacher: Path) -> dict[str, Any]:
-    """Every budget a few steps; the distillation before the crop step is the default (off) unless added."""
+    """Every budget a few steps; otherwise the service's defaults (the base teacher distilled, no crop step)."""
     return dict(
         registry_dir=root / "registry", default_model="tiny-base", registry_poll_seconds=0.3, warmup=False,
         admin_api_keys=[ADMIN], adapt_dir=root / "adapt", adapt_base_models={"tiny6": str(teacher)},
         adapt_min_documents=16, adapt_batch_size=8, adapt_max_steps=6, adapt_lr=5e-3, adapt_train_last_layers=0,
         adapt_worker_threads=1, adapt_general_tasks=["LeeDocSTS", "PyDocModuleClustering"], adapt_general_fast=True,
-        adapt_lease_seconds=5.0, adapt_student_general_texts=16, adapt_student_adapt_steps=3,
+        adapt_lease_seconds=5.0, adapt_student_general_texts=16, adapt_student_max_steps=4,
         adapt_student_build_max_steps=3, adapt_student_build_max_documents=48,
     )  # fmt: skip
 
@@ -132,7 +135,7 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     assert published["base_model"] == "tiny6--sct-tiny"  # distilled into that student, from the adapted tiny6
     assert "adapt:news-tiny" in published["trained_on"] and "lee_background" in published["trained_on"]
     # the distillation's texts: the customer's and 16 of those the base student was built on, all toward the adapted
-    # teacher's embeddings (the default; a frozen model's targets: the next test)
+    # teacher's embeddings (this route's; a frozen model's targets: below)
     targets = _events(client, job["id"], "distillation_targets")[0]["distillation_targets"]
     assert targets["general_texts"] == 16 and targets["customer_texts"] > 0
     assert targets["general_targets"] == "adapted_teacher" and "base_student" not in targets
@@ -148,31 +151,39 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     assert _finished(client, third["id"])["state"] == "succeeded"
 
 
-def test_by_default_the_student_is_crop_tuned_from_the_base_student_without_distillation(
+def test_by_default_the_student_learns_the_base_teachers_embeddings_of_the_customers_texts_and_their_pieces(
     service: tuple[TestClient, ServiceSettings], corpus: list[str], tiny_bert6_path: Path
 ) -> None:
-    """A second replica with the default ``student_max_steps`` (0) over the same registry and job store: its job
-    skips the distillation and crop-tunes the base student, rehearsing the general texts under the base student's
-    own similarities (``student_general_targets`` base_student), so nothing learns from an adapted teacher and the
-    job does not adapt one. Runs after the build of the first test (the registry holds tiny6--sct-tiny)."""
+    """A second replica with the default student settings (the distillation cut to a few steps) over the same
+    registry and job store: its job distils the base teacher's embeddings of the customer's texts — with their short
+    pieces, sentences and word runs — and of the general texts; no crop step runs and nothing learns from an adapted
+    teacher, so the job does not adapt one. Runs after the build of the first test (the registry holds
+    tiny6--sct-tiny)."""
     _, first = service
     root = first.registry_dir.parent
     settings = ServiceSettings.from_flat(**_flat_settings(root, tiny_bert6_path))
-    assert settings.adapt.student_max_steps == 0 and settings.adapt.student_general_targets == "base_student"
+    defaults, adapt = AdaptSettings(), settings.adapt
+    chosen = ("student_distil_teacher", "student_distil_spans", "student_general_targets", "student_adapt_steps")
+    expected = ["base_teacher", 8, "base_teacher", 0]
+    assert [getattr(adapt, k) for k in chosen] == [getattr(defaults, k) for k in chosen] == expected
     with TestClient(create_app(settings)) as client:
-        body = {"base_model": "tiny6", "name": "news-crop", "texts": corpus, "student": "sct-tiny", "promote": "never"}
+        body = {"base_model": "tiny6", "name": "news-distil", "texts": corpus, "student": "sct-tiny",
+                "promote": "never"}  # fmt: skip
         job = client.post("/adapt", json=body, headers=AUTH).json()
-        assert job["after_job"] is None and job["student"]["max_steps"] == 0
+        assert job["after_job"] is None and job["student"]["distil_teacher"] == "base_teacher"
         done = _finished(client, job["id"])
         assert done["state"] == "succeeded", done["error"]
         stages = {e.get("stage") for e in _events(client, job["id"], "progress")}
-        assert {"adapting student", "student adapted"} <= stages
-        assert not {"training", "trained", "distilling"} & stages  # neither the teacher nor a distillation trained
+        assert {"distilling", "distilled"} <= stages
+        assert not {"training", "trained", "adapting student", "student adapted"} & stages  # no crop step anywhere
         assert _events(client, job["id"], "teacher_adaptation")[0]["teacher_adaptation"]["skipped"] is True
-        assert not _events(client, job["id"], "distillation_targets")
-        rehearsal = _events(client, job["id"], "student_rehearsal")[0]["student_rehearsal"]
-        assert rehearsal == {"general_texts": 16, "reference": "base_student", "weight": 1.0,
-                             "temperature": 0.2, "position_weight": 10.0}
+        assert not _events(client, job["id"], "student_rehearsal")
+        targets = _events(client, job["id"], "distillation_targets")[0]["distillation_targets"]
+        # the general texts' targets are the distillation's own teacher's, embedded when drawn; the customer's texts
+        # are more than a document and a sentence of each (sct-tiny's text units): their pieces and word runs too
+        assert targets["general_targets"] == targets["distil_teacher"] == "base_teacher"
+        assert "base_teacher" not in targets  # nothing embedded ahead of the clock
+        assert targets["customer_texts"] > 2 * len(corpus)
         assert set(done["evaluation"]["in_domain"]) == {"base_teacher", "base_student", "adapted_student"}
         assert done["gate"]["compared_with"]["base_teacher"]["decides"] is False
 
@@ -194,15 +205,17 @@ def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_f
     service: tuple[TestClient, ServiceSettings], corpus: list[str], tiny_bert6_path: Path, tmp_path: Path
 ) -> None:
     """With ``student_general_targets = base_student`` the general texts' targets are the base student's own
-    embeddings, computed before the clock and kept in the cache's store; the customer's are left to the adapted
-    teacher. Runs after the build of the first test (the registry holds tiny6--sct-tiny)."""
+    embeddings, computed before the clock and kept in the cache's store; the customer's are left to the
+    distillation's teacher. Runs after the build of the first test (the registry holds tiny6--sct-tiny)."""
     _, settings = service
     base = base_student_checkpoint(settings.registry_dir, "tiny6--sct-tiny")
     config = AdaptConfig(registry_dir=settings.registry_dir, cache_dir=tmp_path / "cache", settings=AdaptSettings())
     models = {"base_student": base, "base_teacher": tiny_bert6_path, "adapted_teacher": tiny_bert6_path}
 
-    def targets(general_targets: str) -> tuple[Any, dict[str, Any]]:
-        plan = StudentPlan("sct-tiny", 4, None, 16, general_targets, 0, 1e-4, 90.0)
+    def targets(general_targets: str, distil_teacher: str = "adapted_teacher") -> tuple[Any, dict[str, Any]]:
+        plan = dataclasses.replace(StudentPlan.build(AdaptSettings(), "sct-tiny"), max_steps=4, time_budget_s=None,
+                                   distil_teacher=distil_teacher, general_texts=16, general_targets=general_targets,
+                                   distil_spans=0)  # fmt: skip
         spec = dataclasses.replace(JobSpec.build(AdaptSettings(), base_model="tiny6", name="news"), student=plan)
         ctx = _Recorder()
         # what distillation_targets reads of an attempt: its context, config, spec, scratch and training documents
@@ -225,6 +238,12 @@ def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_f
     assert report["base_student"]["embedded"] == 0 and again.texts == first.texts  # every vector from the store
     lazily, report = targets("adapted_teacher")
     assert lazily.path is None and "adapted_teacher" not in report  # the trainer's teacher embeds them when drawn
+    lazily, report = targets("base_teacher", distil_teacher="base_teacher")
+    assert lazily.path is None and "base_teacher" not in report
+    # another model than the distillation's teacher: embedded before the clock, the adapted teacher's never stored
+    ahead, report = targets("adapted_teacher", distil_teacher="base_teacher")
+    assert ahead.path is not None and report["adapted_teacher"]["embedded"] == 16
+    assert targets("adapted_teacher", distil_teacher="base_teacher")[1]["adapted_teacher"]["embedded"] == 16
 
 
 def test_the_cli_submits_a_corpus_file_follows_the_job_and_says_how_it_ended(

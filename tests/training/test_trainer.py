@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from core.model_folder import RECIPE_FILE
-from core.text import CorpusError
+from core.text import CorpusError, split_sentences
+from evaluation.domain_checks import PIECES, short_piece
 from training.config import ConfigError, TrainConfig
-from training.data import MIN_SENTENCE_CHARS, load_corpus, load_scored_pairs, text_units
+from training.data import MIN_SENTENCE_CHARS, SPAN_WORDS, load_corpus, load_scored_pairs, query_units, text_units
 from training.encoder import Encoder
 from training.inputs import load_training_data, recipe_training_texts
 from training.students import layer_subset_student, tiny_bert_student
@@ -311,6 +312,23 @@ def test_text_units_mix_documents_and_their_sentences() -> None:
     assert all(any(s in d for d in documents) and len(s) >= MIN_SENTENCE_CHARS for s in sentences)
     assert text_units(documents, 2, seed=0) == units and text_units(documents, 0, seed=0) == documents
     assert text_units(["Too short. Also short.", "Too short. Also short."], 1, seed=0) == ["Too short. Also short."]
+
+
+def test_query_units_are_each_documents_pieces_sentences_and_word_runs() -> None:
+    long = ("Buffer overflow in the parser of the image library lets a crafted file overwrite the heap. "
+            "An attacker who sends such a file can run code as the service user. "
+            "Bounds checks on every read fix it.")  # fmt: skip
+    short = "Two words here. Then the rest of it, nine words in all."  # 12 words: no run cut from it
+    units = query_units([long, short], 4, seed=0)
+    pieces = [found[0] for doc in (long, short) for kind in PIECES if (found := short_piece(doc, kind))]
+    sentences = split_sentences(long)
+    assert units[: len(pieces)] == pieces and long.startswith(pieces[1])  # its lead, then its first words
+    assert units[len(pieces) : len(pieces) + len(sentences)] == sentences
+    runs = units[len(pieces) + len(sentences) : len(pieces) + len(sentences) + 4]
+    assert all(r in long and SPAN_WORDS[0] <= len(r.split()) <= SPAN_WORDS[1] for r in runs)
+    assert units[len(pieces) + len(sentences) + 4 :] == split_sentences(short)
+    assert query_units([long, short], 4, seed=0) == units and query_units([long, short], 4, seed=1) != units
+    assert query_units([long, short], 0, seed=0) == [u for u in units if u not in runs]
 
 
 def test_teacher_fidelity_is_one_for_the_teacher_and_lower_for_another_model(
