@@ -141,13 +141,13 @@ STUDENT_KNOBS = (
          help="Distillation steps into the student (batch of the student's recipe): the distil_teacher's embeddings "
          "of the customer's training texts (whole documents, a sentence of each and, with distil_spans, their short "
          "pieces, every sentence and word runs) and of the general texts; before the crop step when there is one. "
-         "0 = none, the crop step starts from the base student. On three unseen domains the distillation alone "
-         "(no crop step) gained 3.1-19.8 points on their real task against the base student, where the crop step "
-         "gained -3.3 to +6.3 (docs/BENCHMARKS.md)."),
+         "0 = none, the crop step starts from the base student. On three unseen domains, three seeds each, the "
+         "distillation alone (no crop step) raised their real task over the base student by 2.5-20.3 points, where "
+         "the crop step moved it by -3.3 to +6.3 (docs/BENCHMARKS.md)."),
     Knob("time_budget_s", float, 330.0, gt=0, prefix="student_", spec_type=float | None, absent=120.0,
-         help="Distillation time budget (whichever of steps/time ends first). The 300 steps take 230-330 s on 2 "
-         "AVX-512 VNNI cores with the teacher's embeddings computed as drawn; the budget keeps the job within 8 "
-         "minutes on a slower CPU, with fewer steps."),
+         help="Distillation time budget (whichever of steps/time ends first). The 300 steps took 239-528 s on 2 "
+         "shared AVX-512 VNNI cores, the teacher's embeddings computed as drawn; with 330 s whole jobs took 364-379 "
+         "s. A slower CPU runs fewer steps in the same budget, so the job stays within 8 minutes."),
     Knob("distil_teacher", Literal[tuple(sorted(DISTIL_TEACHERS))], BASE_TEACHER, prefix="student_",
          absent=ADAPTED_TEACHER,
          help="Whose embeddings of the customer's texts the student learns: the base teacher (no crop fine-tune of "
