@@ -153,7 +153,8 @@ STUDENT_KNOBS = (
          help="Whose embeddings of the customer's texts the student learns: the base teacher (no crop fine-tune of "
          "the teacher is run) or the adapted teacher (the job's crop fine-tune of the teacher first). The crop "
          "fine-tune raises the teacher's crop pairs, not its real tasks: on CWE distilling the adapted teacher "
-         "scored 72.1 on the domain's real task with the crop step after it, the base teacher 75.8 without."),
+         "scored 72.1 on the domain's real task with the crop step after it, the base teacher 75.2-75.7 without (three "
+         "seeds; docs/ADAPT.md, docs/BENCHMARKS.md)."),
     Knob("distil_spans", int, 8, ge=0, prefix="student_", absent=0,
          help="Seeded runs of 3-12 words per training document (name-like phrases) the distillation adds, with each "
          "document's short pieces (its first sentence, first words, most central sentence) and every sentence: "

@@ -113,8 +113,8 @@ def make_student(attempt: Attempt, teacher: AdaptedTeacher) -> Trained:
     document, a sentence of it and, with ``distil_spans``, its short pieces, every sentence and word runs
     (`training.data.query_units`) — and the general texts toward the ``general_targets`` model's
     (`distillation_targets`). On three unseen domains (CWE, SPDX licences, drug reviews; docs/BENCHMARKS.md) it raised
-    the domain's real task (a title or review finding its document) on each, out of domain within half a point of the
-    base student, where the crop step alone lost 3.3 points on CWE.
+    the domain's real task (a name finding its document, or kNN of reviews) on each seed, out of domain within a
+    point of the base student, where the crop step alone lost 3.3 points on CWE.
 
     The student is judged against the base student (deciding) and the base teacher (reported); the adapted teacher,
     when there is one, is scored in domain beside them."""
@@ -242,8 +242,9 @@ def distillation_targets(attempt: Attempt, start: StudentStart) -> DistillationT
         ctx.stage("distilling", detail=f"the {role.replace('_', ' ')} embeds {len(general)} general texts")
         tick = time.perf_counter()
         model = cut_texts(Encoder.from_pretrained(start.models[role]), recipe.max_seq_length).eval()
-        store = None if role == ADAPTED_TEACHER else attempt.config.cache_dir / TEACHER_EMBEDDINGS  # no later job
-        targets = TeacherTargets(model, store)  # meets this job's own adapted teacher again
+        # no later job meets this job's own adapted teacher again: its vectors are not stored
+        store = None if role == ADAPTED_TEACHER else attempt.config.cache_dir / TEACHER_EMBEDDINGS
+        targets = TeacherTargets(model, store)
         count = targets.fill(general, batch_size=recipe.batch_size)
         targets.save()
         path = attempt.work / "general-targets.npz"
