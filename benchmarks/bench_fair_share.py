@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 from bench_overload import check_run_args, drive, start_server
 from bench_service import MODEL, ROOT, _stop, workloads
-from report_file import write_report
+from report_file import cpu_text, write_report
 
 from core.runtime import cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _stop(proc)
     cpu = cpu_features()
-    print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}); keys: quiet {key_id(QUIET)}, flood {key_id(FLOOD)}")
+    print(f"CPU: {cpu_text(cpu)}; keys: quiet {key_id(QUIET)}, flood {key_id(FLOOD)}")
     print("| round | quiet alone texts/s | quiet flooded texts/s | kept | quiet 429 share | flood texts/s | flood 429 "
           "| load-gen CPU (cores) |")  # fmt: skip
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

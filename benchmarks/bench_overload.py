@@ -47,7 +47,7 @@ from typing import Any
 
 import httpx
 from bench_service import MODEL, ROOT, _free_port, _pct, _stop, _wait_ready, workloads
-from report_file import write_report
+from report_file import cpu_text, write_report
 
 from core.runtime import cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_features(), "threads": args.threads, "seconds": args.seconds, "backoff": args.backoff,
         "graphs": graphs, "limits": limits, "rows": rows, "openai_sdk": sdk,
     }  # fmt: skip
-    print(f"CPU: {report['cpu']['model']} ({', '.join(report['cpu']['flags'])}); graphs served: {graphs}")
+    print(f"CPU: {cpu_text(report['cpu'])}; graphs served: {graphs}")
     print(markdown(rows))
     print("\n".join(checks(rows, limits)))
     write_report(args.out, report)

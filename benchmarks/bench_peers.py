@@ -44,7 +44,7 @@ import httpx
 import numpy as np
 from bench_overload import scrape, start_server
 from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _post_one, _stop, workloads
-from report_file import write_report
+from report_file import cpu_text, write_report
 
 from core.engines import open_routes
 from core.runtime import OnnxBundle, cosines, cpu_features
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = cpu_features()
     report = {"cpu": cpu, "threads": args.threads, "rounds": args.rounds, "engine": choice, "parity": parity,
               "rows": rows}  # fmt: skip
-    print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads; ours serves {choice['reason']}")
+    print(f"CPU: {cpu_text(cpu)}, {args.threads} threads; ours serves {choice['reason']}")
     print(summary(rows, loads, parity))
     write_report(args.out, report)
     return 0

@@ -47,7 +47,7 @@ import numpy as np
 from bench_adapt import unseen_documents
 from domain_checks import real_task
 from indomain_resolution import open_model
-from report_file import write_report
+from report_file import cpu_text, write_report
 
 from adapt_worker.attempt import MAX_PIECE_DISTRACTORS, split_corpus
 from core.runtime import cpu_features
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = agreement_table(results["agreement"], print)
     results["summary"] = summary
     cpu = results["cpu"]
-    print(f"\nCPU: {cpu['model']} ({', '.join(cpu['flags'])})")
+    print(f"\nCPU: {cpu_text(cpu)}")
     write_report(args.out, results)
     return 0
 

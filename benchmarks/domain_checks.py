@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from bench_adapt import UNSEEN, draw, unseen_documents
 from indomain_resolution import open_model, per_query_ndcg
-from report_file import write_report
+from report_file import cpu_text, write_report
 
 from adapt_worker.attempt import split_corpus
 from core.corpora import UNSEEN_DOMAINS
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                          for k in row if k not in ("domain", "seed", "pair", "real"))  # fmt: skip
         print(f"{row['domain']:>5s} s{row['seed']} {row['pair']:>22s}: real {row['real']:+.2f} | {signs}")
     cpu = cpu_features()
-    print(f"\nCPU: {cpu['model']} ({', '.join(cpu['flags'])})")
+    print(f"\nCPU: {cpu_text(cpu)}")
     write_report(args.out, {"cpu": cpu, "rows": rows, "agreement": agreement, "seeds": args.seeds})
     return 0
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_adapt import load_corpus
-from report_file import write_report
+from report_file import cpu_text, write_report
 
 from adapt_worker.attempt import split_corpus
 from core.runtime import cpu_features
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"queries": len(pooled), "difference": round(float(pooled.mean()), 2),
                "interval_95": [round(low, 2), round(high, 2)]}  # fmt: skip
     cpu = cpu_features()
-    print(f"\nCPU: {cpu['model']} ({', '.join(cpu['flags'])})")
+    print(f"\nCPU: {cpu_text(cpu)}")
     print(f"{'seed':>4s} {'queries':>7s} {args.reference:>12s} {'model':>8s} {'difference':>10s}  95 % interval")
     for row in rows:
         print(f"{row['seed']:4d} {row['queries']:7d} {row['reference']:12.2f} {row['candidate']:8.2f} "

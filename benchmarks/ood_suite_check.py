@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from indomain_resolution import open_model
-from report_file import write_report
+from report_file import cpu_text, write_report
 
 from core.runtime import cpu_features
 from core.settings import get_settings
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             where = "within" if abs(gap) <= args.tolerance else "outside"
             print(f"{suite} % − independent %: {gap:+.2f} points ({where} ±{args.tolerance})")
     cpu = cpu_features()
-    print(f"\nCPU: {cpu['model']} ({', '.join(cpu['flags'])})")
+    print(f"\nCPU: {cpu_text(cpu)}")
     models = {"baseline": args.baseline, "candidate": args.candidate}
     seconds = {role: report["seconds"] for role, report in reports.items()}
     scores = {"baseline": base, "candidate": cand}

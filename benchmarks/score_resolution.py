@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from report_file import write_report
+from report_file import cpu_text, write_report
 
 from core.runtime import cpu_features
 from evaluation.suite import run_suite
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     base = rows["model"]
     swing = {t: round(max(abs(r[t] - base[t]) for r in rows.values()), 2) for t in [*args.tasks, "average"]}
     cpu = cpu_features()
-    print(f"\nCPU: {cpu['model']} ({', '.join(cpu['flags'])})")
+    print(f"\nCPU: {cpu_text(cpu)}")
     print(f"{'task':32s} {'model':>8s} {'largest |change| of a copy':>28s}")
     for task in swing:
         print(f"{task:32s} {base[task]:8.2f} {swing[task]:28.2f}")
