@@ -141,7 +141,7 @@ STUDENT_KNOBS = (
          help="Distillation steps into the student (batch of the student's recipe): the distil_teacher's embeddings "
          "of the customer's training texts (whole documents, a sentence of each and, with distil_spans, their short "
          "pieces, every sentence and word runs) and of the general texts; before the crop step when there is one. "
-         "0 = none, the crop step starts from the base student. On three unseen domains, three seeds each, the "
+         "0 = none, the crop step starts from the base student. On three unseen domains, five seeds each, the "
          "distillation alone (no crop step) raised their real task over the base student by 2.5-20.3 points, where "
          "the crop step moved it by -3.3 to +6.3 (docs/BENCHMARKS.md)."),
     Knob("time_budget_s", float, 330.0, gt=0, prefix="student_", spec_type=float | None, absent=120.0,
