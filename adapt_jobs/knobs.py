@@ -145,7 +145,7 @@ STUDENT_KNOBS = (
          "distillation alone (no crop step) raised their real task over the base student by 2.5-20.3 points, where "
          "the crop step moved it by -3.3 to +6.3 (docs/BENCHMARKS.md)."),
     Knob("time_budget_s", float, 330.0, gt=0, prefix="student_", spec_type=float | None, absent=120.0,
-         help="Distillation time budget (whichever of steps/time ends first). The 300 steps took 239-528 s on 2 "
+         help="Distillation time budget (whichever of steps/time ends first). The 300 steps took 239-1365 s on 2 "
          "shared AVX-512 VNNI cores, the teacher's embeddings computed as drawn; with 330 s whole jobs took 364-379 "
          "s. A slower CPU runs fewer steps in the same budget, so the job stays within 8 minutes."),
     Knob("distil_teacher", Literal[tuple(sorted(DISTIL_TEACHERS))], BASE_TEACHER, prefix="student_",
@@ -153,7 +153,7 @@ STUDENT_KNOBS = (
          help="Whose embeddings of the customer's texts the student learns: the base teacher (no crop fine-tune of "
          "the teacher is run) or the adapted teacher (the job's crop fine-tune of the teacher first). The crop "
          "fine-tune raises the teacher's crop pairs, not its real tasks: on CWE distilling the adapted teacher "
-         "scored 72.1 on the domain's real task with the crop step after it, the base teacher 75.2-75.7 without (three "
+         "scored 72.1 on the domain's real task with the crop step after it, the base teacher 75.2-75.7 without (five "
          "seeds; docs/ADAPT.md, docs/BENCHMARKS.md)."),
     Knob("distil_spans", int, 8, ge=0, prefix="student_", absent=0,
          help="Seeded runs of 3-12 words per training document (name-like phrases) the distillation adds, with each "
