@@ -31,9 +31,9 @@ from typing import Any
 import httpx
 from bench_overload import check_run_args, drive, start_server
 from bench_service import MODEL, ROOT, _stop, workloads
-from report_file import cpu_text, write_report
+from report_file import write_report
 
-from core.runtime import cpu_features
+from core.runtime import cpu_features, cpu_text
 from core.settings import DEFAULT_REGISTRY_DIR
 from service.auth import key_id
 

@@ -47,9 +47,9 @@ from typing import Any
 
 import httpx
 from bench_service import MODEL, ROOT, _free_port, _pct, _stop, _wait_ready, workloads
-from report_file import cpu_text, write_report
+from report_file import write_report
 
-from core.runtime import cpu_features
+from core.runtime import cpu_features, cpu_text
 from core.settings import DEFAULT_REGISTRY_DIR
 
 ROUTE = "/v1/embeddings"

@@ -44,10 +44,10 @@ import httpx
 import numpy as np
 from bench_overload import scrape, start_server
 from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _post_one, _stop, workloads
-from report_file import cpu_text, write_report
+from report_file import write_report
 
 from core.engines import open_routes
-from core.runtime import OnnxBundle, cosines, cpu_features
+from core.runtime import OnnxBundle, cosines, cpu_features, cpu_text
 from core.settings import DEFAULT_REGISTRY_DIR
 
 LOADS = {  # name: (kind, texts per request, concurrency, texts)

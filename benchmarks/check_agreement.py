@@ -47,10 +47,10 @@ import numpy as np
 from bench_adapt import unseen_documents
 from domain_checks import real_task
 from indomain_resolution import open_model
-from report_file import cpu_text, write_report
+from report_file import write_report
 
 from adapt_worker.attempt import MAX_PIECE_DISTRACTORS, split_corpus
-from core.runtime import cpu_features
+from core.runtime import cpu_features, cpu_text
 from evaluation.domain_checks import (
     PIECES,
     STOP_WORDS,

@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 from bench_adapt import UNSEEN, draw, unseen_documents
 from indomain_resolution import open_model, per_query_ndcg
-from report_file import cpu_text, write_report
+from report_file import write_report
 
 from adapt_worker.attempt import split_corpus
 from core.corpora import UNSEEN_DOMAINS
-from core.runtime import cpu_features
+from core.runtime import cpu_features, cpu_text
 from core.text import choose_crop_rule
 from evaluation.diagnostics import knn_accuracy
 from evaluation.domain_checks import piece_retrieval, title_retrieval

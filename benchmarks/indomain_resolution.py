@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 from bench_adapt import load_corpus
-from report_file import cpu_text, write_report
+from report_file import write_report
 
 from adapt_worker.attempt import split_corpus
-from core.runtime import cpu_features
+from core.runtime import cpu_features, cpu_text
 from core.text import choose_crop_rule
 from evaluation.embedding_model import EmbeddingModel, is_bundle_spec, load_model
 from evaluation.gate import IN_DOMAIN_TASK

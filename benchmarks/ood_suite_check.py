@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from indomain_resolution import open_model
-from report_file import cpu_text, write_report
+from report_file import write_report
 
-from core.runtime import cpu_features
+from core.runtime import cpu_features, cpu_text
 from core.settings import get_settings
 from evaluation.suite import run_suite
 from evaluation.tasks import INDEPENDENT_TASKS, OOD_SUITE, OOD_SUITE_V1, TASKS

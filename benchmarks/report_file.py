@@ -13,9 +13,3 @@ def write_report(path: Path | None, report: Any) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
-
-
-def cpu_text(cpu: dict[str, Any]) -> str:
-    """The CPU a benchmark ran on, as its report prints it: the model and the flags that decide the kernels
-    (`core.runtime.cpu_features`)."""
-    return f"{cpu['model']} ({', '.join(cpu['flags'])})"

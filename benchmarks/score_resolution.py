@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from report_file import cpu_text, write_report
+from report_file import write_report
 
-from core.runtime import cpu_features
+from core.runtime import cpu_features, cpu_text
 from evaluation.suite import run_suite
 from training.data import enwiki_paragraphs
 from training.encoder import Encoder

@@ -61,6 +61,11 @@ def cpu_features() -> dict[str, Any]:
     return {"model": model, "machine": platform.machine(), "flags": [f for f in _KERNEL_FLAGS if f in flags]}
 
 
+def cpu_text(cpu: dict[str, Any]) -> str:
+    """A `cpu_features` result as one line: the model and the flags that decide the kernels."""
+    return f"{cpu['model']} ({', '.join(cpu['flags'])})"
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise cosine similarity of two ``(N, D)`` arrays, in float64."""
     a = a.astype(np.float64)

@@ -57,6 +57,7 @@ def main(argv: list[str]) -> int:
 
     from core.catalog import ChecksumError, ModelNotFoundError
     from core.registry import RegistryError
+    from core.runtime import cpu_text
     from export.bundle import export_bundle  # imports torch: only once the arguments are known to be valid
     from export.parity import ParityError
 
@@ -83,7 +84,7 @@ def main(argv: list[str]) -> int:
     parity = manifest["parity"]
     if manifest.get("int8"):
         cpu = manifest["int8"]["checked_on"]
-        print(f"int8 setting: {manifest['int8']['chosen']} (checked on {cpu['model']}, {','.join(cpu['flags'])})")
+        print(f"int8 setting: {manifest['int8']['chosen']} (checked on {cpu_text(cpu)})")
     for variant in manifest["onnx"]:
         figures = parity[variant]
         print(
