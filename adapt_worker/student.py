@@ -100,6 +100,7 @@ class StudentStart:
     trained_on: tuple[str, ...]  # the corpora it was trained on
     general: list[str]  # a seeded sample of its own training texts
     models: Mapping[str, Path]  # by role: base_student, base_teacher and, when the job adapted it, adapted_teacher
+    recipe: TrainConfig  # the base student's recipe: the distillation's objective, views and optimiser settings
 
 
 def make_student(attempt: Attempt, teacher: AdaptedTeacher) -> Trained:
@@ -143,23 +144,23 @@ def make_student(attempt: Attempt, teacher: AdaptedTeacher) -> Trained:
 
 
 def student_start(attempt: Attempt, teacher: AdaptedTeacher) -> StudentStart:
-    """The promoted base student of the job's plan, and a seeded sample of its own training texts."""
+    """The promoted base student of the job's plan, its recipe, and a seeded sample of its own training texts."""
     plan = attempt.student
     name = base_student_name(attempt.spec.base_model, plan.recipe)
     base = base_student_checkpoint(attempt.config.registry_dir, name)
     models = {BASE_STUDENT: base, BASE_TEACHER: attempt.base_path}
     if teacher.checkpoint is not None:
         models[ADAPTED_TEACHER] = teacher.checkpoint
+    trained_on = tuple(read_trained_on(base))
     own = recipe_training_texts(base / RECIPE_FILE)
     general = random.Random(attempt.spec.hyperparameters.seed).sample(own, min(plan.general_texts, len(own)))
-    return StudentStart(name, base, tuple(read_trained_on(base)), general, models)
+    return StudentStart(name, base, trained_on, general, models, load_config(plan.recipe))
 
 
 def distil(attempt: Attempt, start: StudentStart) -> Path:
     """The distillation of the plan's ``distil_teacher`` into the base student (``max_steps``, ``time_budget_s``); its
     best checkpoint."""
-    plan, hp = attempt.student, attempt.spec.hyperparameters
-    recipe = load_config(plan.recipe)
+    plan, hp, recipe = attempt.student, attempt.spec.hyperparameters, start.recipe
     with guarded("distillation", SCRATCH_VOLUME):
         targets = distillation_targets(attempt, start)
     train_config = TrainConfig(
@@ -231,7 +232,7 @@ def distillation_targets(attempt: Attempt, start: StudentStart) -> DistillationT
     are and how many texts a frozen model embedded (and its seconds) go to the job's result
     (``distillation_targets``)."""
     plan, ctx, general = attempt.student, attempt.ctx, start.general
-    recipe, seed = load_config(plan.recipe), attempt.spec.hyperparameters.seed
+    recipe, seed = start.recipe, attempt.spec.hyperparameters.seed
     customer = text_units(attempt.split.train, recipe.text_sentences, seed=seed)
     if plan.distil_spans:
         customer += query_units(attempt.split.train, plan.distil_spans, seed=seed)

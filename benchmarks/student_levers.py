@@ -125,7 +125,8 @@ def job_distillation(spec: JobSpec, settings: AdaptSettings, base: Path, split: 
                       base_path=resolve_model(spec.base_model), split=split, rule=rule, checks=None,
                       labelled=None)  # fmt: skip
     models = {"base_student": base, "base_teacher": attempt.base_path}
-    return job_distil(attempt, StudentStart("minilm-l6--sct-tiny", base, (), general, models))
+    start = StudentStart("minilm-l6--sct-tiny", base, (), general, models, load_config(spec.student.recipe))
+    return job_distil(attempt, start)
 
 
 def main(argv: list[str] | None = None) -> int:

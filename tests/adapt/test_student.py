@@ -29,6 +29,7 @@ from service.app import create_app
 from service.settings import ServiceSettings
 from tests.adapt.cluster import ADMIN, AUTH, wait_for
 from training.assembly import cut_texts
+from training.config import load_config
 from training.encoder import Encoder
 from training.inputs import recipe_training_texts
 from training.targets import read_vectors, text_key
@@ -222,7 +223,7 @@ def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_f
         attempt = Attempt(job=None, ctx=ctx, config=config, work=tmp_path, spec=spec, base_path=tiny_bert6_path,
                           split=HeldOutSplit(corpus[:8], [], []), rule=None, checks=None, labelled=None)  # fmt: skip
         general = recipe_training_texts(base / RECIPE_FILE)[:16]
-        start = StudentStart("tiny6--sct-tiny", base, (), general, models)
+        start = StudentStart("tiny6--sct-tiny", base, (), general, models, load_config("sct-tiny"))
         got = distillation_targets(attempt, start)
         return got, ctx.results["distillation_targets"]
 
