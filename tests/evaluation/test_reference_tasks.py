@@ -16,9 +16,11 @@ from evaluation.tasks import (
     INDEPENDENT_TASKS,
     OOD_SUITE,
     OOD_SUITE_V1,
+    OOD_SUITE_V2,
     TASKS,
     AWSOperationClustering,
     AWSServiceRetrieval,
+    ElementDescriptionRetrieval,
     HPODefinitionRetrieval,
     ICD10ChapterClustering,
     OfflineTask,
@@ -29,7 +31,8 @@ from evaluation.tasks import (
 )
 from evaluation.tasks.titled import per_label_subset, seeded_subset
 
-NEW_SUITE = [SimLex999STS, RDatasetsTitleRetrieval, AWSServiceRetrieval, AWSOperationClustering]
+NEW_SUITE = [SimLex999STS, RDatasetsTitleRetrieval, AWSServiceRetrieval, AWSOperationClustering,
+             ElementDescriptionRetrieval]  # fmt: skip
 INDEPENDENT = [ICD10ChapterClustering, StdnumFormatRetrieval, HPODefinitionRetrieval]
 # (task, full size, fast size, labels in the full task or None)
 SHAPES = [
@@ -37,6 +40,7 @@ SHAPES = [
     (RDatasetsTitleRetrieval, 1000, 40, None),
     (AWSServiceRetrieval, 390, 40, None),
     (AWSOperationClustering, 800, 200, 20),
+    (ElementDescriptionRetrieval, 109, 40, None),
     (ICD10ChapterClustering, 1192, 218, 22),
     (StdnumFormatRetrieval, 236, 40, None),
     (HPODefinitionRetrieval, 1500, 40, None),
@@ -110,7 +114,7 @@ def test_subsets() -> None:
 
 
 def test_registration_and_independence() -> None:
-    assert all(name in TASKS for name in OOD_SUITE) and set(OOD_SUITE_V1) < set(OOD_SUITE)
+    assert all(name in TASKS for name in OOD_SUITE) and set(OOD_SUITE_V1) < set(OOD_SUITE_V2) < set(OOD_SUITE)
     assert not set(INDEPENDENT_TASKS) & set(TASKS)  # not in the default suite
     assert {type(resolve_task(name)) for name in INDEPENDENT_TASKS} == set(INDEPENDENT)
     assert type(resolve_task("simlex999sts", fast=True)) is SimLex999STS
@@ -131,6 +135,7 @@ FAST_FLOORS: dict[type[OfflineTask], float] = {
     RDatasetsTitleRetrieval: 40.0,
     AWSServiceRetrieval: 40.0,
     AWSOperationClustering: 42.0,
+    ElementDescriptionRetrieval: 40.0,
     ICD10ChapterClustering: 42.0,
     StdnumFormatRetrieval: 40.0,
     HPODefinitionRetrieval: 40.0,
