@@ -96,6 +96,11 @@ class TrainConfig:
     crop_sentences: int = 2  # t consecutive sentences per crop (paper 000 §3.1)
     crop_rule: str = "auto"  # "paper" (100–250-char sentences only) or "auto" (core.text.choose_crop_rule)
     text_sentences: int = 1  # views = "texts": sentences drawn from each document besides the document itself
+    # views = "texts": name-like phrases drawn from each training document besides (training.data.name_phrases: a
+    # run of capitalised words inside a sentence, "Henry Cavendish", "United States Armed Forces"), so the student
+    # also learns the teacher's view of names, the shortest queries; the held-out texts keep the documents and
+    # sentences only
+    text_names: int = 0
     # views = "texts": a file of precomputed targets (training.targets.write_vectors: text SHA-256 → vector) used
     # for its texts instead of the teacher's own embedding (/adapt's students: a frozen model's, of general text)
     teacher_vectors: str | None = None
@@ -195,6 +200,8 @@ class TrainConfig:
             )
         if self.text_sentences < 0:
             problems.append(f"text_sentences must be >= 0, got {self.text_sentences}")
+        if self.text_names < 0:
+            problems.append(f"text_names must be >= 0, got {self.text_names}")
         if self.objective == "simcse" and self.views != "dropout":
             problems.append("objective 'simcse' is InfoNCE on dropout views: set views = 'dropout'")
         if self.teacher_vectors is not None and (self.views != "texts" or self.objective not in TEACHER_OBJECTIVES):

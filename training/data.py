@@ -20,6 +20,7 @@ from __future__ import annotations
 import bz2
 import json
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,9 @@ from evaluation.domain_checks import PIECES, short_piece
 MIN_PARAGRAPH_CHARS = 200
 MIN_SENTENCE_CHARS = 40  # shorter "sentences" are mostly split debris ("Fig.", "et al.", list items)
 SPAN_WORDS = (3, 12)  # the shortest and longest word run `query_units` cuts
+# A name inside a sentence: a capitalised word, then up to four more, "of", "the", "and", "de" or "for" between them
+# (never last) — "Henry Cavendish", "Principality of Andorra", "National Institute for Nuclear Physics"
+_NAME = re.compile(r"\b[A-Z][\w'&-]*(?:\s+(?:(?:of|the|and|de|for)\s+)?[A-Z][\w'&-]*){0,4}")
 
 
 def bbc_train_texts() -> list[str]:
@@ -119,10 +123,22 @@ def split_documents(documents: Sequence[str], fraction: float, *, seed: int, max
     )
 
 
-def text_units(documents: Sequence[str], sentences_per_document: int, *, seed: int) -> list[str]:
+def name_phrases(text: str) -> list[str]:
+    """The name-like phrases of a text, each once, in order: runs of capitalised words (`_NAME`) that do not open
+    their sentence (a sentence's first word is capitalised whatever it is)."""
+    found: dict[str, None] = {}
+    for sentence in split_sentences(text):
+        first = sentence.split(maxsplit=1)
+        for match in _NAME.finditer(first[1] if len(first) == 2 else ""):
+            found[match.group(0)] = None
+    return list(found)
+
+
+def text_units(documents: Sequence[str], sentences_per_document: int, *, seed: int, names: int = 0) -> list[str]:
     """Whole texts to distil on, short and long mixed: every document followed by up to
-    ``sentences_per_document`` of its sentences (seeded draw, of at least ``MIN_SENTENCE_CHARS`` characters),
-    each text once. Split documents first, then expand: a held-out document's sentences stay held out."""
+    ``sentences_per_document`` of its sentences (seeded draw, of at least ``MIN_SENTENCE_CHARS`` characters) and up
+    to ``names`` of its name-like phrases (`name_phrases`, a seeded draw), each text once. Split documents first,
+    then expand: a held-out document's sentences and names stay held out."""
     rng = random.Random(seed)
     units: dict[str, None] = {}
     for document in documents:
@@ -130,6 +146,10 @@ def text_units(documents: Sequence[str], sentences_per_document: int, *, seed: i
         sentences = [s for s in split_sentences(document) if len(s) >= MIN_SENTENCE_CHARS and s != document]
         for sentence in rng.sample(sentences, min(sentences_per_document, len(sentences))):
             units[sentence] = None
+        if names:
+            phrases = name_phrases(document)
+            for name in rng.sample(phrases, min(names, len(phrases))):
+                units[name] = None
     return list(units)
 
 

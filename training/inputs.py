@@ -44,7 +44,7 @@ def load_training_data(config: TrainConfig, crop_rule: CropRule | None = None) -
         else CropRule(sentences=config.crop_sentences)
     )
     if config.views == "texts":
-        documents = text_units(documents, config.text_sentences, seed=config.seed)
+        documents = text_units(documents, config.text_sentences, seed=config.seed, names=config.text_names)
     if config.validation_metric == "teacher_fidelity":
         held_out = (
             text_units(validation_documents, config.text_sentences, seed=config.seed + 1)

@@ -13,7 +13,15 @@ from core.model_folder import RECIPE_FILE
 from core.text import CorpusError, split_sentences
 from evaluation.domain_checks import PIECES, short_piece
 from training.config import ConfigError, TrainConfig
-from training.data import MIN_SENTENCE_CHARS, SPAN_WORDS, load_corpus, load_scored_pairs, query_units, text_units
+from training.data import (
+    MIN_SENTENCE_CHARS,
+    SPAN_WORDS,
+    load_corpus,
+    load_scored_pairs,
+    name_phrases,
+    query_units,
+    text_units,
+)
 from training.encoder import Encoder
 from training.inputs import load_training_data, recipe_training_texts
 from training.students import layer_subset_student, tiny_bert_student
@@ -312,6 +320,31 @@ def test_text_units_mix_documents_and_their_sentences() -> None:
     assert all(any(s in d for d in documents) and len(s) >= MIN_SENTENCE_CHARS for s in sentences)
     assert text_units(documents, 2, seed=0) == units and text_units(documents, 0, seed=0) == documents
     assert text_units(["Too short. Also short.", "Too short. Also short."], 1, seed=0) == ["Too short. Also short."]
+
+
+def test_name_phrases_are_capitalised_runs_inside_sentences() -> None:
+    text = (
+        "Hydrogen was first isolated by Henry Cavendish in 1776. Lavoisier named it after the Greek words. "
+        "The Principality of Andorra and the National Institute for Nuclear Physics of Italy met Henry Cavendish."
+    )
+    assert name_phrases(text) == ["Henry Cavendish", "Greek", "Principality of Andorra",
+                                  "National Institute for Nuclear Physics of Italy"]  # fmt: skip
+    assert name_phrases("Nothing here is named. Only lower case words follow it.") == []
+
+
+def test_text_units_add_names_of_each_document_only_when_asked() -> None:
+    documents = [
+        "Hydrogen was first isolated by Henry Cavendish in 1776 in his laboratory. It was named by Antoine Lavoisier "
+        "in Paris after the Greek words for water and maker, and Jacques Charles filled a balloon with it.",
+        "A plain document without names in it, long enough to hold a sentence. And a second sentence follows here.",
+    ]
+    plain = text_units(documents, 1, seed=0)
+    named = text_units(documents, 1, seed=0, names=2)
+    extra = [u for u in named if u not in plain]
+    assert [u for u in named if u in plain] == plain and len(extra) == 2  # the second document has no name
+    assert set(extra) <= set(name_phrases(documents[0])) and text_units(documents, 1, seed=0, names=2) == named
+    with pytest.raises(ConfigError, match="text_names must be >= 0"):
+        TrainConfig(model="minilm-l6", views="texts", text_names=-1)
 
 
 def test_query_units_are_each_documents_pieces_sentences_and_word_runs() -> None:
