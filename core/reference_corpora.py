@@ -23,6 +23,7 @@ Every reader returns the whole usable content in a fixed order; tasks draw their
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import gzip
 import json
@@ -172,7 +173,7 @@ def chemical_elements() -> tuple[TitledDocument, ...]:
     label: its series ("Nonmetals"); by atomic number. Elements described in fewer than `MIN_DOCUMENT_CHARS` are
     left out (the newest superheavy ones have no text)."""
     path = require_file(package_dir("mendeleev") / "elements.db", "mendeleev")
-    with sqlite3.connect(f"{path.as_uri()}?mode=ro&immutable=1", uri=True) as db:
+    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro&immutable=1", uri=True)) as db:
         rows = db.execute(
             "SELECT e.name, e.description, e.uses, s.name FROM elements e LEFT JOIN series s ON s.id = e.series_id "
             "ORDER BY e.atomic_number"
