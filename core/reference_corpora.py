@@ -180,9 +180,9 @@ def chemical_elements() -> tuple[TitledDocument, ...]:
         ).fetchall()
     docs = []
     for name, description, uses, series in rows:
-        text = _fold(f"{description or ''} {uses or ''}")
-        if len(_fold(description or "")) >= MIN_DOCUMENT_CHARS:
-            docs.append(TitledDocument(_fold(name), text, series))
+        described = _fold(description or "")
+        if len(described) >= MIN_DOCUMENT_CHARS:
+            docs.append(TitledDocument(_fold(name), _fold(f"{described} {uses or ''}"), series))
     return _unique_titles(docs)
 
 

@@ -126,8 +126,12 @@ def split_documents(documents: Sequence[str], fraction: float, *, seed: int, max
 def name_phrases(text: str) -> list[str]:
     """The name-like phrases of a text, each once, in order: runs of capitalised words (`_NAME`) that do not open
     their sentence (a sentence's first word is capitalised whatever it is)."""
+    return _names_in(split_sentences(text))
+
+
+def _names_in(sentences: Sequence[str]) -> list[str]:
     found: dict[str, None] = {}
-    for sentence in split_sentences(text):
+    for sentence in sentences:
         first = sentence.split(maxsplit=1)
         for match in _NAME.finditer(first[1] if len(first) == 2 else ""):
             found[match.group(0)] = None
@@ -143,11 +147,12 @@ def text_units(documents: Sequence[str], sentences_per_document: int, *, seed: i
     units: dict[str, None] = {}
     for document in documents:
         units[document] = None
-        sentences = [s for s in split_sentences(document) if len(s) >= MIN_SENTENCE_CHARS and s != document]
+        split = split_sentences(document)
+        sentences = [s for s in split if len(s) >= MIN_SENTENCE_CHARS and s != document]
         for sentence in rng.sample(sentences, min(sentences_per_document, len(sentences))):
             units[sentence] = None
         if names:
-            phrases = name_phrases(document)
+            phrases = _names_in(split)
             for name in rng.sample(phrases, min(names, len(phrases))):
                 units[name] = None
     return list(units)
