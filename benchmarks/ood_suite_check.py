@@ -13,7 +13,7 @@ and prints, per set, the mean score of each model and the candidate's mean as a 
 each suite's % is within ``--tolerance`` points of the independent set's.
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python benchmarks/ood_suite_check.py minilm-l6 \\
-        /work/runs/sct-tiny-base/best --out runs/ood_suite_check.json
+        runs/sct-tiny-base/best --out runs/ood_suite_check.json
 """
 
 from __future__ import annotations
