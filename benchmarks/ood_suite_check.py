@@ -43,6 +43,9 @@ SETS = {
     "since-v2": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V2),
     "independent": tuple(INDEPENDENT_TASKS),
 }
+# Where a task's row says it belongs: the first of these that holds it, else the independent set
+PLACES = (("suite (v1)", OOD_SUITE_V1), ("suite (v2)", OOD_SUITE_V2), ("suite (v3)", OOD_SUITE_V3),
+          ("suite (newest)", OOD_SUITE), ("former default", FORMER_DEFAULT))  # fmt: skip
 
 
 def set_means(baseline: dict[str, float], candidate: dict[str, float]) -> dict[str, dict[str, Any]]:
@@ -77,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| task | set | baseline | candidate | % |\n|---|---|---:|---:|---:|")
     for task in tasks:
         if task in base and task in cand:
-            where = "suite (v1)" if task in OOD_SUITE_V1 else "suite (v2)" if task in OOD_SUITE_V2 else "independent"
-            where = "suite (v3)" if task in OOD_SUITE_V3 and task not in OOD_SUITE_V2 else where
-            where = "suite (newest)" if task in OOD_SUITE and task not in OOD_SUITE_V3 else where
-            where = "former default" if task in FORMER_DEFAULT and task not in OOD_SUITE_V1 else where
+            where = next((place for place, members in PLACES if task in members), "independent")
             print(f"| {task} | {where} | {base[task]:.2f} | {cand[task]:.2f} | {100 * cand[task] / base[task]:.1f} |")
     means = set_means(base, cand)
     print("\n| set | tasks | baseline mean | candidate mean | candidate % |\n|---|---:|---:|---:|---:|")

@@ -183,7 +183,8 @@ def chemical_elements() -> tuple[TitledDocument, ...]:
     for name, description, uses, series in rows:
         described = _fold(description or "")
         if len(described) >= MIN_DOCUMENT_CHARS:
-            docs.append(TitledDocument(_fold(name), _fold(f"{described} {uses or ''}"), series))
+            text = " ".join(part for part in (described, _fold(uses or "")) if part)
+            docs.append(TitledDocument(_fold(name), text, series))
     return _unique_titles(docs)
 
 
