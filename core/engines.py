@@ -33,6 +33,7 @@ misses the bars, the fp32 graph on onnxruntime — checked against torch at expo
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -280,6 +281,35 @@ def _open(path: Path, engine: Engine, **session: Any) -> OnnxBundle:
     return OnnxBundle(path, variant=engine.graph, runtime=engine.runtime, precision=engine.precision, **session)
 
 
+@dataclass(frozen=True)
+class Timed:
+    """An automatic choice's timings, kept for the next load of graphs of the same shapes in this process."""
+
+    version: str  # the bundle they were taken on: name and version
+    seconds: dict[str, dict[str, float]]  # median seconds per timing batch of each engine timed to the last round
+    tokens: dict[str, int]  # each timing batch's padded tokens
+    engines: frozenset[str]  # the engines its routes ran, and the baseline when it was timed: checked again
+
+
+# What a load of this process timed, by `speed_key`: a registry poll that finds a new version of a served model (an
+# /adapt job's, same architecture) checks only the engines its routes ran, instead of timing every candidate again
+# while the server is busy serving the old version.
+TIMED: dict[tuple[Any, ...], Timed] = {}
+
+
+def speed_key(
+    path: Path, manifest: Mapping[str, Any], texts: Sequence[str], serve_int8: bool, session: Mapping[str, Any]
+) -> tuple[Any, ...]:
+    """What the engines' speeds on a bundle depend on, as a load can tell it without timing: the graphs' shapes (the
+    sizes of their files and the manifest's architecture and int8 scheme: weights of other values, as an /adapt
+    version has, run alike), the timing texts and the session (threads, spinning)."""
+    graphs = sorted((variant, (path / file).stat().st_size) for variant, file in manifest.get("onnx", {}).items())
+    architecture = [manifest.get(k) for k in ("layers", "dim", "max_seq_length", "pooling", "opset", "graph_optimizer")]
+    scheme = (manifest.get("int8") or {}).get("chosen")
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    return repr((graphs, architecture, scheme)), digest, serve_int8, tuple(sorted(session.items()))
+
+
 def load_engine(
     path: str | Path, *, engine: str = AUTO, serve_int8: bool = True, bars: ParityBars = ParityBars(), **session: Any
 ) -> tuple[OnnxBundle, EngineChoice]:
@@ -287,24 +317,25 @@ def load_engine(
 
     ``session`` are `OnnxBundle`'s keyword arguments (threads, spinning). Never silently worse vectors: a
     candidate that misses the bars or fails to load is skipped, logged with its reason and kept in the choice.
+    Where this process already timed graphs of the same shapes (`TIMED`), those timings decide: only the engines
+    that ran their routes are loaded and checked for parity, and when one misses the bars here every candidate is
+    checked and timed as on a first load.
     """
     if engine not in ENGINE_SETTINGS:
         raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINE_SETTINGS)}")
     started = time.perf_counter()
     path = Path(path)
-    has_int8 = "int8" in read_manifest(path).get("onnx", {})
+    manifest = read_manifest(path)
     probes = read_probes(path)
-    trials: list[Trial] = []
-    bundles: dict[str, OnnxBundle] = {}
-    for candidate in ENGINES:
-        trial = _skip_reason(candidate, engine, serve_int8, has_int8, probes is not None, path)
-        if trial is None:
-            trial, bundle = _try(path, candidate, probes, bars, session)
-            if bundle is not None:
-                bundles[candidate.name] = bundle
-        if trial.status not in ("passed", "not-tried"):
-            log.info("bundle %s: engine %s %s: %s", path, trial.engine, trial.status, trial.reason)
-        trials.append(trial)
+    key = speed_key(path, manifest, probes[0], serve_int8, session) if engine == AUTO and probes else None
+    earlier = TIMED.get(key) if key else None
+    candidates = dict(setting=engine, serve_int8=serve_int8, has_int8="int8" in manifest.get("onnx", {}),
+                      probes=probes, bars=bars, session=session)  # fmt: skip
+    trials, bundles = _check(path, earlier=earlier, **candidates)
+    if earlier is not None and not earlier.engines <= bundles.keys():  # a route's engine misses the bars here
+        bundles.clear()
+        earlier = None
+        trials, bundles = _check(path, earlier=None, **candidates)
     tokens: dict[str, int] = {}
     contenders = trials  # the trials the routes are chosen among
     if engine != AUTO and engine in bundles:
@@ -314,8 +345,10 @@ def load_engine(
         status = next(t.status for t in trials if t.engine == engine)
         reason = f"{engine} is pinned but did not pass here ({status}): serving the fp32 reference graph"
     else:
-        timed = {}
-        if len(bundles) > 1 and probes is not None:
+        timed: dict[str, dict[str, float]] = {}
+        if earlier is not None:
+            timed, tokens = earlier.seconds, earlier.tokens
+        elif len(bundles) > 1 and probes is not None:
             timed, tokens = time_engines(bundles, probes[0], still_in=can_win)
         for trial in trials:
             trial.seconds = {shape: round(s, 6) for shape, s in timed.get(trial.engine, {}).items()}
@@ -325,6 +358,12 @@ def load_engine(
     routes = pick_routes(contenders, default, tokens)
     if len(routes) > 1:
         reason += f"; {describe(routes)}, each faster there by the margin"
+    if earlier is not None:
+        reason += f"; timed on {earlier.version}, whose graphs have these shapes, earlier in this process"
+    elif key is not None and tokens:
+        routed = {r.engine for r in routes} | ({BASELINE} & bundles.keys())
+        version = f"{manifest.get('name')} version {manifest.get('version')}"
+        TIMED[key] = Timed(version, {e: timed[e] for e in bundles}, tokens, frozenset(routed))
     kept = {r.engine: bundles.pop(r.engine) for r in routes if r.engine in bundles}
     bundles.clear()  # free the candidates not served before opening what was not kept
     bundle = open_routes(path, [(r.engine, r.max_tokens) for r in routes], kept, **session)
@@ -339,6 +378,35 @@ def load_engine(
         choice.seconds, reason,
     )  # fmt: skip
     return bundle, choice
+
+
+def _check(
+    path: Path,
+    *,
+    setting: str,
+    serve_int8: bool,
+    has_int8: bool,
+    probes: tuple[list[str], np.ndarray] | None,
+    bars: ParityBars,
+    session: dict[str, Any],
+    earlier: Timed | None,
+) -> tuple[list[Trial], dict[str, OnnxBundle]]:
+    """Every candidate's trial, and the bundles of those that passed; with ``earlier`` timings, only the engines
+    they name are tried."""
+    trials: list[Trial] = []
+    bundles: dict[str, OnnxBundle] = {}
+    for candidate in ENGINES:
+        trial = _skip_reason(candidate, setting, serve_int8, has_int8, probes is not None, path)
+        if trial is None and earlier is not None and candidate.name not in earlier.engines:
+            trial = Trial(candidate.name, "not-tried", f"ran no route when {earlier.version} was timed")
+        if trial is None:
+            trial, bundle = _try(path, candidate, probes, bars, session)
+            if bundle is not None:
+                bundles[candidate.name] = bundle
+        if trial.status not in ("passed", "not-tried"):
+            log.info("bundle %s: engine %s %s: %s", path, trial.engine, trial.status, trial.reason)
+        trials.append(trial)
+    return trials, bundles
 
 
 def open_routes(

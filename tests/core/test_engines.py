@@ -4,6 +4,7 @@ that cannot load)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import engine_timing, engines, runtime
+from core import engine_timing, engines, registry, runtime
 from core.engines import BASELINE, ENGINES, FALLBACK, Route, Trial, load_engine, pick, pick_routes
 
 BATCHES = engine_timing.BATCHES
@@ -195,6 +196,12 @@ def int8_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) 
     return export_bundle(tiny_bert_path, root, "tiny", quantize="int8")
 
 
+@pytest.fixture(autouse=True)
+def first_loads() -> None:
+    """Each test's loads time their candidates afresh: no timings kept from another test's bundle."""
+    engines.TIMED.clear()
+
+
 @pytest.fixture()
 def copy(int8_bundle: Path, tmp_path: Path) -> Path:
     target = tmp_path / "bundle"
@@ -255,6 +262,34 @@ def test_an_engine_whose_vectors_miss_the_bars_runs_no_batch(copy: Path) -> None
     assert int8.status == "failed" and "onnxruntime-int8: mean cosine to torch" in int8.reason and not int8.seconds
     assert BASELINE not in {r.engine for r in choice.routes} and bundle.variant == "fp32"
     assert {choice.trial(r.engine).status for r in choice.routes} == {"passed"}
+
+
+def test_a_new_version_of_the_same_shapes_reuses_the_timings_and_checks_its_routes_engines(copy: Path) -> None:
+    _, first = load_engine(copy)
+    routed = {r.engine for r in first.routes} | {BASELINE}
+    manifest = registry.read_manifest(copy)
+    (copy / registry.MANIFEST).write_text(json.dumps(manifest | {"version": "2"}))  # same graphs, same shapes
+    bundle, again = load_engine(copy)
+    assert [(r.engine, r.max_tokens) for r in again.routes] == [(r.engine, r.max_tokens) for r in first.routes]
+    assert "timed on tiny version 1, whose graphs have these shapes" in again.reason
+    for trial in again.trials:  # the engines of the routes checked for parity again, the others not loaded
+        if trial.engine in routed:
+            assert trial.status == "passed" and trial.seconds == first.trial(trial.engine).seconds
+        else:
+            assert (trial.status, trial.reason) == ("not-tried", "ran no route when tiny version 1 was timed")
+    texts, reference = runtime.read_probes(copy)
+    assert runtime.cosines(bundle.encode(texts, batch_size=4), reference).min() >= 0.97
+    _, other_session = load_engine(copy, intra_op_threads=1)  # other threads: other speeds, timed afresh
+    assert "timed on" not in other_session.reason and other_session.trial("openvino-f32").status == "passed"
+
+
+def test_a_new_version_whose_routes_miss_the_bars_is_checked_and_timed_in_full(copy: Path) -> None:
+    load_engine(copy)
+    texts, reference = runtime.read_probes(copy)
+    runtime.write_probes(copy, texts, np.roll(reference, 1, axis=1))  # the same shapes, other vectors
+    bundle, choice = load_engine(copy)
+    assert "timed on" not in choice.reason and "not-tried" not in {t.status for t in choice.trials}
+    assert (choice.engine, bundle.variant) == (FALLBACK, "fp32")
 
 
 def test_batches_run_on_the_engine_of_their_route(int8_bundle: Path, copy: Path) -> None:
