@@ -346,8 +346,8 @@ def load_engine(
         reason = f"{engine} is pinned but did not pass here ({status}): serving the fp32 reference graph"
     else:
         timed: dict[str, dict[str, float]] = {}
-        if earlier is not None:
-            timed, tokens = earlier.seconds, earlier.tokens
+        if earlier is not None:  # the engines checked again: those of its routes
+            timed, tokens = {e: s for e, s in earlier.seconds.items() if e in bundles}, earlier.tokens
         elif len(bundles) > 1 and probes is not None:
             timed, tokens = time_engines(bundles, probes[0], still_in=can_win)
         for trial in trials:
