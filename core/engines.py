@@ -15,7 +15,7 @@ depends on the CPU too. So both are measured here, where the bundle is served:
    median of `TIMING_ROUNDS` rounds. After each round, a candidate that can no longer win a batch (`can_win`) is
    not timed again, its graph is freed, and it no longer competes (its medians are of fewer rounds);
 3. choice, per shape class — `pick` names the default engine: onnxruntime's int8 graph where it passed (the
-   default setting's engine), else the fastest that passed. Then `pick_routes`: each timing batch is the shape
+   baseline, `BASELINE`), else the fastest that passed. Then `pick_routes`: each timing batch is the shape
    class of the served batches of about its padded tokens, and a challenger takes a class only where it is faster
    than the default by `CHALLENGER_MARGIN` on that class's batch (`SMALL_BATCH_MARGIN` on the small ones, whose
    timings are the noisiest), the fastest such preferring `ENGINES`' order within `SPEED_TOLERANCE`. Where
@@ -25,6 +25,10 @@ depends on the CPU too. So both are measured here, where the bundle is served:
    the next route's first, and the bundle runs each batch on the engine of the route its padded tokens fall in
    (`OnnxBundle.route_batches`). Padded tokens, not texts: the served batcher cuts batches by a token budget, and
    what separates the engines is the size of the matrices (OpenVINO's lead grew with the batch's tokens).
+
+The timings are kept for the process (`TIMED`): a later load of graphs of the same shapes — the next version of a
+served model, as an /adapt job publishes it — checks only the engines whose routes they chose and reuses the timings,
+so a registry poll does not time every candidate again on a serving replica.
 
 A setting pins one engine instead (checked for parity, never timed); when the pinned engine or every candidate
 misses the bars, the fp32 graph on onnxruntime — checked against torch at export — is served, and the
@@ -159,7 +163,7 @@ def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[s
     """The default engine among the trials — the one that runs every shape class no challenger takes
     (`pick_routes`) — and why (pure: the choice logic, apart from loading and timing).
 
-    Only a ``passed`` trial is eligible: onnxruntime int8 (the default setting) where it passed; else the fastest
+    Only a ``passed`` trial is eligible: onnxruntime int8 (the baseline) where it passed; else the fastest
     timed passing engine by the geometric mean of the short and long batches, the first in `ENGINES` order within
     ``tolerance`` of it; with nothing passed, the fp32 reference graph.
     """
