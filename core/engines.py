@@ -322,8 +322,8 @@ def load_engine(
     ``session`` are `OnnxBundle`'s keyword arguments (threads, spinning). Never silently worse vectors: a
     candidate that misses the bars or fails to load is skipped, logged with its reason and kept in the choice.
     Where this process already timed graphs of the same shapes (`TIMED`), those timings decide: only the engines
-    that ran their routes are loaded and checked for parity, and when one misses the bars here every candidate is
-    checked and timed as on a first load.
+    that ran their routes and the baseline are loaded and checked for parity, and when one of those misses the bars
+    here, or the baseline passes where it had not been timed, every candidate is checked and timed as on a first load.
     """
     if engine not in ENGINE_SETTINGS:
         raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINE_SETTINGS)}")
@@ -336,7 +336,8 @@ def load_engine(
     candidates = dict(setting=engine, serve_int8=serve_int8, has_int8="int8" in manifest.get("onnx", {}),
                       probes=probes, bars=bars, session=session)  # fmt: skip
     trials, bundles = _check(path, earlier=earlier, **candidates)
-    if earlier is not None and not earlier.engines <= bundles.keys():  # a route's engine misses the bars here
+    if earlier is not None and not earlier.engines <= bundles.keys() <= earlier.seconds.keys():
+        # a route's engine misses the bars here, or the baseline passes where it did not when they were timed
         bundles.clear()
         earlier = None
         trials, bundles = _check(path, earlier=None, **candidates)
@@ -396,12 +397,12 @@ def _check(
     earlier: Timed | None,
 ) -> tuple[list[Trial], dict[str, OnnxBundle]]:
     """Every candidate's trial, and the bundles of those that passed; with ``earlier`` timings, only the engines
-    they name are tried."""
+    they name and the baseline are tried."""
     trials: list[Trial] = []
     bundles: dict[str, OnnxBundle] = {}
     for candidate in ENGINES:
         trial = _skip_reason(candidate, setting, serve_int8, has_int8, probes is not None, path)
-        if trial is None and earlier is not None and candidate.name not in earlier.engines:
+        if trial is None and earlier is not None and candidate.name not in earlier.engines | {BASELINE}:
             trial = Trial(candidate.name, "not-tried", f"ran no route when {earlier.version} was timed")
         if trial is None:
             trial, bundle = _try(path, candidate, probes, bars, session)

@@ -292,6 +292,14 @@ def test_a_new_version_whose_routes_miss_the_bars_is_checked_and_timed_in_full(c
     assert (choice.engine, bundle.variant) == (FALLBACK, "fp32")
 
 
+def test_timings_taken_without_the_baseline_are_not_reused_once_it_passes(copy: Path) -> None:
+    strict = engines.ParityBars(int8_mean_cosine=0.99999, int8_min_cosine=0.99999)  # int8 misses: timed without it
+    _, first = load_engine(copy, bars=strict)
+    assert first.trial(BASELINE).status == "failed" and BASELINE not in {r.engine for r in first.routes}
+    _, again = load_engine(copy)  # the same shapes; int8 keeps the usual bars
+    assert "timed on" not in again.reason and again.trial(BASELINE).status == "passed" and again.trial(BASELINE).seconds
+
+
 def test_batches_run_on_the_engine_of_their_route(int8_bundle: Path, copy: Path) -> None:
     texts = runtime.read_probes(int8_bundle)[0]
     int8 = runtime.OnnxBundle(int8_bundle, variant="int8")
