@@ -37,7 +37,6 @@ misses the bars, the fp32 graph on onnxruntime — checked against torch at expo
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -48,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from core.engine_timing import SMALL_BATCHES, time_engines
+from core.engine_timing import SMALL_BATCHES, TIMED, Timed, speed_key, time_engines
 from core.registry import read_manifest
 from core.runtime import PROBES_FILE, OnnxBundle, ParityBars, cosines, cpu_features, int8_failures, read_probes
 
@@ -283,35 +282,6 @@ def _unavailable_here(engine: Engine) -> str:
 
 def _open(path: Path, engine: Engine, **session: Any) -> OnnxBundle:
     return OnnxBundle(path, variant=engine.graph, runtime=engine.runtime, precision=engine.precision, **session)
-
-
-@dataclass(frozen=True)
-class Timed:
-    """An automatic choice's timings, kept for the next load of graphs of the same shapes in this process."""
-
-    version: str  # the bundle they were taken on: name and version
-    seconds: dict[str, dict[str, float]]  # median seconds per timing batch of each engine timed to the last round
-    tokens: dict[str, int]  # each timing batch's padded tokens
-    engines: frozenset[str]  # the engines its routes ran, and the baseline when it was timed: checked again
-
-
-# What a load of this process timed, by `speed_key`: a registry poll that finds a new version of a served model (an
-# /adapt job's, same architecture) checks only the engines its routes ran, instead of timing every candidate again
-# while the server is busy serving the old version.
-TIMED: dict[tuple[Any, ...], Timed] = {}
-
-
-def speed_key(
-    path: Path, manifest: Mapping[str, Any], texts: Sequence[str], serve_int8: bool, session: Mapping[str, Any]
-) -> tuple[Any, ...]:
-    """What the engines' speeds on a bundle depend on, as a load can tell it without timing: the graphs' shapes (the
-    sizes of their files and the manifest's architecture and int8 scheme: weights of other values, as an /adapt
-    version has, run alike), the timing texts and the session (threads, spinning)."""
-    graphs = sorted((variant, (path / file).stat().st_size) for variant, file in manifest.get("onnx", {}).items())
-    architecture = [manifest.get(k) for k in ("layers", "dim", "max_seq_length", "pooling", "opset", "graph_optimizer")]
-    scheme = (manifest.get("int8") or {}).get("chosen")
-    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
-    return repr((graphs, architecture, scheme)), digest, serve_int8, tuple(sorted(session.items()))
 
 
 def load_engine(

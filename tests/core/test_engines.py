@@ -199,7 +199,7 @@ def int8_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_bert_path: Path) 
 @pytest.fixture(autouse=True)
 def first_loads() -> None:
     """Each test's loads time their candidates afresh: no timings kept from another test's bundle."""
-    engines.TIMED.clear()
+    engine_timing.TIMED.clear()
 
 
 @pytest.fixture()
