@@ -1,5 +1,6 @@
 """The engines chosen per batch size at load (`core.engines.load_engine`, ``engine="auto"``), in process, against
-onnxruntime int8 alone and OpenVINO bf16 alone, on batches shaped like bench_peers' loads as the server's batcher cuts
+each engine that keeps the parity bars on this CPU alone (onnxruntime int8, and OpenVINO bf16 / f32 and
+onnxruntime fp32 where they pass), on batches shaped like bench_peers' loads as the server's batcher cuts
 them (length-sorted, at most ``max_batch_tokens`` padded tokens and ``max_batch_size`` texts: the defaults 4096 / 64).
 
 The batches: 8, 16 and 32 short texts (one-text requests from 32 clients: as many as are queued), 64 short texts
@@ -22,7 +23,7 @@ from bench_service import workloads
 from bundle_args import bundle_arguments
 from report_file import write_report
 
-from core.engines import describe, load_engine, open_routes
+from core.engines import BASELINE, describe, load_engine, open_routes
 from core.runtime import OnnxBundle
 
 MAX_BATCH_TOKENS = 4096  # the server's defaults (service/settings.py)
@@ -45,11 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     cpu = choice.cpu
     print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads", flush=True)
     print(f"chosen in {choice.seconds} s: {describe(choice.routes)}", flush=True)
-    arms = {
-        "routed": routed,
-        "onnxruntime-int8": open_routes(args.bundle, [("onnxruntime-int8", None)], **session),
-        "openvino-bf16": open_routes(args.bundle, [("openvino-bf16", None)], **session),
-    }
+    for trial in choice.trials:
+        parity = f"cosine to fp32 mean {trial.mean_cosine:.4f} min {trial.min_cosine:.4f}" if trial.mean_cosine else ""
+        print(f"  {trial.engine:16s} {trial.status:11s} {parity} {trial.reason}", flush=True)
+    passed = [trial.engine for trial in choice.trials if trial.status == "passed"]
+    if BASELINE not in passed:
+        raise SystemExit(f"{BASELINE} misses the parity bars on this CPU: nothing to compare the routes against")
+    arms = {"routed": routed} | {name: open_routes(args.bundle, [(name, None)], **session) for name in passed}
     feeds = {name: routed.pad(routed.tokenize(texts)) for name, texts in served_batches(routed).items()}
     samples: dict[str, dict[str, list[float]]] = {batch: {arm: [] for arm in arms} for batch in feeds}
     for round_ in range(args.rounds + 1):
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens = int(feed["input_ids"].size)
         engine = next(r.engine for r in choice.routes if r.max_tokens is None or tokens <= r.max_tokens)
         speeds = {arm: statistics.median(values) for arm, values in samples[batch].items()}
-        base = speeds["onnxruntime-int8"]
+        base = speeds[BASELINE]
         rows.append({"batch": batch, "padded_tokens": tokens, "routed_to": engine, "texts_per_s": speeds})
         print(
             f"{batch:16s} {tokens:5d} tokens -> {engine:16s} "
