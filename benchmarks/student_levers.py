@@ -28,6 +28,7 @@ job's checks and the domain's real task (`domain_checks.py`):
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -180,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         if variant == "job-distil":
             tick_stage = time.perf_counter()
             start = job_distillation(spec, settings, base, split, rule, general, work / variant)
-            stages["distil"] = {"steps": plan.max_steps, "seconds": round(time.perf_counter() - tick_stage, 1)}
+            run_result = json.loads((start.parent / "result.json").read_text())  # the steps a time budget allowed
+            stages["distil"] = {"steps": run_result["steps"], "stopped_by": run_result["stopped_by"],
+                                "seconds": round(time.perf_counter() - tick_stage, 1)}  # fmt: skip
         if variant in ("adapted-teacher", "adapted-distil", "adapted-distil-only"):
             run = train(crop_train_config(spec, teacher, split.train, work / variant, threads=2), crop_rule=rule)
             steps_taken = {"steps": run.steps, "seconds": round(run.elapsed, 1)}
