@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads", flush=True)
     print(f"chosen in {choice.seconds} s: {describe(choice.routes)}", flush=True)
     for trial in choice.trials:
-        parity = f"cosine to fp32 mean {trial.mean_cosine:.4f} min {trial.min_cosine:.4f}" if trial.mean_cosine else ""
+        checked = trial.mean_cosine is not None and trial.min_cosine is not None
+        parity = f"cosine to fp32 mean {trial.mean_cosine:.4f} min {trial.min_cosine:.4f}" if checked else ""
         print(f"  {trial.engine:16s} {trial.status:11s} {parity} {trial.reason}", flush=True)
     passed = [trial.engine for trial in choice.trials if trial.status == "passed"]
     if BASELINE not in passed:
