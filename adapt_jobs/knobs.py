@@ -148,7 +148,7 @@ STUDENT_KNOBS = (
          help="Distillation time budget (whichever of steps/time ends first). The 300 steps took 239-1365 s on 2 "
          "shared AVX-512 VNNI cores, the teacher's embeddings computed as drawn; with 330 s whole jobs took 364-379 "
          "s. A slower CPU runs fewer steps in the same budget, so the job stays within 8 minutes: on 2 AVX2 cores "
-         "139-178 steps, whole jobs 399-402 s, at some cost in domain (docs/BENCHMARKS.md)."),
+         "137-178 steps, whole jobs 399-402 s, at some cost in domain (docs/BENCHMARKS.md)."),
     Knob("distil_teacher", Literal[tuple(sorted(DISTIL_TEACHERS))], BASE_TEACHER, prefix="student_",
          absent=ADAPTED_TEACHER,
          help="Whose embeddings of the customer's texts the student learns: the base teacher (no crop fine-tune of "
