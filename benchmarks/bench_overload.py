@@ -79,9 +79,11 @@ def start_server(
     hold: float | None,
     env: dict[str, str] | None = None,
     root: Path = ROOT,
+    program: tuple[str, ...] = ("-m", "embedder.cli", "serve"),
 ) -> tuple[subprocess.Popen, str]:
     """``embedder serve`` on one model with default settings, except the graph, threads, hold and ``env``; run from
-    the source tree ``root`` (``python -m`` puts it first on the path: another commit's tree serves that commit)."""
+    the source tree ``root`` (``python -m`` puts it first on the path: another commit's tree serves that commit).
+    ``program``: what Python runs instead, with the same flags (`serve_without_graph.py`)."""
     port = _free_port()
     environment = {
         **os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "EMBED_SERVE_INT8": str(serve_int8).lower(),
@@ -91,7 +93,7 @@ def start_server(
     if hold is not None:
         environment["EMBED_OVERLOAD_HOLD_SECONDS"] = str(hold)
     environment |= env or {}
-    command = [sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(registry), "--port", str(port)]
+    command = [sys.executable, *program, "--registry-dir", str(registry), "--port", str(port)]
     proc = subprocess.Popen(command, env=environment, cwd=root)
     url = f"http://127.0.0.1:{port}"
     _wait_ready(url, proc)

@@ -9,14 +9,18 @@ sentences) go, one request at a time, through three arms per round:
 * **server, raw client** — a keep-alive HTTP/1.1 connection on a plain socket sending pre-encoded requests: the
   client's own cost is a ``send`` and a ``recv`` (tens of microseconds), so the figure is the server's;
 * **server, httpx** — ``httpx.Client.post(json=...)``, what a Python client meets (the client's JSON and
-  request building included).
+  request building included);
+* **server, graph skipped** — the raw client against a second server, `serve_without_graph.py`: the same server
+  with a constant vector in place of the graph's run, so its p50 is what the server costs around the graph: text by
+  text, with the caches as the other arms' graph runs leave them (as a real request finds them); with ``--blocks``,
+  warm (no graph run between its requests) — the floor of "server − in process" on this CPU.
 
 The arms take turns text by text (in an order rotating from text to text), so a drift of the shared machine hits
 each alike; with ``--blocks`` each arm runs all the texts in turn instead, the order alternating between rounds (each
 arm then runs back to back, warm, as a server under steady single-client traffic would). Printed per round: the
-load average, p50 and p99 per arm, the server's own medians (its ``x-*-time`` headers) and the difference of the
+load average, p50 and p99 per arm, the servers' own medians (their ``x-*-time`` headers) and the difference of the
 raw-client p50 and the in-process p50; then the median of the rounds, and the CPU (model name; avx2 / avx512_vnni /
-amx).
+amx). ``--server-root`` changes the first server only; the graph-skipped one runs from this tree.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_request_path.py --registry /tmp/reg --rounds 5
     # the server of another commit, same client and in-process arm:
@@ -44,7 +48,9 @@ from core.engines import ENGINE_SETTINGS, Route, describe, open_routes
 from core.runtime import OnnxBundle, cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
 
-ARMS = ("in process", "server, raw client", "server, httpx")
+ARMS = ("in process", "server, raw client", "server, httpx", "server, graph skipped")
+SKIPPED_GRAPH = Path(__file__).with_name("serve_without_graph.py")  # run from this tree, whatever --server-root says
+SERVED = {ARMS[1]: "server headers p50 (ms)", ARMS[3]: "graph-skipped server headers p50 (ms)"}
 
 
 class RawClient:
@@ -135,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     texts = short[: args.requests]
     proc, url = start_server(args.registry, serve_int8=True, threads=args.threads, hold=None,
                              env={"EMBED_ENGINE": args.engine}, root=args.server_root)  # fmt: skip
+    skipped_proc, skipped_url = start_server(
+        args.registry,
+        serve_int8=True,
+        threads=args.threads,
+        hold=None,
+        env={"EMBED_ENGINE": args.engine},
+        program=(str(SKIPPED_GRAPH),),
+    )
     rows: list[dict[str, Any]] = []
     try:
         (card,) = [c for c in httpx.get(f"{url}/v1/models", timeout=30).json()["data"] if c["id"] == MODEL]
@@ -143,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                            for r in choice["routes"]])  # fmt: skip
         print(f"server: {routes} (setting {args.engine}; chosen in {choice['seconds']} s)", flush=True)
         bundle = in_process_bundle(args.registry / MODEL / "current", choice, args.threads)
-        raw = RawClient(url)
+        raw, skipped = RawClient(url), RawClient(skipped_url)
+        connections = {ARMS[1]: raw, ARMS[3]: skipped}
         requests = [raw.request(text) for text in texts]
         with httpx.Client(timeout=60) as client:
 
@@ -154,32 +169,41 @@ def main(argv: list[str] | None = None) -> int:
                 ARMS[0]: (lambda text: bundle.encode([text]), texts),
                 ARMS[1]: (raw.post, requests),
                 ARMS[2]: (via_httpx, texts),
+                ARMS[3]: (skipped.post, requests),
             }
             for call, items in calls.values():  # warm-up: every arm's first requests pay lazy set-up
                 timed_ms(call, items[:30])
             for round_ in range(1, args.rounds + 1):
                 row: dict[str, Any] = {"round": round_, "load_average_1m": os.getloadavg()[0]}
-                raw.reconnect()
-                timed_ms(raw.post, requests[:5])
+                for connection in connections.values():
+                    connection.reconnect()
+                    timed_ms(connection.post, requests[:5])
                 latencies: dict[str, list[float]] = {arm: [] for arm in ARMS}
-                server: dict[str, list[float]] = {}
+                server: dict[str, dict[str, list[float]]] = {arm: {} for arm in SERVED}
                 if args.blocks:  # each arm runs every text in turn, the arms' order alternating between rounds
                     for arm in ARMS if round_ % 2 else reversed(ARMS):
-                        latencies[arm] = timed_ms(*calls[arm], server if arm == ARMS[1] else None)
+                        if arm in connections:  # idle through the other arms' blocks: past the keep-alive timeout
+                            connections[arm].reconnect()
+                            timed_ms(connections[arm].post, requests[:5])
+                        latencies[arm] = timed_ms(*calls[arm], server.get(arm))
                 for index in range(0 if args.blocks else len(texts)):  # the arms take turns text by text
-                    for arm in ARMS[index % 3 :] + ARMS[: index % 3]:
+                    turn = index % len(ARMS)
+                    for arm in ARMS[turn:] + ARMS[:turn]:
                         call, items = calls[arm]
-                        latencies[arm] += timed_ms(call, items[index : index + 1], server if arm == ARMS[1] else None)
+                        latencies[arm] += timed_ms(call, items[index : index + 1], server.get(arm))
                 for arm in ARMS:
                     seconds = [ms / 1000 for ms in latencies[arm]]
                     row[arm] = {"p50_ms": round(_pct(seconds, 0.5), 3), "p99_ms": round(_pct(seconds, 0.99), 3)}
-                row["server headers p50 (ms)"] = {k: round(statistics.median(v), 3) for k, v in server.items()}
+                for arm, key in SERVED.items():
+                    row[key] = {k: round(statistics.median(v), 3) for k, v in server[arm].items()}
                 row["raw p50 - in-process p50 (ms)"] = round(row[ARMS[1]]["p50_ms"] - row[ARMS[0]]["p50_ms"], 3)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         raw.close()
+        skipped.close()
     finally:
         _stop(proc)
+        _stop(skipped_proc)
     cpu = cpu_features()
     amx = any(f.startswith("amx") for f in cpu["flags"])
     flags = f"avx2 {'avx2' in cpu['flags']}, avx512_vnni {'avx512_vnni' in cpu['flags']}, amx {amx}"
@@ -189,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         p50 = statistics.median(r[arm]["p50_ms"] for r in rows)
         p99 = statistics.median(r[arm]["p99_ms"] for r in rows)
         print(f"| {arm} | {p50:.2f} | {p99:.2f} |")
+    floor = statistics.median(r[ARMS[3]]["p50_ms"] for r in rows)
+    floor_inside = statistics.median(r[SERVED[ARMS[3]]].get("total", float("nan")) for r in rows)
+    print(f"the server with the graph skipped: p50 {floor:.2f} ms, {floor_inside:.2f} ms of it from admission to the "
+          "response (its headers)")  # fmt: skip
     differences = [r["raw p50 - in-process p50 (ms)"] for r in rows]
     loads = [r["load_average_1m"] for r in rows]
     print(f"server (raw client) p50 - in-process p50: median {statistics.median(differences):+.2f} ms "

@@ -160,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from service.app import create_app
 
-    app = create_app(settings)
+    return run_server(create_app(settings), settings)
+
+
+def run_server(app: Any, settings: ServiceSettings) -> int:
+    """Serve ``app`` (`service.app.create_app`'s) with uvicorn on the settings' host and port until a signal drains
+    it; 0 once it ran, 1 if it never started."""
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
