@@ -43,6 +43,9 @@ class GraphSkipped(Backend):
         self.served.bundle.pad([item.payload for item in batch])
         return np.full((len(batch), self.info.dim), self.info.dim**-0.5, dtype=np.float32)
 
+    def close(self) -> None:
+        self.served.close()
+
 
 def graph_skipped_factory(bundle_dir: Path, settings: ServiceSettings) -> Backend:
     served = onnx_backend_factory(bundle_dir, settings)
