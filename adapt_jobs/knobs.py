@@ -148,7 +148,7 @@ STUDENT_KNOBS = (
          help="Distillation time budget (whichever of steps/time ends first). The 300 steps took 239-1365 s on 2 "
          "shared AVX-512 VNNI cores, the teacher's embeddings computed as drawn; with 330 s whole jobs took 364-379 "
          "s. A slower CPU runs fewer steps in the same budget, so the job stays within 8 minutes: on 2 AVX2 cores "
-         "137-178 steps, whole jobs 399-402 s, at some cost in domain (docs/BENCHMARKS.md)."),
+         "137-188 steps, whole jobs 399-402 s, at some cost in domain (docs/BENCHMARKS.md)."),
     Knob("distil_teacher", Literal[tuple(sorted(DISTIL_TEACHERS))], BASE_TEACHER, prefix="student_",
          absent=ADAPTED_TEACHER,
          help="Whose embeddings of the customer's texts the student learns: the base teacher (no crop fine-tune of "
@@ -203,7 +203,8 @@ STUDENT_BUILD_KNOBS = (
     Knob("max_steps", int, 0, ge=0, prefix="student_build_", spec_type=int | None, to_spec=_zero_is_none,
          absent=None,
          help="Steps of the one-time build of a base student; 0 = its recipe's own (sct-tiny: 1,200, 2,491 s on 2 "
-         "shared AVX-512 VNNI cores plus the teacher's pass). Fewer builds sooner and a weaker student."),
+         "shared AVX-512 VNNI cores, 3,022 s on 2 AVX2 cores, plus the teacher's pass). Fewer builds sooner and a "
+         "weaker student."),
     Knob("max_documents", int, 0, ge=0, prefix="student_build_", spec_type=int | None, to_spec=_zero_is_none,
          absent=None, help="Documents the base-student build reads; 0 = its recipe's own."),
 )  # fmt: skip
