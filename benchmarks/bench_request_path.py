@@ -109,6 +109,12 @@ def in_process_bundle(bundle_dir: Path, choice: dict[str, Any], threads: int) ->
     return open_routes(bundle_dir, routes, intra_op_threads=threads, allow_spinning=False)
 
 
+def reopen(connection: RawClient, requests: list[bytes]) -> None:
+    """A fresh connection, its first requests (which pay the connection's set-up) left out of the timings."""
+    connection.reconnect()
+    timed_ms(connection.post, requests[:5])
+
+
 def timed_ms(call: Any, items: list[Any], server: dict[str, list[float]] | None = None) -> list[float]:
     """Milliseconds of ``call`` on each item; the server's timings (what ``call`` returns) gathered in ``server``."""
     latencies = []
@@ -139,16 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("keep it bounded: 1-15 rounds of 10-5000 requests")
     short, _ = workloads()
     texts = short[: args.requests]
-    proc, url = start_server(args.registry, serve_int8=True, threads=args.threads, hold=None,
-                             env={"EMBED_ENGINE": args.engine}, root=args.server_root)  # fmt: skip
-    skipped_proc, skipped_url = start_server(
-        args.registry,
-        serve_int8=True,
-        threads=args.threads,
-        hold=None,
-        env={"EMBED_ENGINE": args.engine},
-        program=(str(SKIPPED_GRAPH),),
-    )
+    served: dict[str, Any] = {"serve_int8": True, "threads": args.threads, "hold": None,
+                              "env": {"EMBED_ENGINE": args.engine}}  # fmt: skip
+    proc, url = start_server(args.registry, root=args.server_root, **served)
+    skipped_proc, skipped_url = start_server(args.registry, program=(str(SKIPPED_GRAPH),), **served)
     rows: list[dict[str, Any]] = []
     try:
         (card,) = [c for c in httpx.get(f"{url}/v1/models", timeout=30).json()["data"] if c["id"] == MODEL]
@@ -176,15 +176,13 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(1, args.rounds + 1):
                 row: dict[str, Any] = {"round": round_, "load_average_1m": os.getloadavg()[0]}
                 for connection in connections.values():
-                    connection.reconnect()
-                    timed_ms(connection.post, requests[:5])
+                    reopen(connection, requests)
                 latencies: dict[str, list[float]] = {arm: [] for arm in ARMS}
                 server: dict[str, dict[str, list[float]]] = {arm: {} for arm in SERVED}
                 if args.blocks:  # each arm runs every text in turn, the arms' order alternating between rounds
                     for arm in ARMS if round_ % 2 else reversed(ARMS):
                         if arm in connections:  # idle through the other arms' blocks: past the keep-alive timeout
-                            connections[arm].reconnect()
-                            timed_ms(connections[arm].post, requests[:5])
+                            reopen(connections[arm], requests)
                         latencies[arm] = timed_ms(*calls[arm], server.get(arm))
                 for index in range(0 if args.blocks else len(texts)):  # the arms take turns text by text
                     turn = index % len(ARMS)
