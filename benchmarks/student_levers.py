@@ -118,15 +118,18 @@ class _Unreported:
 
 
 def job_distillation(spec: JobSpec, settings: AdaptSettings, base: Path, split: Any, rule: Any, general: list[str],
-                     out: Path) -> Path:  # fmt: skip
+                     out: Path, max_length: int | None = None) -> Path:  # fmt: skip
     """The job's distillation stage on this split, as a worker runs it (`adapt_worker.student.distil`); its best
-    checkpoint."""
+    checkpoint. ``max_length`` replaces the recipe's token limit for the distillation's texts."""
     config = AdaptConfig(registry_dir=out / "registry", cache_dir=out / "cache", settings=settings)
     attempt = Attempt(job=None, ctx=_Unreported(), config=config, work=out, spec=spec,  # type: ignore[arg-type]
                       base_path=resolve_model(spec.base_model), split=split, rule=rule, checks=None,
                       labelled=None)  # fmt: skip
     models = {"base_student": base, "base_teacher": attempt.base_path}
-    start = StudentStart("minilm-l6--sct-tiny", base, (), general, models, load_config(spec.student.recipe))
+    recipe = load_config(spec.student.recipe)
+    if max_length is not None:
+        recipe = recipe.replace(max_seq_length=max_length)
+    start = StudentStart("minilm-l6--sct-tiny", base, (), general, models, recipe)
     return job_distil(attempt, start)
 
 
@@ -142,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distil-spans", type=int, default=0, help="every sentence, N word runs per document")
     parser.add_argument("--distil-budget", type=float, default=120.0)
     parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--distil-max-length", type=int, default=None,
+                        help="job-distil: the distillation's token limit (default: the student recipe's)")  # fmt: skip
     parser.add_argument("--crop-steps", type=int, default=None,
                         help="default: the service's student_adapt_steps, or 120 when it is 0")  # fmt: skip
     parser.add_argument("--steps-only", action="store_true", help="no time budgets (a busy machine): steps decide")
@@ -180,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         start = base
         if variant == "job-distil":
             tick_stage = time.perf_counter()
-            start = job_distillation(spec, settings, base, split, rule, general, work / variant)
+            start = job_distillation(spec, settings, base, split, rule, general, work / variant,
+                                     args.distil_max_length)  # fmt: skip
             run_result = json.loads((start.parent / "result.json").read_text())  # the steps a time budget allowed
             stages["distil"] = {"steps": run_result["steps"], "stopped_by": run_result["stopped_by"],
                                 "seconds": round(time.perf_counter() - tick_stage, 1)}  # fmt: skip
