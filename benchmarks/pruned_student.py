@@ -1,10 +1,12 @@
-"""Write a layer-subset student whose feed-forward blocks keep only their most active neurons.
+"""Write a layer-subset student whose feed-forward blocks (and, with ``--heads``, attention) keep only their most
+active neurons (heads).
 
 A 2 × 384 student of minilm-l6 costs about 2 × (4 + 8) d² multiply-adds per token (attention projections, then the
 1,536-wide feed-forward block); three layers with a 768-wide block cost 3 × (4 + 4) d², the same. This script
 keeps ``--layers`` of the teacher and, in each, the ``--intermediate`` neurons with the largest mean
-|activation| × ‖output weights‖ over ``--texts`` paragraphs of the recipe's corpus, and saves a model folder that
-`embedder train sct-tiny --set model=FOLDER --set teacher=minilm-l6 ...` then distils.
+|activation| × ‖output weights‖ over ``--texts`` paragraphs of the recipe's corpus (with ``--heads N``, also the N
+heads of largest mean context-vector norm × output-projection slice norm, through transformers' head pruning), and
+saves a model folder that `embedder train sct-tiny --set model=FOLDER --set teacher=minilm-l6 ...` then distils.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/pruned_student.py --layers 0 3 5 --intermediate 768 \
         --out runs/pruned-l3-768
