@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from training.assembly import cut_texts
 from training.data import load_corpus
 from training.encoder import Encoder, find_layers
 
@@ -57,8 +58,7 @@ def importance(
                 batch = encoder.tokenize(texts[start : start + batch_size])
                 masks.append(batch["attention_mask"].float())
                 count += masks[-1].sum()
-                names = ("input_ids", "attention_mask", "token_type_ids")
-                encoder.backbone(**{k: v for k, v in batch.items() if k in names})
+                encoder.backbone(**batch)  # tokenize gives the backbone's own inputs
     finally:
         for hook in hooks:
             hook.remove()
@@ -81,10 +81,10 @@ def prune_heads(encoder: Encoder, scores: list[torch.Tensor], keep: int) -> Enco
     return encoder
 
 
-def prune_feed_forward(encoder: Encoder, importance: list[torch.Tensor], keep: int) -> Encoder:
+def prune_feed_forward(encoder: Encoder, scores: list[torch.Tensor], keep: int) -> Encoder:
     """Keep the ``keep`` most important neurons of every layer's feed-forward block, in place."""
     owner, attr = find_layers(encoder.backbone)
-    for layer, score in zip(getattr(owner, attr), importance, strict=True):
+    for layer, score in zip(getattr(owner, attr), scores, strict=True):
         chosen = torch.argsort(score, descending=True)[:keep].sort().values
         inner, outer = layer.intermediate.dense, layer.output.dense
         new_inner = nn.Linear(inner.in_features, keep)
@@ -113,7 +113,7 @@ def main() -> None:
     encoder = Encoder.from_pretrained(args.teacher)
     limit = encoder.max_seq_length
     student = encoder.clone().select_layers(args.layers)
-    student.max_seq_length = min(limit, 128)  # the recipe's training length
+    cut_texts(student, 128)  # the recipe's training length
     texts = load_corpus(args.corpus, max_documents=args.texts, seed=0)
     neurons, heads = importance(student, texts)
     prune_feed_forward(student, neurons, args.intermediate)
