@@ -22,7 +22,7 @@ from typing import Any
 
 from adapt_jobs.settings import AdaptSettings
 from core.corpus_files import ReadLimits, read_corpus_bytes
-from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop
+from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop, not_unicode
 
 CORPUS_FILE = "corpus.jsonl"
 
@@ -90,6 +90,10 @@ def check_corpus(texts: list[str], labels: list[str] | None, limits: AdaptSettin
             code="document_too_long",
             details={"indices": too_long[:20], "max_document_chars": limits.max_document_chars},
         )
+    for kind, values in (("texts", texts), ("labels", labels or [])):
+        for index, value in enumerate(values):
+            if (problem := not_unicode(value, f"{kind}[{index}]")) is not None:
+                raise CorpusError(f"{problem}; send the text as UTF-8")
     keep = [i for i, t in enumerate(texts) if t]
     texts = [texts[i] for i in keep]
     labels = [labels[i] for i in keep] if labels is not None else None

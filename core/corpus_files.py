@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.text import CorpusError
+from core.text import CorpusError, not_unicode
 
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -157,6 +157,9 @@ def _from_records(records: Any, label: str, *, unit: str) -> CorpusFile:
             )
         if not text.strip():
             continue
+        for field, value in (("text", text), ("label", str(tag) if tag is not None else "")):
+            if (problem := not_unicode(value, f"the {field} of {unit} {number} of {label}")) is not None:
+                raise CorpusError(problem)
         texts.append(text.strip())
         if tag is not None:
             labels.append(str(tag))

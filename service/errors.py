@@ -113,8 +113,25 @@ INTERNAL_MESSAGE = "internal error"
 
 def validation_message(errors: Sequence[Mapping[str, Any]], what: str = "request", limit: int = 3) -> str:
     """One line from pydantic's validation errors: where and what, for the first ``limit`` of them."""
+    token_field = _token_ids(errors)
+    if token_field is not None:
+        return (
+            f"invalid {what}: {token_field} holds token ids; this server embeds text, so send strings (a client that "
+            "tokenises for OpenAI, such as LangChain's OpenAIEmbeddings, needs check_embedding_ctx_length=False)"
+        )
     parts = []
     for error in list(errors)[:limit]:
         loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
         parts.append(f"{loc or 'body'}: {error.get('msg', 'invalid')}")
     return f"invalid {what}: " + "; ".join(parts)
+
+
+def _token_ids(errors: Sequence[Mapping[str, Any]]) -> str | None:
+    """The text field (``input``/``inputs``) that was sent numbers, as a client that tokenises for OpenAI does."""
+    for error in errors:
+        loc = [p for p in error.get("loc", ()) if p != "body"]
+        value = error.get("input")
+        values = value if isinstance(value, list) and value else [value]
+        if loc and loc[0] in ("input", "inputs") and all(type(v) is int for v in values):
+            return str(loc[0])
+    return None

@@ -146,7 +146,9 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Respon
         if not body.inputs.sentences:
             engine.check_texts([], "inputs.sentences")
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
-        result = await engine.embed(model, texts, truncate=body.truncate, field_name="inputs", context=context)
+        names = ["inputs.source_sentence", *(f"inputs.sentences[{i}]" for i in range(len(body.inputs.sentences)))]
+        result = await engine.embed(model, texts, truncate=body.truncate, field_name="inputs", names=names,
+                                    context=context)  # fmt: skip
         track.timings.update(result.timings)
         unit = shape_embeddings(result.embeddings, dimensions=None, normalize=True, already_normalized=False)
         scores = unit[1:] @ unit[0]

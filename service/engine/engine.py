@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from core.text import not_unicode
 from service.auth import ANONYMOUS
 from service.engine.admission import Admission, Ticket
 from service.engine.served import ModelManager, ServedModel
@@ -78,8 +80,9 @@ class Engine:
         """The served model a request names (the default when it names none); 404 or 503 otherwise."""
         return self.models.get(model_name)
 
-    def check_texts(self, texts: list[str], field_name: str) -> None:
-        """Per-request limits, checked before any tokenisation or queueing."""
+    def check_texts(self, texts: list[str], field_name: str, *, names: Sequence[str] | None = None) -> None:
+        """Per-request limits, checked before any tokenisation or queueing; an error names the text as
+        ``field_name[index]``, or as ``names[index]`` when the texts come from several fields."""
         if not texts:
             raise ServiceError(ErrorKind.invalid_request, f"{field_name} is empty: send at least one text")
         limit = self.settings.max_client_batch_size
@@ -90,15 +93,16 @@ class Engine:
             )
         max_chars = self.settings.max_input_chars
         for index, text in enumerate(texts):
+            where = _text_name(field_name, names, index)
             if not text:
-                raise ServiceError(
-                    ErrorKind.invalid_request, f"{field_name}[{index}] is an empty string: every text needs content"
-                )
+                raise ServiceError(ErrorKind.invalid_request, f"{where} is an empty string: every text needs content")
             if len(text) > max_chars:
                 raise ServiceError(
                     ErrorKind.invalid_request,
-                    f"{field_name}[{index}] has {len(text)} characters, more than max_input_chars={max_chars}",
+                    f"{where} has {len(text)} characters, more than max_input_chars={max_chars}",
                 )
+            if (problem := not_unicode(text, where)) is not None:
+                raise ServiceError(ErrorKind.invalid_request, f"{problem}; send the text as UTF-8")
 
     async def embed(
         self,
@@ -107,11 +111,12 @@ class Engine:
         *,
         truncate: bool,
         field_name: str,
+        names: Sequence[str] | None = None,
         context: RequestContext | None = None,
     ) -> EmbedResult:
         """Validate, tokenise, admit and queue ``texts`` for ``model`` (a `resolve`d one), as the request of
         ``context`` (its key's share of the queue; its trace's stages), and await their embeddings."""
-        self.check_texts(texts, field_name)
+        self.check_texts(texts, field_name, names=names)
         ticket: Ticket | None = context.ticket if context is not None else None
         tenant = ticket.tenant if ticket is not None else ANONYMOUS
         backend = model.backend
@@ -130,8 +135,8 @@ class Engine:
                     limit = backend.info.max_seq_length
                     raise ServiceError(
                         ErrorKind.input_too_long,
-                        f"{field_name}[{index}] has {count} tokens, more than model {model.name!r} accepts "
-                        f"({limit}); shorten it or send truncate=true",
+                        f"{_text_name(field_name, names, index)} has {count} tokens, more than model "
+                        f"{model.name!r} accepts ({limit}); shorten it or send truncate=true",
                     )
         job = model.batcher.submit(tokens, tenant)
         if ticket is not None:
@@ -151,3 +156,8 @@ class Engine:
         self.metrics.embeddings.labels(model.name).inc(len(tokens))
         timings = {"tokenization": tokenized - started, "queue": job.queue_time, "inference": job.inference_time}
         return EmbedResult(model=model, embeddings=job.out, tokens=n_tokens, timings=timings)
+
+
+def _text_name(field_name: str, names: Sequence[str] | None, index: int) -> str:
+    """How an error names text ``index`` of a request: its own name, or its place in ``field_name``."""
+    return names[index] if names is not None else f"{field_name}[{index}]"

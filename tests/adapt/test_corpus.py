@@ -42,12 +42,15 @@ def test_limits_on_count_length_and_labels() -> None:
         check_corpus(["short. ok.", TWO_SENTENCES], None, _limits(max_document_chars=20, min_documents=1))
     with pytest.raises(CorpusError, match="got 1 labels for 2 texts"):
         check_corpus([TWO_SENTENCES] * 2, ["a"], _limits(min_documents=1))
+    # a JSON body's \ud800 escape decodes to a lone surrogate: refused at intake, not by the worker's tokenizer
+    with pytest.raises(CorpusError, match=r"texts\[1\] is not valid Unicode: a lone surrogate \(\\udc00\)"):
+        check_corpus([TWO_SENTENCES, TWO_SENTENCES + " \udc00"], None, _limits(min_documents=1))
+    with pytest.raises(CorpusError, match=r"labels\[0\] is not valid Unicode"):
+        check_corpus([TWO_SENTENCES] * 2, ["\ud800", "b"], _limits(min_documents=1))
 
 
 def test_empty_documents_are_dropped_with_their_labels(tmp_path: Path) -> None:
-    corpus = check_corpus(
-        [TWO_SENTENCES, "  ", TWO_SENTENCES + " More."], ["x", "y", "z"], _limits(min_documents=2)
-    )
+    corpus = check_corpus([TWO_SENTENCES, "  ", TWO_SENTENCES + " More."], ["x", "y", "z"], _limits(min_documents=2))
     assert corpus.labels == ["x", "z"] and corpus.usable == 2
     corpus.save(tmp_path)
     texts, labels = read_job_corpus(tmp_path)

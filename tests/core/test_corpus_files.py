@@ -85,6 +85,11 @@ def test_errors_name_the_line_and_say_what_to_fix(tmp_path: Path) -> None:
         read_corpus_bytes(b'{"text": "a"}\n{"text": "b"}\n', "c.json")
     with pytest.raises(CorpusError, match="1 of 2 JSONL records have a label: give every record a label, or none"):
         read_corpus_bytes(b'{"text": "a", "label": 1}\n{"text": "b"}\n', "c.jsonl")
+    lone = r"the text of line 2 of the uploaded JSONL is not valid Unicode: a lone surrogate \(\\ud800\) at character 4"
+    with pytest.raises(CorpusError, match=lone):
+        read_corpus_bytes(b'"fine"\n{"text": "bad \\ud800 text"}\n', "c.jsonl")
+    with pytest.raises(CorpusError, match=r"the label of record 1 of the uploaded JSON is not valid Unicode"):
+        read_corpus_bytes(b'[{"text": "fine", "label": "\\udfff"}]', "c.json")
     with pytest.raises(CorpusError, match=r"not UTF-8 text .* re-encode it as UTF-8"):
         read_corpus_bytes("déjà".encode("latin-1"), "c.txt")
     with pytest.raises(CorpusError, match=r"unsupported corpus file type '\.csv'; use \.txt, \.jsonl"):

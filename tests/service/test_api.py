@@ -139,7 +139,17 @@ def test_error_table_rows(make_app):
             client.post("/v1/embeddings", json={"input": "a", "encoding_format": "int8"}), 422, "invalid_request",
             "encoding_format",
         )  # fmt: skip
-        _error(client.post("/v1/embeddings", json={"input": [1, 2]}), 422, "invalid_request", "input")
+        for ids in ([1, 2], [[101, 2023, 102]]):  # what a client that tokenises for OpenAI sends
+            _error(client.post("/v1/embeddings", json={"input": ids}), 422, "invalid_request",
+                   "input holds token ids; this server embeds text, so send strings")  # fmt: skip
+        # JSON's \ud800 escape decodes to a lone surrogate, which no tokenizer takes: a 422 naming it, not a 500
+        lone = {"/embed": {"inputs": ["fine", "caf\u00e9 \ud800"]}, "/v1/embeddings": {"input": ["fine", "x \ud800"]},
+                "/similarity": {"inputs": {"source_sentence": "a", "sentences": ["fine", "\udc00 z"]}}}  # fmt: skip
+        for route, body in lone.items():
+            field = "inputs.sentences" if route == "/similarity" else next(iter(body))
+            sent = client.post(route, content=json.dumps(body), headers={"content-type": "application/json"})
+            _error(sent, 422, "invalid_request",
+                   f"{field}[1] is not valid Unicode: a lone surrogate")  # fmt: skip
         _error(
             client.post("/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"}),
             422, "invalid_request", "JSON",
@@ -148,6 +158,13 @@ def test_error_table_rows(make_app):
             client.post("/similarity", json={"inputs": {"source_sentence": "a", "sentences": []}}), 422,
             "invalid_request", "inputs.sentences is empty",
         )  # fmt: skip
+        # /similarity's texts come from two fields: an error names the field the text came from
+        _error(
+            client.post("/similarity", json={"inputs": {"source_sentence": "a", "sentences": ["b", ""]}}), 422,
+            "invalid_request", "inputs.sentences[1] is an empty string",
+        )  # fmt: skip
+        too_long = {"inputs": {"source_sentence": long_text, "sentences": ["b"]}, "truncate": False}
+        _error(client.post("/similarity", json=too_long), 422, "input_too_long", "inputs.source_sentence has 22 tokens")
         padded = client.post("/embed", json={"inputs": "a", "pad": "y" * 3000})
         _error(padded, 413, "payload_too_large", "max_body_bytes=2048")
         _error(client.get("/nowhere"), 404, "not_found", "no route GET /nowhere")
