@@ -29,7 +29,7 @@ from starlette.routing import Match
 
 from service.api.direct import direct_route
 from service.api.direct import serve as serve_directly
-from service.api.routes import SERVICE_VERSION, metrics_router, router
+from service.api.routes import MODEL_ROUTE_PREFIX, SERVICE_VERSION, metrics_router, router
 from service.api.tracking import RouteMetrics
 from service.auth import ApiKeys
 from service.backend.base import BackendFactory
@@ -59,7 +59,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 # Probes and scrapes keep answering while the server drains; everything else gets 503.
 _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
-CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, "/v1/models", "/info"})  # a client key when keys are set
+# a client key when keys are set: these and every model's card (MODEL_ROUTE_PREFIX + name)
+CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, "/v1/models", "/info"})
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
 UPLOAD_FRAMING_BYTES = 64 * 1024  # multipart boundaries, form fields and JSON keys around the corpus itself
 
@@ -80,9 +81,9 @@ class GuardMiddleware:
     1. **identity** — a request id (`service.observability.request_id`) and the caller (`ApiKeys.identify`),
        set as the log context and answered in ``x-request-id``;
     2. **draining** — 503 while the server shuts down (probes and scrapes stay open);
-    3. **the key** — a client route (embeddings, /v1/models, /info) without a valid key, when keys are set, is
-       answered 401 here: before it takes an admission slot or a byte of its body is read, so a stranger cannot
-       hold capacity a keyed client needs;
+    3. **the key** — a client route (embeddings, /v1/models and each model's card, /info) without a valid key,
+       when keys are set, is answered 401 here: before it takes an admission slot or a byte of its body is read,
+       so a stranger cannot hold capacity a keyed client needs;
     4. **size** — a body over ``max_body_bytes`` (``POST /adapt``: the upload limit plus framing) gets 413, by
        Content-Length or while a chunked body streams in;
     5. **admission** — an embedding request meets the admission (`service.engine.admission`) as its caller's
@@ -178,7 +179,7 @@ class GuardMiddleware:
                 scope, receive, send
             )
             return
-        if scope["path"] in CLIENT_ROUTES:
+        if scope["path"] in CLIENT_ROUTES or scope["path"].startswith(MODEL_ROUTE_PREFIX):
             try:
                 self.state.keys.check_client(context.caller)
             except ServiceError as err:

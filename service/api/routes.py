@@ -190,6 +190,15 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[_card(model) for model in _engine(request).models.models()])
 
 
+MODEL_ROUTE_PREFIX = "/v1/models/"  # + a served model's name: its card
+
+
+@router.get(f"{MODEL_ROUTE_PREFIX}{{model}}", response_model=ModelCard, responses=_ERRORS, tags=["models"])
+async def retrieve_model(model: str, request: Request) -> ModelCard:
+    """One served model's card (OpenAI's ``GET /v1/models/{model}``); 404 names the served models."""
+    return _card(_engine(request).models.get(model))
+
+
 @router.get("/info", response_model=Info, responses=_ERRORS, tags=["models"])
 async def info(request: Request) -> Info:
     engine = _engine(request)

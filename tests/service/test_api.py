@@ -76,6 +76,9 @@ def test_models_info_health_ready_and_docs(client):
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
     assert {(m["id"], m["dim"]) for m in models["data"]} == {("fake-a", 16), ("fake-b", 8)}
+    card = client.get("/v1/models/fake-b").json()  # OpenAI's retrieve: one card, the same as in the list
+    assert card == next(m for m in models["data"] if m["id"] == "fake-b")
+    _error(client.get("/v1/models/nope"), 404, "model_not_found", "model 'nope' is not served here; served models")
     info = client.get("/info").json()
     assert info["default_model"] == "fake-a" and info["limits"]["max_batch_tokens"] == 256 and info["auth"] is False
     assert client.get("/health").json() == {"status": "ok"}
@@ -288,8 +291,9 @@ def test_api_keys(make_app, caplog):
         for key in ("key-one", "key-two"):
             ok = client.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {key}"})
             assert ok.status_code == 200
-        _error(client.get("/v1/models"), 401, "invalid_api_key", "API key")
-        assert client.get("/v1/models", headers={"Authorization": "Bearer key-two"}).status_code == 200
+        for path in ("/v1/models", "/v1/models/fake-a", "/v1/models/nope"):  # a stranger learns no model's name
+            _error(client.get(path), 401, "invalid_api_key", "API key")
+            assert client.get(path, headers={"Authorization": "Bearer key-two"}).status_code in (200, 404)
         # probes and scrapes stay open
         assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200
         assert client.get("/metrics").status_code == 200

@@ -60,6 +60,11 @@ def test_openai_client_float_and_base64_equal_the_bundle(tiny_registry, referenc
             client.embeddings.create(model="other", input="x")
         with pytest.raises(openai.UnprocessableEntityError, match="input is empty"):
             client.embeddings.create(model="tiny", input=[])
+        assert [m.id for m in client.models.list()] == ["tiny"] and client.models.retrieve("tiny").id == "tiny"
+        with pytest.raises(openai.NotFoundError, match="served models: tiny"):
+            client.models.retrieve("other")
+        with pytest.raises(openai.UnprocessableEntityError, match="input holds token ids"):
+            client.embeddings.create(model="tiny", input=[[101, 2023, 102]])
 
 
 @pytest.fixture
