@@ -243,6 +243,10 @@ async def ready(request: Request) -> Response:
     )  # fmt: skip
 
 
+for _probe in (health, ready):  # HEAD on the probes (load balancers' checks send it), kept out of the schema
+    router.add_api_route(f"/{_probe.__name__}", _probe, methods=["HEAD"], include_in_schema=False)
+
+
 @metrics_router.get(
     "/metrics",
     tags=["operations"],

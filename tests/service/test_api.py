@@ -83,6 +83,9 @@ def test_models_info_health_ready_and_docs(client):
     assert info["default_model"] == "fake-a" and info["limits"]["max_batch_tokens"] == 256 and info["auth"] is False
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/ready").json() == {"status": "ready", "models": ["fake-a", "fake-b"]}
+    for probe in ("/health", "/ready"):  # load balancers' checks send HEAD: the status, no body
+        head = client.head(probe)
+        assert head.status_code == 200 and head.content == b""
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/embeddings", "/embed", "/", "/similarity", "/v1/models", "/info", "/metrics"} <= set(paths)
     assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]  # Prometheus, not JSON
