@@ -85,7 +85,7 @@ class GuardMiddleware:
        when keys are set, is answered 401 here: before it takes an admission slot or a byte of its body is read,
        so a stranger cannot hold capacity a keyed client needs;
     4. **size** — a body over ``max_body_bytes`` (``POST /adapt``: the upload limit plus framing) gets 413, by
-       Content-Length or while a chunked body streams in;
+       Content-Length or while a chunked body streams in; a compressed body (``Content-Encoding``) gets 415;
     5. **admission** — an embedding request meets the admission (`service.engine.admission`) as its caller's
        key: over the bound it waits in line or is refused with 429 before its body is read, parsed or validated,
        so a retry storm costs a header parse and a short answer per request, not a JSON decode;
@@ -192,6 +192,9 @@ class GuardMiddleware:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 await self._refuse(route, svc, scope, receive, send, _too_large(limit, setting))
                 return
+            if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                await self._refuse(route, svc, scope, receive, send, _encoded(value))
+                return
         if route is not None and scope["method"] == "POST":
             admitted = await self.state.engine.admission.enter(context.caller.key_id)
             svc.metrics.admissions.labels(context.caller.key_id, _outcome(admitted)).inc()
@@ -251,6 +254,14 @@ class GuardMiddleware:
         if route:
             svc.count_failure(route, NO_MODEL, err.kind)
         await error_response(err.kind, err.message)(scope, receive, send)
+
+
+def _encoded(encoding: bytes) -> _BodyRefused:
+    return _BodyRefused(
+        ErrorKind.unsupported_encoding,
+        f"Content-Encoding {encoding.decode('latin-1')!r} is not accepted (the body's bounds hold for what is sent, "
+        "not what it would inflate to): send the body uncompressed",
+    )
 
 
 def _too_large(limit: int, setting: str) -> _BodyRefused:

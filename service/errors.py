@@ -25,6 +25,7 @@ class ErrorKind(Enum):
     not_found = (404, "invalid_request_error", "not_found")
     method_not_allowed = (405, "invalid_request_error", "method_not_allowed")
     payload_too_large = (413, "invalid_request_error", "payload_too_large")
+    unsupported_encoding = (415, "invalid_request_error", "unsupported_content_encoding")
     body_timeout = (408, "invalid_request_error", "body_timeout")
     overloaded = (429, "overloaded_error", "queue_full")
     unauthorized = (401, "authentication_error", "invalid_api_key")

@@ -226,6 +226,20 @@ def test_chunked_body_over_the_limit_is_413(make_app):
         _error(response, 413, "payload_too_large", "max_body_bytes=1024")
 
 
+def test_a_compressed_body_is_415_before_it_is_read(make_app):
+    """Bounds hold for the bytes sent; a gzip body would grow past them once inflated, so none is taken."""
+    import gzip
+
+    with TestClient(make_app(), raise_server_exceptions=False) as client:
+        body = gzip.compress(json.dumps({"inputs": "a"}).encode())
+        for encoding in ("gzip", "br, gzip"):
+            headers = {"content-type": "application/json", "content-encoding": encoding}
+            _error(client.post("/embed", content=body, headers=headers), 415, "unsupported_content_encoding",
+                   f"Content-Encoding '{encoding}' is not accepted")  # fmt: skip
+        plain = {"content-type": "application/json", "content-encoding": "identity"}
+        assert client.post("/embed", content=json.dumps({"inputs": "a"}), headers=plain).status_code == 200
+
+
 def test_adapt_uploads_have_their_own_body_cap(tmp_path, make_app):
     """A corpus is far larger than an embedding request: POST /adapt is capped by adapt_max_upload_bytes."""
     from service.app import UPLOAD_FRAMING_BYTES
