@@ -43,6 +43,7 @@ _ERROR_DESCRIPTIONS = {
     404: "unknown job, or unknown base_model",
     409: "name belongs to a model that /adapt did not make",
     413: "body or upload over adapt_max_upload_bytes, or a file that decodes to more text than that",
+    415: "a compressed body (Content-Encoding other than identity)",
     422: "invalid body, name, query or corpus",
     429: "adapt_max_pending_jobs jobs queued; retry after Retry-After seconds",
     503: "/adapt disabled, or the job store not open yet",
@@ -77,7 +78,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
 
     router = APIRouter(lifespan=lifespan, tags=["adapt"])
 
-    @router.post("/adapt", status_code=202, response_model=AdaptJob, responses=_errors(404, 409, 413, 422, 429))
+    @router.post("/adapt", status_code=202, response_model=AdaptJob, responses=_errors(404, 409, 413, 415, 422, 429))
     async def submit(request: Request) -> Response:
         try:
             api.authorize(request)

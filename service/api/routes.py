@@ -42,6 +42,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         401: "missing or wrong API key",
         404: "unknown model (the message lists the served ones)",
         413: "body larger than max_body_bytes",
+        415: "a compressed body (Content-Encoding other than identity)",
         422: "invalid input: empty, too many texts, too long, bad dimensions",
         429: "over the admission bound (refused after waiting overload_hold_seconds); retry after Retry-After seconds",
         503: "model not ready or server shutting down",

@@ -238,6 +238,7 @@ def test_a_compressed_body_is_415_before_it_is_read(make_app):
                    f"Content-Encoding '{encoding}' is not accepted")  # fmt: skip
         plain = {"content-type": "application/json", "content-encoding": "identity"}
         assert client.post("/embed", content=json.dumps({"inputs": "a"}), headers=plain).status_code == 200
+        assert "415" in client.get("/openapi.json").json()["paths"]["/embed"]["post"]["responses"]
 
 
 def test_adapt_uploads_have_their_own_body_cap(tmp_path, make_app):
