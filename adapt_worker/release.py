@@ -24,7 +24,14 @@ from adapt_jobs.results import Evaluation, GateComparison, GateDecision, JobResu
 from adapt_jobs.spec import ADAPT_METHOD
 from adapt_worker.attempt import AnyAttempt, Attempt, Exported, Trained, Verdict
 from adapt_worker.scoring import general_tasks, score_models
-from adapt_worker.stages import CACHE_VOLUME, REGISTRY_VOLUME, SCRATCH_VOLUME, guarded, stage_failure
+from adapt_worker.stages import (
+    CACHE_VOLUME,
+    REGISTRY_VOLUME,
+    SCRATCH_VOLUME,
+    guarded,
+    published_quantization,
+    stage_failure,
+)
 from core import registry as reg
 from evaluation.embedding_model import EmbeddingModel, load_model
 from evaluation.gate import adapt_gate
@@ -56,7 +63,14 @@ def export_model(attempt: Attempt, trained: Trained) -> Exported:
     staging.mkdir(parents=True, exist_ok=True)
     with guarded("export", SCRATCH_VOLUME):
         trained_on = [*trained.trained_on, f"{ADAPT_METHOD}:{spec.name}"]
-        build_bundle(encoder, staging, spec.name, method=method, trained_on=trained_on)
+        build_bundle(
+            encoder,
+            staging,
+            spec.name,
+            quantize=published_quantization(attempt.config.settings),
+            method=method,
+            trained_on=trained_on,
+        )
     return Exported(staging)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from adapt_jobs.jobs import Job, JobStoreError
 from adapt_jobs.knobs import OBJECTIVES
 from adapt_jobs.results import JobResult, TrainingReport
+from adapt_jobs.settings import AdaptSettings
 from adapt_jobs.spec import JobSpec
 from adapt_worker.context import JobContext, JobFailed, JobStopped
 from core.text import CropRule
@@ -150,3 +151,9 @@ def guarded(reason: str, where: str) -> Iterator[None]:
         raise
     except Exception as err:
         raise stage_failure(reason, err, where) from err
+
+
+def published_quantization(settings: AdaptSettings) -> str:
+    """`export.bundle.build_bundle`'s ``quantize`` for what a job publishes (``publish_int8``): ``auto`` keeps an int8
+    graph where a setting passes the parity bars on this CPU, else fp32 only."""
+    return "auto" if settings.publish_int8 else "none"

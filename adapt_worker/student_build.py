@@ -18,7 +18,7 @@ from adapt_jobs.jobs import EVALUATING
 from adapt_jobs.results import Evaluation, GateDecision, JobResult, Published
 from adapt_worker.attempt import BuildAttempt, Exported
 from adapt_worker.scoring import general_tasks, score_models
-from adapt_worker.stages import CACHE_VOLUME, SCRATCH_VOLUME, guarded, run_training
+from adapt_worker.stages import CACHE_VOLUME, SCRATCH_VOLUME, guarded, published_quantization, run_training
 from adapt_worker.student import STUDENT_CHECKPOINT
 from core import registry as reg
 from core.model_folder import RECIPE_FILE, read_trained_on
@@ -80,7 +80,14 @@ def export_base_student(attempt: BuildAttempt, built: BuiltStudent) -> Exported:
         encoder.source = spec.base_model
         method = {"name": STUDENT_METHOD, "hyperparameters": {**build_config(attempt).to_dict(), "job": attempt.job.id}}
         trained_on = read_trained_on(built.checkpoint)
-        build_bundle(encoder, staging, spec.name, method=method, trained_on=trained_on)
+        build_bundle(
+            encoder,
+            staging,
+            spec.name,
+            quantize=published_quantization(attempt.config.settings),
+            method=method,
+            trained_on=trained_on,
+        )
         shutil.copytree(built.checkpoint, staging / STUDENT_CHECKPOINT)
         shutil.copy2(built.output_dir / RECIPE_FILE, staging / STUDENT_CHECKPOINT / RECIPE_FILE)
     return Exported(staging)

@@ -54,6 +54,7 @@ def cluster_env(root: Path, store_url: str | None, base_model: Path, **settings:
         "adapt_gate_margin": 100.0,
         "adapt_general_tasks": "LeeDocSTS",
         "adapt_general_fast": True,
+        "adapt_publish_int8": False,  # the int8 trial costs seconds per job; test_student checks it
         "adapt_worker_threads": 1,
         "adapt_worker_nice": 0,
         "adapt_lease_seconds": 3.0,

@@ -34,7 +34,6 @@ from tests.adapt.cluster import ADMIN, AUTH, wait_for
 pytestmark = pytest.mark.slow
 
 
-
 def _settings(tmp_path: Path, base_registry: Path, tiny_bert_path: Path, **overrides: Any) -> ServiceSettings:
     registry_dir = tmp_path / "registry"
     if not registry_dir.exists():
@@ -53,6 +52,7 @@ def _settings(tmp_path: Path, base_registry: Path, tiny_bert_path: Path, **overr
         "adapt_worker_threads": 1,
         "adapt_general_tasks": ["LeeDocSTS"],
         "adapt_lease_seconds": 3.0,
+        "adapt_publish_int8": False,  # the int8 trial costs seconds per job; test_student checks it
     }
     values.update(overrides)
     return ServiceSettings.from_flat(**values)

@@ -111,6 +111,10 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     student_bundle = registry.current_bundle(settings.registry_dir, "tiny6--sct-tiny")
     manifest = json.loads((student_bundle / registry.MANIFEST).read_text())
     assert manifest["layers"] == 2 and manifest["method"]["name"] == "student"
+    # published with the int8 trial (adapt_publish_int8, on by default): int8 served where a setting passed here
+    assert manifest["int8"] is not None and manifest["serve_variant"] == (
+        "int8" if manifest["int8"]["chosen"] else "fp32"
+    )
     assert (student_bundle / "checkpoint" / "config.json").is_file()
 
     done = _finished(client, job["id"])
@@ -133,6 +137,7 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     assert AGREEMENT_TASK not in {row["task"] for row in gate["compared_with"]["base_teacher"]["table"]}
     published = registry.read_manifest(settings.registry_dir / "news-tiny" / done["model"]["version"])
     assert published["layers"] == 2 and published["method"]["hyperparameters"]["student"]["recipe"] == "sct-tiny"
+    assert published["int8"] is not None and published["int8"]["candidates"]
     assert published["base_model"] == "tiny6--sct-tiny"  # distilled into that student, from the adapted tiny6
     assert "adapt:news-tiny" in published["trained_on"] and "lee_background" in published["trained_on"]
     # the distillation's texts: the customer's and 16 of those the base student was built on, all toward the adapted
@@ -142,8 +147,13 @@ def test_a_student_job_waits_for_the_base_student_build_then_publishes_a_two_lay
     assert targets["general_targets"] == "adapted_teacher" and "base_student" not in targets
     # then the crop step, rehearsing the same 16 general texts under the adapted teacher's similarities
     rehearsal = _events(client, job["id"], "student_rehearsal")[0]["student_rehearsal"]
-    assert rehearsal == {"general_texts": 16, "reference": "adapted_teacher", "weight": 1.0,
-                         "temperature": 0.2, "position_weight": 10.0}
+    assert rehearsal == {
+        "general_texts": 16,
+        "reference": "adapted_teacher",
+        "weight": 1.0,
+        "temperature": 0.2,
+        "position_weight": 10.0,
+    }
     assert _finished(client, again["id"])["state"] == "succeeded"
 
     # built once: the next job starts at once
