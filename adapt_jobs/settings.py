@@ -148,7 +148,7 @@ class AdaptSettings(JobKnobDefaults):
         default=True,
         description="Publish each job's bundle with an int8 graph where a setting keeps the parity bars on the "
         "worker's CPU (else fp32 only), as the default model's bundle: replicas serve it where it passes on their "
-        "own CPU, so an adapted model runs at its base's int8 speed, and the job scores the graph they would serve. "
+        "own CPU, so an adapted model runs at its base's int8 speed (the job scores the fp32 graph, as the base's). "
         "Off: fp32 only, 10-25 s less export per job, served at fp32 speed.",
     )
     worker_threads: int = Field(

@@ -27,6 +27,7 @@ from adapt_worker.scoring import general_tasks, score_models
 from adapt_worker.stages import (
     CACHE_VOLUME,
     REGISTRY_VOLUME,
+    SCORED_VARIANT,
     SCRATCH_VOLUME,
     guarded,
     published_quantization,
@@ -84,7 +85,7 @@ def evaluate(attempt: Attempt, trained: Trained, exported: Exported) -> Evaluati
         models: dict[str, EmbeddingModel] = {
             b.role: TorchModel(Encoder.from_pretrained(b.checkpoint)) for b in trained.baselines
         }
-        models[trained.role] = load_model(exported.bundle)
+        models[trained.role] = load_model(exported.bundle, variant=SCORED_VARIANT)
         general = general_tasks(attempt.spec.hyperparameters.general_tasks, trained.trained_on)
         roles = [b.role for b in trained.baselines if b.general] + [trained.role]
         return score_models(

@@ -153,7 +153,14 @@ def guarded(reason: str, where: str) -> Iterator[None]:
         raise stage_failure(reason, err, where) from err
 
 
+# The trained model is scored on its bundle's fp32 graph, as its baselines (torch checkpoints) are: like against like.
+# Its int8 graph, where there is one, is held to the parity bars against that fp32 graph on every serving CPU, as the
+# base model's own int8 graph is; scoring int8 against an fp32 base would charge the adapted side alone for it.
+SCORED_VARIANT = "fp32"
+
+
 def published_quantization(settings: AdaptSettings) -> str:
     """`export.bundle.build_bundle`'s ``quantize`` for what a job publishes (``publish_int8``): ``auto`` keeps an int8
-    graph where a setting passes the parity bars on this CPU, else fp32 only."""
+    graph where a setting passes the parity bars on this CPU (replicas serve it where it passes on theirs, so an
+    adapted model runs at its base's int8 speed), else fp32 only."""
     return "auto" if settings.publish_int8 else "none"

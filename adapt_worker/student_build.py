@@ -18,7 +18,14 @@ from adapt_jobs.jobs import EVALUATING
 from adapt_jobs.results import Evaluation, GateDecision, JobResult, Published
 from adapt_worker.attempt import BuildAttempt, Exported
 from adapt_worker.scoring import general_tasks, score_models
-from adapt_worker.stages import CACHE_VOLUME, SCRATCH_VOLUME, guarded, published_quantization, run_training
+from adapt_worker.stages import (
+    CACHE_VOLUME,
+    SCORED_VARIANT,
+    SCRATCH_VOLUME,
+    guarded,
+    published_quantization,
+    run_training,
+)
 from adapt_worker.student import STUDENT_CHECKPOINT
 from core import registry as reg
 from core.model_folder import RECIPE_FILE, read_trained_on
@@ -100,7 +107,7 @@ def evaluate_base_student(attempt: BuildAttempt, built: BuiltStudent, exported: 
     with guarded("evaluation", CACHE_VOLUME):
         models = {
             "teacher": TorchModel(Encoder.from_pretrained(attempt.teacher)),
-            "student": load_model(exported.bundle),
+            "student": load_model(exported.bundle, variant=SCORED_VARIANT),
         }
         general = general_tasks(attempt.config.settings.general_tasks, read_trained_on(built.checkpoint))
         return score_models(attempt, models, general=general, general_roles=models)
