@@ -178,7 +178,10 @@ def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[s
         return passed[0].engine, "the first candidate that kept the parity bars (none were timed)"
     times = ", ".join(f"{engine} {score * 1e3:.1f} ms" for engine, score in timed.items())
     winner = _first_of_fastest(list(timed), timed, tolerance)
-    return winner, f"the fastest that kept the parity bars, {BASELINE} did not (median geometric mean: {times})"
+    return winner, (
+        f"the fastest that kept the parity bars, or first in engine order within {tolerance:.0%} of it; {BASELINE} "
+        f"did not (median geometric mean: {times})"
+    )
 
 
 def pick_routes(
