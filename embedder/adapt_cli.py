@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="an admin key (default: $EMBED_ADMIN_API_KEY)")  # fmt: skip
     p.add_argument("--no-follow", action="store_true", help="print the queued job and exit")
     p.add_argument("--json", action="store_true", help="print the final job as JSON on stdout")
+    p.add_argument("--serve-timeout-s", type=float, default=120.0,
+                   help="after a promotion, wait this long for the server to serve the new version (its registry "
+                   "poll, then its engine choice); 0: do not wait")  # fmt: skip
     args = p.parse_args(argv)
     if (args.corpus is None) == (args.job is None):
         p.error("give a corpus file to submit, or --job ID to follow")
@@ -113,8 +117,24 @@ def summary(job: dict[str, Any]) -> str:
     if job.get("model"):
         model = job["model"]
         lines.append(f"  model: {model['name']} version {model['version']}, "
-                     f"{'promoted (served now)' if model['promoted'] else 'not promoted'}")  # fmt: skip
+                     f"{'promoted' if model['promoted'] else 'not promoted'}")  # fmt: skip
     return "\n".join(lines)
+
+
+def wait_served(client: httpx.Client, model: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+    """The server's card of ``model`` (``GET /v1/models/{name}``) once it serves that version, or None when it does
+    not within ``timeout_s`` (or answers anything but the card or 404)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answer = client.get(f"/v1/models/{model['name']}")
+        except httpx.TransportError:
+            return None
+        if answer.status_code == 200 and answer.json().get("version") == model["version"]:
+            return answer.json()
+        if answer.status_code not in (200, 404) or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
 
 
 def run(client: httpx.Client, args: argparse.Namespace) -> int:
@@ -142,6 +162,12 @@ def run(client: httpx.Client, args: argparse.Namespace) -> int:
         print(f"embedder adapt: cannot reach {client.base_url}: {err}", file=sys.stderr)
         return 1
     print(summary(job), file=sys.stderr)
+    model = job.get("model") or {}
+    if job["state"] == "succeeded" and model.get("promoted") and args.serve_timeout_s > 0:
+        card = wait_served(client, model, args.serve_timeout_s)
+        print(f"  served: {model['name']} version {model['version']} on {card['engine']} ({card['quantization']})"
+              if card else f"  not served by {client.base_url} after {args.serve_timeout_s:g} s: it loads what the "
+              "registry promotes on its next poll (registry_poll_seconds)", file=sys.stderr)  # fmt: skip
     if args.json:
         print(json.dumps(job, indent=2))
     if job["state"] != "succeeded":

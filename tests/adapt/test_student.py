@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -274,10 +275,25 @@ def test_the_cli_submits_a_corpus_file_follows_the_job_and_says_how_it_ended(
         assert job["state"] == "succeeded" and job["student"]["recipe"] == "sct-tiny"
         assert code == (0 if job["model"]["promoted"] else 3)  # 3: succeeded, but the gate kept the model back
         assert f"queued {job['id']}" in err and "distilling" in err and "adapting student" in err and "gate:" in err
+        if job["model"]["promoted"]:  # the CLI waits until the server serves what it promoted, and says on what
+            assert f"served: news-cli version {job['model']['version']} on " in err, err
         assert adapt_cli.run(client, adapt_cli.parse_args(["--job", "adaptjob-nope"])) == 1
         assert "404" in capsys.readouterr().err
     finally:
         del client.headers["Authorization"]
+
+
+def test_the_cli_waits_for_the_served_version_and_gives_up_after_its_timeout(
+    service: tuple[TestClient, ServiceSettings],
+) -> None:
+    client, _ = service
+    served = client.get("/v1/models/tiny-base").json()
+    card = adapt_cli.wait_served(client, {"name": "tiny-base", "version": served["version"]}, timeout_s=5)
+    assert card is not None and card["engine"] == served["engine"]
+    started = time.monotonic()
+    assert adapt_cli.wait_served(client, {"name": "tiny-base", "version": "999"}, timeout_s=1) is None
+    assert adapt_cli.wait_served(client, {"name": "never-published", "version": "1"}, timeout_s=1) is None
+    assert 2 <= time.monotonic() - started < 10
 
 
 def test_unknown_students_and_reserved_names_are_refused(
