@@ -64,14 +64,8 @@ def export_model(attempt: Attempt, trained: Trained) -> Exported:
     staging.mkdir(parents=True, exist_ok=True)
     with guarded("export", SCRATCH_VOLUME):
         trained_on = [*trained.trained_on, f"{ADAPT_METHOD}:{spec.name}"]
-        build_bundle(
-            encoder,
-            staging,
-            spec.name,
-            quantize=published_quantization(attempt.config.settings),
-            method=method,
-            trained_on=trained_on,
-        )
+        build_bundle(encoder, staging, spec.name, quantize=published_quantization(attempt.config.settings),
+                     method=method, trained_on=trained_on)  # fmt: skip
     return Exported(staging)
 
 

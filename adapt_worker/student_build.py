@@ -87,14 +87,8 @@ def export_base_student(attempt: BuildAttempt, built: BuiltStudent) -> Exported:
         encoder.source = spec.base_model
         method = {"name": STUDENT_METHOD, "hyperparameters": {**build_config(attempt).to_dict(), "job": attempt.job.id}}
         trained_on = read_trained_on(built.checkpoint)
-        build_bundle(
-            encoder,
-            staging,
-            spec.name,
-            quantize=published_quantization(attempt.config.settings),
-            method=method,
-            trained_on=trained_on,
-        )
+        build_bundle(encoder, staging, spec.name, quantize=published_quantization(attempt.config.settings),
+                     method=method, trained_on=trained_on)  # fmt: skip
         shutil.copytree(built.checkpoint, staging / STUDENT_CHECKPOINT)
         shutil.copy2(built.output_dir / RECIPE_FILE, staging / STUDENT_CHECKPOINT / RECIPE_FILE)
     return Exported(staging)
