@@ -92,8 +92,8 @@ def check_corpus(texts: list[str], labels: list[str] | None, limits: AdaptSettin
         )
     for kind, values in (("texts", texts), ("labels", labels or [])):
         for index, value in enumerate(values):
-            if (problem := not_unicode(value, f"{kind}[{index}]")) is not None:
-                raise CorpusError(f"{problem}; send the text as UTF-8")
+            if (problem := not_unicode(value)) is not None:
+                raise CorpusError(f"{kind}[{index}] {problem}; send the text as UTF-8")
     keep = [i for i, t in enumerate(texts) if t]
     texts = [texts[i] for i in keep]
     labels = [labels[i] for i in keep] if labels is not None else None

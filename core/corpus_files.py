@@ -158,8 +158,8 @@ def _from_records(records: Any, label: str, *, unit: str) -> CorpusFile:
         if not text.strip():
             continue
         for field, value in (("text", text), ("label", str(tag) if tag is not None else "")):
-            if (problem := not_unicode(value, f"the {field} of {unit} {number} of {label}")) is not None:
-                raise CorpusError(problem)
+            if (problem := not_unicode(value)) is not None:
+                raise CorpusError(f"the {field} of {unit} {number} of {label} {problem}")
         texts.append(text.strip())
         if tag is not None:
             labels.append(str(tag))

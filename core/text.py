@@ -58,17 +58,16 @@ def _corpus_error(cls: type[CorpusError], message: str, code: str, details: dict
     return cls(message, code=code, details=details)
 
 
-def not_unicode(text: str, where: str) -> str | None:
-    """Why ``text`` (named ``where`` in the message) is not valid Unicode, or None when it is. JSON's ``\\ud800``
-    escapes carry lone UTF-16 surrogates into a Python string, and no tokenizer or UTF-8 file takes one."""
+def not_unicode(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode, to follow the text's name in a message ("is not valid Unicode: ..."), or
+    None when it is. JSON's ``\\ud800`` escapes carry lone UTF-16 surrogates into a Python string, and no tokenizer
+    or UTF-8 file takes one."""
     if text.isascii():
         return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        return (
-            f"{where} is not valid Unicode: a lone surrogate (\\u{ord(text[err.start]):04x}) at character {err.start}"
-        )
+        return f"is not valid Unicode: a lone surrogate (\\u{ord(text[err.start]):04x}) at character {err.start}"
     return None
 
 

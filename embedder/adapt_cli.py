@@ -130,8 +130,9 @@ def wait_served(client: httpx.Client, model: dict[str, Any], timeout_s: float) -
             answer = client.get(f"/v1/models/{model['name']}")
         except httpx.TransportError:
             return None
-        if answer.status_code == 200 and answer.json().get("version") == model["version"]:
-            return answer.json()
+        card = answer.json() if answer.status_code == 200 else None
+        if card is not None and card.get("version") == model["version"]:
+            return card
         if answer.status_code not in (200, 404) or time.monotonic() >= deadline:
             return None
         time.sleep(0.5)

@@ -93,16 +93,15 @@ class Engine:
             )
         max_chars = self.settings.max_input_chars
         for index, text in enumerate(texts):
-            where = _text_name(field_name, names, index)
             if not text:
-                raise ServiceError(ErrorKind.invalid_request, f"{where} is an empty string: every text needs content")
-            if len(text) > max_chars:
-                raise ServiceError(
-                    ErrorKind.invalid_request,
-                    f"{where} has {len(text)} characters, more than max_input_chars={max_chars}",
-                )
-            if (problem := not_unicode(text, where)) is not None:
-                raise ServiceError(ErrorKind.invalid_request, f"{problem}; send the text as UTF-8")
+                problem = "is an empty string: every text needs content"
+            elif len(text) > max_chars:
+                problem = f"has {len(text)} characters, more than max_input_chars={max_chars}"
+            elif (unicode := not_unicode(text)) is not None:
+                problem = f"{unicode}; send the text as UTF-8"
+            else:
+                continue  # the text's name is formatted only for an error: this loop runs on every request
+            raise ServiceError(ErrorKind.invalid_request, f"{_text_name(field_name, names, index)} {problem}")
 
     async def embed(
         self,
