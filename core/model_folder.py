@@ -9,7 +9,8 @@ Plain JSON: no torch (the Dense layer's weights are written and read by the enco
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,48 @@ class DenseLayer:
         return {key: value for key, value in asdict(self).items() if key != "path"}
 
 
+ST_MODEL_CONFIG = "config_sentence_transformers.json"  # where sentence-transformers keeps prompts
+_ROLE_PROMPTS = {"query": ("query",), "document": ("document", "passage")}  # a text's role -> prompt names
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """sentence-transformers' prompts: a text put before each input, by name (e5's ``{"query": "query: ",
+    "passage": "passage: "}``), and the one used when a caller names none (``default``, usually None)."""
+
+    texts: Mapping[str, str] = field(default_factory=dict)
+    default: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.default is not None and self.default not in self.texts:
+            raise ValueError(f"default prompt {self.default!r} is not one of the prompts {sorted(self.texts)}")
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> Prompts:
+        """The prompts a bundle manifest records (none for bundles exported before manifests carried them)."""
+        return cls(dict(manifest.get("prompts") or {}), manifest.get("default_prompt_name"))
+
+    def for_role(self, role: str) -> str:
+        """The prompt for texts of ``role`` in a retrieval task (``query`` or ``document``): the prompt of that
+        name (``passage`` too for a document, as e5 names it), else the default one, as mteb picks a prompt by
+        its prompt type for a sentence-transformers model."""
+        for name in _ROLE_PROMPTS.get(role, ()):
+            if name in self.texts:
+                return self.texts[name]
+        return self.text_for(None)
+
+    def text_for(self, name: str | None) -> str:
+        """The text to put before each input for prompt ``name`` (the default prompt, or none, for None), as
+        sentence-transformers' ``encode(prompt_name=...)`` does. ValueError names the prompts there are."""
+        if name is None:
+            return self.texts[self.default] if self.default is not None else ""
+        if name in self.texts:
+            return self.texts[name]
+        if not self.texts:
+            raise ValueError(f"prompt_name {name!r} was given, but the model has no prompts")
+        raise ValueError(f"prompt_name {name!r} is not one of the model's prompts ({', '.join(sorted(self.texts))})")
+
+
 # Our names <-> sentence-transformers' Pooling config keys.
 ST_POOLING_KEYS = {
     "mean": "pooling_mode_mean_tokens",
@@ -58,11 +101,13 @@ def write_sentence_transformers_config(
     normalize: bool,
     max_seq_length: int,
     dense: DenseLayer | None = None,
+    prompts: Prompts | None = None,
 ) -> None:
     """Write the module files sentence-transformers reads next to a Hugging Face model.
 
     ``dim`` is the transformer's hidden size (what pooling sees); ``dense`` adds the output layer's config (its
-    weights, ``dense.path/model.safetensors``, are the caller's to write)."""
+    weights, ``dense.path/model.safetensors``, are the caller's to write); ``prompts``, when there are any, go to
+    ``config_sentence_transformers.json``."""
     folder = Path(folder)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -86,13 +131,22 @@ def write_sentence_transformers_config(
     (folder / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}, indent=2)
     )
+    if prompts is not None and prompts.texts:
+        st_model = {"prompts": dict(prompts.texts), "default_prompt_name": prompts.default}
+        (folder / ST_MODEL_CONFIG).write_text(json.dumps(st_model, indent=2))
 
 
 def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
-    """Pooling, normalisation, the Dense output layer (``dense``: a `DenseLayer`) and max length from
-    sentence-transformers' files, where present. Modules this project cannot reproduce raise ValueError."""
+    """Pooling, normalisation, the Dense output layer (``dense``: a `DenseLayer`), max length and ``prompts`` (a
+    `Prompts`) from sentence-transformers' files, where present. Modules this project cannot reproduce raise
+    ValueError."""
     folder = Path(folder)
     found: dict[str, Any] = {}
+    st_model = folder / ST_MODEL_CONFIG
+    if st_model.exists():
+        cfg = json.loads(st_model.read_text())
+        if cfg.get("prompts"):
+            found["prompts"] = Prompts(dict(cfg["prompts"]), cfg.get("default_prompt_name"))
     modules_file = folder / "modules.json"
     if modules_file.exists():
         modules = json.loads(modules_file.read_text())
@@ -107,6 +161,12 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
                         "pass pooling= explicitly"
                     )
                 found["pooling"] = modes[0]
+                if "prompts" in found and cfg.get("include_prompt") is False:
+                    raise ValueError(
+                        f"{folder}: its pooling leaves the prompt's tokens out (include_prompt: false), which this "
+                        f"project's pooling does not do; remove the prompts from {ST_MODEL_CONFIG} to use the model "
+                        "without them"
+                    )
             elif module["type"].endswith("Dense"):
                 if "dense" in found:
                     raise ValueError(f"{folder}: more than one Dense module; only one output layer is supported")

@@ -212,6 +212,8 @@ def build_bundle(
             "pooling": encoder.pooling,
             "normalized": True,
             "max_seq_length": encoder.max_seq_length,
+            "prompts": dict(encoder.prompts.texts),  # put before a text by the server, outside the graph
+            "default_prompt_name": encoder.prompts.default,
             "pad_token_id": int(encoder.tokenizer.pad_token_id or 0),
             "inputs": graph.input_names(encoder),
             "output": "sentence_embedding",

@@ -37,6 +37,7 @@ from core.model_folder import (
     DENSE_ACTIVATIONS,
     DENSE_WEIGHTS,
     DenseLayer,
+    Prompts,
     read_sentence_transformers_config,
     write_sentence_transformers_config,
 )
@@ -94,6 +95,7 @@ class Encoder(nn.Module):
         normalize: L2-normalise the pooled vector.
         max_seq_length: longer inputs are truncated to this many tokens.
         output: an `OutputLayer` applied to the pooled vector before normalisation (None: none).
+        prompts: sentence-transformers' named prompts, saved with the model and served from its bundle.
 
     Example::
 
@@ -110,6 +112,7 @@ class Encoder(nn.Module):
         normalize: bool = True,
         max_seq_length: int = 256,
         output: OutputLayer | None = None,
+        prompts: Prompts | None = None,
     ) -> None:
         super().__init__()
         self.backbone = backbone
@@ -127,6 +130,8 @@ class Encoder(nn.Module):
             raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
         self.max_seq_length = max_seq_length
         self.source: str | None = None  # the folder this encoder was loaded from, if any
+        # kept with the weights and put in the bundle, where the server applies them (`encode` does not)
+        self.prompts = prompts or Prompts()
         self.uses_token_type_ids = (
             "token_type_ids" in tokenizer.model_input_names
             and (getattr(backbone.config, "type_vocab_size", 0) or 0) > 0
@@ -169,6 +174,7 @@ class Encoder(nn.Module):
             normalize=found.get("normalize", True) if normalize is None else normalize,
             max_seq_length=max_seq_length,
             output=OutputLayer.load(folder, found["dense"]) if "dense" in found else None,
+            prompts=found.get("prompts"),
         )
         encoder.source = str(folder)
         return encoder.to(device or "cpu")
@@ -189,6 +195,7 @@ class Encoder(nn.Module):
             normalize=self.normalize,
             max_seq_length=max_seq_length or self.max_seq_length,
             dense=self.output.spec if self.output is not None else None,
+            prompts=self.prompts,
         )
         if self.output is not None:
             self.output.save(folder / self.output.spec.path)

@@ -105,5 +105,6 @@ def tiny_bert_student(
         normalize=teacher.normalize,
         max_seq_length=teacher.max_seq_length,
         output=output,
+        prompts=teacher.prompts,  # same tokenizer, same inputs: the teacher's prompts
     )
     return student.to(teacher.device)

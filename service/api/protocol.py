@@ -17,6 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 _TEXT_SCHEMA = {"type": "string", "minLength": 1}
 Text = Annotated[str, WithJsonSchema(_TEXT_SCHEMA)]
 Texts = Annotated[list[str], WithJsonSchema({"type": "array", "items": _TEXT_SCHEMA, "minItems": 1})]
+PromptName = Annotated[
+    str | None,
+    Field(
+        description="One of the model's prompts (`/v1/models` lists them): its text goes before every input, as "
+        "sentence-transformers' `prompt_name`. None: the model's default prompt, if it has one."
+    ),
+]
 
 
 class _Request(BaseModel):
@@ -37,6 +44,7 @@ class OpenAIEmbeddingRequest(_Request):
         default=None, ge=1, description="Keep the first N dimensions and re-normalise (Matryoshka-style)."
     )
     user: str | None = Field(default=None, description="Accepted for compatibility; ignored.")
+    prompt_name: PromptName = None
 
 
 class EmbeddingData(BaseModel):
@@ -70,6 +78,7 @@ class TEIEmbedRequest(_Request):
         default=False, description="Cut texts longer than the model's max_seq_length; false answers 422 instead."
     )
     dimensions: int | None = Field(default=None, ge=1, description="Keep the first N dimensions (Matryoshka).")
+    prompt_name: PromptName = None
     model: str | None = Field(default=None, description="Served model name; the server's default when omitted.")
 
 
@@ -83,6 +92,7 @@ class TEISimilarityRequest(_Request):
 
     inputs: SimilarityInputs
     truncate: bool = Field(default=True, description="Cut over-long texts (false answers 422 instead).")
+    prompt_name: PromptName = None
     model: str | None = None
 
 
@@ -111,6 +121,12 @@ class ModelCard(BaseModel):
     int8_check: dict[str, Any] | None = Field(
         default=None,
         description="The int8 graph's trial on this CPU (status, reason, probe cosines to fp32) and the CPU.",
+    )
+    prompts: dict[str, str] = Field(
+        default_factory=dict, description="The model's prompts by name (`prompt_name`), from sentence-transformers."
+    )
+    default_prompt_name: str | None = Field(
+        default=None, description="The prompt put before every text a request sends without `prompt_name`."
     )
     base_model: str | None = None
     method: str | None = None

@@ -86,7 +86,10 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> R
     async with _tracked(request).track("/v1/embeddings", context) as track:
         model = engine.resolve(body.model)
         track.bind(model)
-        result = await engine.embed(model, _as_list(body.input), truncate=True, field_name="input", context=context)
+        result = await engine.embed(
+            model, _as_list(body.input), truncate=True, field_name="input", prompt_name=body.prompt_name,
+            context=context,
+        )  # fmt: skip
         track.timings.update(result.timings)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=True,
@@ -126,7 +129,9 @@ async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Res
         model = engine.resolve(body.model)
         track.bind(model)
         texts = _as_list(body.inputs)
-        result = await engine.embed(model, texts, truncate=body.truncate, field_name="inputs", context=context)
+        result = await engine.embed(
+            model, texts, truncate=body.truncate, field_name="inputs", prompt_name=body.prompt_name, context=context
+        )
         track.timings.update(result.timings)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=body.normalize,
@@ -149,7 +154,7 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Respon
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
         names = ["inputs.source_sentence", *(f"inputs.sentences[{i}]" for i in range(len(body.inputs.sentences)))]
         result = await engine.embed(model, texts, truncate=body.truncate, field_name="inputs", names=names,
-                                    context=context)  # fmt: skip
+                                    prompt_name=body.prompt_name, context=context)  # fmt: skip
         track.timings.update(result.timings)
         unit = shape_embeddings(result.embeddings, dimensions=None, normalize=True, already_normalized=False)
         scores = unit[1:] @ unit[0]
@@ -183,6 +188,8 @@ def _card(model: ServedModel) -> ModelCard:
         int8_check=_int8_check(choice),
         base_model=manifest.get("base_model"),
         method=(manifest.get("method") or {}).get("name"),
+        prompts=dict(model.info.prompts.texts),
+        default_prompt_name=model.info.prompts.default,
     )
 
 

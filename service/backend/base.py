@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from core.model_folder import Prompts
+
 
 class Tokenized(NamedTuple):
     """One text after tokenisation: the backend's own payload, its length (with special tokens), cut or not."""
@@ -37,6 +39,7 @@ class ModelInfo:
     manifest: dict[str, Any] = field(repr=False, default_factory=dict)
     variant: str = "fp32"  # the graph being served: "int8" only where it passed the probe check on this CPU
     engine: dict[str, Any] = field(default_factory=dict)  # `core.engines.EngineChoice.as_dict()`: which and why
+    prompts: Prompts = field(default_factory=Prompts)  # put before a request's texts by `service.engine.engine`
 
 
 class Backend(ABC):

@@ -11,6 +11,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from core.engines import load_engine
+from core.model_folder import Prompts
 from service.backend.base import Backend, ModelInfo, Tokenized
 from service.settings import ServiceSettings
 
@@ -61,6 +62,7 @@ class OnnxBackend(Backend):
             manifest=manifest,
             variant=self.bundle.variant,
             engine=choice.as_dict(),
+            prompts=Prompts.from_manifest(manifest),
         )
         self._counter: Tokenizer | None = None
         self._counter_lock = threading.Lock()

@@ -111,14 +111,22 @@ class Engine:
         truncate: bool,
         field_name: str,
         names: Sequence[str] | None = None,
+        prompt_name: str | None = None,
         context: RequestContext | None = None,
     ) -> EmbedResult:
         """Validate, tokenise, admit and queue ``texts`` for ``model`` (a `resolve`d one), as the request of
-        ``context`` (its key's share of the queue; its trace's stages), and await their embeddings."""
+        ``context`` (its key's share of the queue; its trace's stages), and await their embeddings. Each text is
+        embedded after the model's prompt ``prompt_name`` (its default prompt, if it has one, when None)."""
         self.check_texts(texts, field_name, names=names)
+        backend = model.backend
+        try:
+            prompt = backend.info.prompts.text_for(prompt_name)
+        except ValueError as err:
+            raise ServiceError(ErrorKind.invalid_request, f"{err} (model {model.name!r})") from None
+        if prompt:
+            texts = [prompt + text for text in texts]
         ticket: Ticket | None = context.ticket if context is not None else None
         tenant = ticket.tenant if ticket is not None else ANONYMOUS
-        backend = model.backend
         model.batcher.check_admission(len(texts), tenant)  # again in submit; here a flood's 429s cost no tokenising
         started = time.perf_counter()
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
@@ -132,9 +140,10 @@ class Engine:
                 if item.truncated:
                     count = await asyncio.to_thread(backend.count_tokens, texts[index])
                     limit = backend.info.max_seq_length
+                    with_prompt = f" with the prompt {prompt!r}" if prompt else ""
                     raise ServiceError(
                         ErrorKind.input_too_long,
-                        f"{_text_name(field_name, names, index)} has {count} tokens, more than model "
+                        f"{_text_name(field_name, names, index)} has {count} tokens{with_prompt}, more than model "
                         f"{model.name!r} accepts ({limit}); shorten it or send truncate=true",
                     )
         job = model.batcher.submit(tokens, tenant)

@@ -166,3 +166,44 @@ def test_encode_rejects_a_bare_string(minilm: Encoder) -> None:
     with pytest.raises(TypeError, match="wrap a single text in a list"):
         minilm.encode("not a list")  # type: ignore[arg-type]
     assert minilm.encode([]).shape == (0, 384)
+
+
+def test_prompts_survive_save_and_sentence_transformers_applies_them(tiny_bert_path: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from core.model_folder import ST_MODEL_CONFIG
+
+    folder = shutil.copytree(tiny_bert_path, tmp_path / "prompted")
+    prompts = {"query": "query: ", "passage": "passage: "}
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps({"prompts": prompts, "default_prompt_name": "passage"}))
+    encoder = Encoder.from_pretrained(folder)
+    assert dict(encoder.prompts.texts) == prompts and encoder.prompts.default == "passage"
+    encoder.truncate(2).save(tmp_path / "saved")  # a fine-tuned or truncated model keeps its base's prompts
+    theirs = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    assert prompts.items() <= theirs.prompts.items() and theirs.default_prompt_name == "passage"
+    ours = Encoder.from_pretrained(tmp_path / "saved")
+    np.testing.assert_allclose(
+        ours.encode([ours.prompts.text_for("query") + "a question"]),
+        theirs.encode(["a question"], prompt_name="query"),
+        atol=1e-5,
+    )
+
+
+def test_pooling_without_prompt_tokens_is_refused_only_when_there_are_prompts(
+    tiny_bert_path: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from core.model_folder import ST_MODEL_CONFIG, read_sentence_transformers_config
+
+    folder = shutil.copytree(tiny_bert_path, tmp_path / "instructor-like")
+    pooling_file = folder / "1_Pooling" / "config.json"
+    pooling_file.write_text(json.dumps(json.loads(pooling_file.read_text()) | {"include_prompt": False}))
+    assert "prompts" not in read_sentence_transformers_config(folder)  # no prompts: nothing to leave out
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps({"prompts": {"query": "Represent the query: "}}))
+    with pytest.raises(ValueError, match="include_prompt: false"):
+        read_sentence_transformers_config(folder)
