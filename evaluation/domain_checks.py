@@ -139,10 +139,10 @@ def piece_similarities(
     so texts are never regrouped into other batches than their check's."""
     seen: dict[tuple[str, ...], np.ndarray] = {}
 
-    def embed(texts: Sequence[str]) -> np.ndarray:
-        key = tuple(texts)
+    def embed(texts: Sequence[str], role: str = "document") -> np.ndarray:
+        key = (role, *texts)
         if key not in seen:
-            seen[key] = _unit(model.encode(list(texts)))
+            seen[key] = _unit(model.encode_as(list(texts), role))
         return seen[key]
 
     extra = embed(distractors) if distractors else np.zeros((0, 0), dtype=np.float32)
@@ -151,7 +151,7 @@ def piece_similarities(
         pairs = piece_pairs(held_out, kind)
         if len(pairs) < 2:
             continue
-        queries = embed([p.query for p in pairs])
+        queries = embed([p.query for p in pairs], "query")
         corpus = embed([p.document for p in pairs])
         if len(extra):
             corpus = np.concatenate([corpus, extra])
@@ -188,6 +188,6 @@ def title_retrieval(model: EmbeddingModel, titles: Sequence[str], texts: Sequenc
     by_title: dict[str, list[int]] = {}
     for i, title in enumerate(titles):
         by_title.setdefault(title, []).append(i)
-    queries = _unit(model.encode(list(by_title)))
-    corpus = _unit(model.encode(list(texts)))
+    queries = _unit(model.encode_as(list(by_title), "query"))
+    corpus = _unit(model.encode_as(list(texts), "document"))
     return ndcg_at_10(queries @ corpus.T, list(by_title.values()))

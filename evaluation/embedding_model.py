@@ -26,6 +26,7 @@ import numpy as np
 
 from core.catalog import sha256_file
 from core.engines import load_engine
+from core.model_folder import Prompts
 from core.registry import MANIFEST, RegistryError, current_bundle, read_manifest, validate_name
 from core.runtime import OnnxBundle
 
@@ -54,6 +55,17 @@ class EmbeddingModel(ABC):
     @property
     @abstractmethod
     def dim(self) -> int: ...
+
+    @property
+    def prompts(self) -> Prompts:
+        """The model's named prompts (sentence-transformers'); `encode` never applies them, `encode_as` does."""
+        return Prompts()
+
+    def encode_as(self, texts: Sequence[str], role: str, batch_size: int = 32) -> np.ndarray:
+        """`encode` of ``texts`` after the model's prompt for their ``role`` in a retrieval task (``query`` or
+        ``document``, `Prompts.for_role`): what a client of the server that names that prompt gets."""
+        prompt = self.prompts.for_role(role)
+        return self.encode([prompt + text for text in texts] if prompt else texts, batch_size=batch_size)
 
     @property
     @abstractmethod
@@ -122,6 +134,10 @@ class OnnxModel(EmbeddingModel):
         return int(self.bundle.max_seq_length)
 
     @property
+    def prompts(self) -> Prompts:
+        return Prompts.from_manifest(self.bundle.manifest)
+
+    @property
     def trained_on(self) -> tuple[str, ...]:
         return tuple(self.bundle.manifest.get("trained_on") or ())  # bundles exported before it was recorded: none
 
@@ -144,6 +160,8 @@ class OnnxModel(EmbeddingModel):
             "tokenizer": files.get("tokenizer.json") or sha256_file(self.path / "tokenizer.json"),
             "max_seq_length": manifest["max_seq_length"],
         }
+        if self.prompts.texts:  # the prompts change what `encode_as` scores (none: the key bundles always had)
+            payload["prompts"] = [dict(self.prompts.texts), self.prompts.default]
         if self.bundle.runtime != "onnxruntime":  # another engine's vectors differ a little: their own cache key
             payload["engine"] = f"{self.bundle.runtime}-{self.bundle.precision}"
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

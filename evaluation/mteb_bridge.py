@@ -109,7 +109,9 @@ class MtebEncoder:
             if "text" not in batch:
                 raise ValueError(f"{task_metadata.name}: expected text inputs, got fields {sorted(batch)}")
             texts.extend(batch["text"])
-        return self.memo.embed(texts, self.layer)
+        # mteb's prompt types are "query" and "document" (None for tasks without roles: the default prompt)
+        prompt = self.memo.model.prompts.for_role(getattr(prompt_type, "value", prompt_type) or "")
+        return self.memo.embed([prompt + text for text in texts] if prompt else texts, self.layer)
 
     def similarity(self, a: Any, b: Any) -> Any:
         return cos_sim(a, b)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from core.catalog import ModelNotFoundError
-from core.model_folder import read_trained_on
+from core.model_folder import Prompts, read_trained_on
 from evaluation.embedding_model import EmbeddingModel, ModelSpecError, is_bundle_spec, l2_normalise, load_model
 from training.encoder import Encoder
 
@@ -35,6 +35,10 @@ class TorchModel(EmbeddingModel):
     @property
     def max_seq_length(self) -> int:
         return int(self.encoder.max_seq_length)
+
+    @property
+    def prompts(self) -> Prompts:
+        return self.encoder.prompts
 
     @property
     def trained_on(self) -> tuple[str, ...]:
@@ -69,6 +73,8 @@ class TorchModel(EmbeddingModel):
             },
             "vocab": len(enc.tokenizer),
         }
+        if enc.prompts.texts:  # the prompts change what `encode_as` scores (none: the key checkpoints always had)
+            settings["prompts"] = [dict(enc.prompts.texts), enc.prompts.default]
         digest.update(json.dumps(settings, sort_keys=True).encode())
         for key, tensor in sorted(enc.backbone.state_dict().items()):
             if key.startswith("pooler."):  # unused by Encoder; freshly random when the checkpoint has none
