@@ -33,8 +33,8 @@ class GraphSkipped(Backend):
         self.served = served
         self.info = served.info
 
-    def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:
-        return self.served.tokenize(texts)
+    def tokenize(self, texts: Sequence[str], direction: str = "right") -> list[Tokenized]:
+        return self.served.tokenize(texts, direction)
 
     def count_tokens(self, text: str) -> int:
         return self.served.count_tokens(text)

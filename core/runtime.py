@@ -15,7 +15,7 @@ import platform
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from core.registry import read_manifest
+
+TRUNCATION_DIRECTIONS = ("right", "left")  # which end of an over-long text is cut
 
 OUTPUT_NAME = "sentence_embedding"
 PROBES_FILE = "probes.npz"  # probe texts and their fp32 (torch) reference embeddings
@@ -214,9 +216,20 @@ class OnnxBundle:
     def dim(self) -> int:
         return int(self.manifest["dim"])
 
-    def tokenize(self, texts: Sequence[str]) -> list[Encoding]:
-        """Token ids per text, truncated to ``max_seq_length`` (``enc.overflowing`` says if cut)."""
-        return self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
+    def tokenize(self, texts: Sequence[str], direction: str = "right") -> list[Encoding]:
+        """Token ids per text, truncated to ``max_seq_length`` (``enc.overflowing`` says if cut): the end of a long
+        text is cut (``direction`` "right"), or its start ("left"); the special tokens stay either way."""
+        if direction not in TRUNCATION_DIRECTIONS:
+            raise ValueError(f"direction must be one of {TRUNCATION_DIRECTIONS}, got {direction!r}")
+        tokenizer = self.tokenizer if direction == "right" else self._left_tokenizer
+        return tokenizer.encode_batch(list(texts), add_special_tokens=True)
+
+    @cached_property
+    def _left_tokenizer(self) -> Tokenizer:
+        # its own copy: the shared tokenizer's settings must not change under other threads
+        tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+        tokenizer.enable_truncation(max_length=self.max_seq_length, direction="left")
+        return tokenizer
 
     def pad(self, encodings: Sequence[Encoding]) -> dict[str, np.ndarray]:
         """Right-pad a batch into the model's int64 inputs."""

@@ -26,6 +26,15 @@ PromptName = Annotated[
 ]
 
 
+TruncationDirection = Annotated[
+    Literal["Right", "Left", "right", "left"],
+    Field(
+        description="With truncate: which end of an over-long text is cut — Right its end, Left its start (the "
+        "special tokens stay), as TEI's truncation_direction."
+    ),
+]
+
+
 class _Request(BaseModel):
     # strict: a field is what the schema says (``truncate: 0`` or ``dimensions: "8"`` is a 422, as validators and
     # generated clients expect); unknown fields are ignored (clients send extras such as ``user``)
@@ -77,6 +86,7 @@ class TEIEmbedRequest(_Request):
     truncate: bool = Field(
         default=False, description="Cut texts longer than the model's max_seq_length; false answers 422 instead."
     )
+    truncation_direction: TruncationDirection = "Right"
     dimensions: int | None = Field(default=None, ge=1, description="Keep the first N dimensions (Matryoshka).")
     prompt_name: PromptName = None
     model: str | None = Field(default=None, description="Served model name; the server's default when omitted.")
@@ -92,6 +102,7 @@ class TEISimilarityRequest(_Request):
 
     inputs: SimilarityInputs
     truncate: bool = Field(default=True, description="Cut over-long texts (false answers 422 instead).")
+    truncation_direction: TruncationDirection = "Right"
     prompt_name: PromptName = None
     model: str | None = None
 

@@ -130,8 +130,9 @@ async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Res
         track.bind(model)
         texts = _as_list(body.inputs)
         result = await engine.embed(
-            model, texts, truncate=body.truncate, field_name="inputs", prompt_name=body.prompt_name, context=context
-        )
+            model, texts, truncate=body.truncate, field_name="inputs", prompt_name=body.prompt_name,
+            truncation_direction=body.truncation_direction.lower(), context=context,
+        )  # fmt: skip
         track.timings.update(result.timings)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=body.normalize,
@@ -153,8 +154,10 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Respon
             engine.check_texts([], "inputs.sentences")
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
         names = ["inputs.source_sentence", *(f"inputs.sentences[{i}]" for i in range(len(body.inputs.sentences)))]
-        result = await engine.embed(model, texts, truncate=body.truncate, field_name="inputs", names=names,
-                                    prompt_name=body.prompt_name, context=context)  # fmt: skip
+        result = await engine.embed(
+            model, texts, truncate=body.truncate, field_name="inputs", names=names, prompt_name=body.prompt_name,
+            truncation_direction=body.truncation_direction.lower(), context=context,
+        )  # fmt: skip
         track.timings.update(result.timings)
         unit = shape_embeddings(result.embeddings, dimensions=None, normalize=True, already_normalized=False)
         scores = unit[1:] @ unit[0]

@@ -52,8 +52,9 @@ class Backend(ABC):
     runs_small_batches_inline: bool = False
 
     @abstractmethod
-    def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:
-        """Token ids per text, truncated to ``info.max_seq_length``."""
+    def tokenize(self, texts: Sequence[str], direction: str = "right") -> list[Tokenized]:
+        """Token ids per text, truncated to ``info.max_seq_length``: a long text loses its end (``direction``
+        "right") or its start ("left"), never its special tokens."""
 
     @abstractmethod
     def count_tokens(self, text: str) -> int:

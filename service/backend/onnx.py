@@ -67,8 +67,8 @@ class OnnxBackend(Backend):
         self._counter: Tokenizer | None = None
         self._counter_lock = threading.Lock()
 
-    def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:
-        return [Tokenized(enc, len(enc), bool(enc.overflowing)) for enc in self.bundle.tokenize(texts)]
+    def tokenize(self, texts: Sequence[str], direction: str = "right") -> list[Tokenized]:
+        return [Tokenized(enc, len(enc), bool(enc.overflowing)) for enc in self.bundle.tokenize(texts, direction)]
 
     def count_tokens(self, text: str) -> int:
         # A second tokenizer without truncation: the shared one's settings must not change under other threads.

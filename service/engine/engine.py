@@ -112,11 +112,13 @@ class Engine:
         field_name: str,
         names: Sequence[str] | None = None,
         prompt_name: str | None = None,
+        truncation_direction: str = "right",
         context: RequestContext | None = None,
     ) -> EmbedResult:
         """Validate, tokenise, admit and queue ``texts`` for ``model`` (a `resolve`d one), as the request of
         ``context`` (its key's share of the queue; its trace's stages), and await their embeddings. Each text is
-        embedded after the model's prompt ``prompt_name`` (its default prompt, if it has one, when None)."""
+        embedded after the model's prompt ``prompt_name`` (its default prompt, if it has one, when None); with
+        ``truncate``, an over-long one loses its end (``truncation_direction`` "right") or its start ("left")."""
         self.check_texts(texts, field_name, names=names)
         backend = model.backend
         try:
@@ -130,9 +132,9 @@ class Engine:
         model.batcher.check_admission(len(texts), tenant)  # again in submit; here a flood's 429s cost no tokenising
         started = time.perf_counter()
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
-            tokens = backend.tokenize(texts)
+            tokens = backend.tokenize(texts, truncation_direction)
         else:
-            tokens = await asyncio.to_thread(backend.tokenize, texts)
+            tokens = await asyncio.to_thread(backend.tokenize, texts, truncation_direction)
         tokenized = time.perf_counter()
         self.metrics.tokenization_time.labels(model.name).observe(tokenized - started)
         if not truncate:

@@ -57,12 +57,14 @@ class FakeBackend(Backend):
     def _word_id(word: str) -> int:
         return 3 + zlib.crc32(word.encode()) % (VOCAB - 3)
 
-    def tokenize(self, texts: Sequence[str]) -> list[Tokenized]:
+    def tokenize(self, texts: Sequence[str], direction: str = "right") -> list[Tokenized]:
         out = []
+        limit = self.info.max_seq_length
         for text in texts:
             ids = [1, *(self._word_id(w) for w in text.split()), 2]
-            cut = len(ids) > self.info.max_seq_length
-            ids = ids[: self.info.max_seq_length]
+            cut = len(ids) > limit
+            if cut:  # "left" keeps the last words between the two special ids
+                ids = ids[:limit] if direction == "right" else [1, *ids[len(ids) - limit + 1 :]]
             out.append(Tokenized(ids, len(ids), cut))
         return out
 

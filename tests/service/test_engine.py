@@ -301,7 +301,7 @@ def test_wait_bound_429_comes_before_tokenising_and_is_counted(make_app, serve):
         served.batcher.throughput.update(1, 1.0)  # 1 token/s: anything queued ahead is too long a wait
         tokenized: list[str] = []
         tokenize = served.backend.tokenize
-        served.backend.tokenize = lambda texts: tokenized.extend(texts) or tokenize(texts)
+        served.backend.tokenize = lambda texts, *how: tokenized.extend(texts) or tokenize(texts, *how)
         rejected, accepted = asyncio.run(traffic(url))
         metrics = httpx.get(f"{url}/metrics").text
     assert [r.status_code for r in accepted] == [200, 200]
