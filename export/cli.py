@@ -96,4 +96,7 @@ def main(argv: list[str]) -> int:
         f"{manifest['name']} version {manifest['version']}{promoted}: {manifest['layers']}/{manifest['source_layers']} "
         f"layers, dim {manifest['dim']}, {manifest['pooling']} pooling, serves {manifest['serve_variant']}"
     )
+    if manifest.get("prompts"):  # what clients pass as prompt_name
+        default = manifest.get("default_prompt_name") or "none"
+        print(f"prompts (prompt_name): {', '.join(sorted(manifest['prompts']))}; default prompt: {default}")
     return 0

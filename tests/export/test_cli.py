@@ -27,6 +27,18 @@ def test_cli_exports_truncated_bundle(tiny_bert_path: Path, tmp_path: Path, caps
     assert "parity fp32: min cosine 1.0000" in out and "2/4 layers" in out and "(promoted)" in out
     assert registry.current_bundle(tmp_path, "tiny") == bundle
     assert OnnxBundle(bundle).encode(["hello"]).shape == (1, 32)
+    assert "prompts" not in out
+
+
+def test_cli_names_the_prompts_a_bundle_keeps(tiny_bert_path: Path, tmp_path: Path, capsys) -> None:
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_bert_path, tmp_path / "e5-like")
+    prompts = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    assert embedder_main(["export", str(folder), "--name", "e5-like", "--registry", str(tmp_path / "reg")]) == 0
+    assert "prompts (prompt_name): passage, query; default prompt: none" in capsys.readouterr().out
 
 
 def test_cli_default_registry_and_clear_errors(
