@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from opentelemetry.trace import Tracer, TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
 
 from service.api.direct import direct_route
@@ -62,6 +63,12 @@ _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
 # a client key when keys are set: these and every model's card (MODEL_ROUTE_PREFIX + name)
 CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, "/v1/models", "/info"})
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
+# What a browser page may read of a response besides the basic headers: the request id, the timings and version
+# (`service.api.tracking`) and the hints of a refusal.
+CORS_EXPOSED_HEADERS = [
+    "x-request-id", "x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-model-version",
+    "retry-after", "www-authenticate",
+]  # fmt: skip
 UPLOAD_FRAMING_BYTES = 64 * 1024  # multipart boundaries, form fields and JSON keys around the corpus itself
 
 
@@ -410,4 +417,9 @@ def create_app(
         GuardMiddleware, state=app.state, max_body_bytes=settings.max_body_bytes, upload_body_bytes=upload_body_bytes,
         tracer=build_tracer(settings.otel_exporter_otlp_endpoint, tracer_provider),
     )  # fmt: skip
+    if settings.cors_allow_origins:  # outside the guard: a preflight carries no key and is answered here
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["GET", "HEAD", "POST"],
+            allow_headers=["authorization", "content-type"], expose_headers=CORS_EXPOSED_HEADERS, max_age=600,
+        )  # fmt: skip
     return app

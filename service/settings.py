@@ -210,6 +210,13 @@ class ServiceSettings(BaseSettings):
         "may use /adapt.",
     )
 
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins whose web pages may call the API from a browser (comma-separated, e.g. "
+        "https://app.example.com; * for any): answered with CORS headers, preflight included. Empty = no CORS "
+        "headers, so browsers keep pages of other origins from reading any response. Keys are still checked.",
+    )
+
     body_timeout_seconds: float = Field(
         default=10.0,
         gt=0.0,
@@ -274,7 +281,7 @@ class ServiceSettings(BaseSettings):
             values = {**values, "otel_exporter_otlp_endpoint": os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")}
         return values
 
-    @field_validator("models", "api_keys", "admin_api_keys", mode="before")
+    @field_validator("models", "api_keys", "admin_api_keys", "cors_allow_origins", mode="before")
     @classmethod
     def _lists_from_csv(cls, value: object) -> object:
         return split_csv(value)
