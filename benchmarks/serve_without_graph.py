@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from service.app import create_app
-from service.backend.base import Backend, Tokenized
+from service.backend.base import Backend, Token, Tokenized
 from service.backend.onnx import OnnxBackend, onnx_backend_factory
 from service.cli import run_server, settings_from_args
 from service.observability import configure_logging
@@ -38,6 +38,9 @@ class GraphSkipped(Backend):
 
     def count_tokens(self, text: str) -> int:
         return self.served.count_tokens(text)
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[Token]]:
+        return self.served.tokens(texts, add_special_tokens)
 
     def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:
         self.served.bundle.pad([item.payload for item in batch])

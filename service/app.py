@@ -30,7 +30,7 @@ from starlette.routing import Match
 
 from service.api.direct import direct_route
 from service.api.direct import serve as serve_directly
-from service.api.routes import MODEL_ROUTE_PREFIX, SERVICE_VERSION, metrics_router, router
+from service.api.routes import MODEL_ROUTE_PREFIX, SERVICE_VERSION, TOKENIZE_ROUTE, metrics_router, router
 from service.api.tracking import RouteMetrics
 from service.auth import ApiKeys
 from service.backend.base import BackendFactory
@@ -61,7 +61,7 @@ Send = Callable[[Message], Awaitable[None]]
 # Probes and scrapes keep answering while the server drains; everything else gets 503.
 _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
 # a client key when keys are set: these and every model's card (MODEL_ROUTE_PREFIX + name)
-CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, "/v1/models", "/info"})
+CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, TOKENIZE_ROUTE, "/v1/models", "/info"})
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
 # What a browser page may read of a response besides the basic headers: the request id, the timings and version
 # (`service.api.tracking`) and the hints of a refusal.
@@ -88,9 +88,9 @@ class GuardMiddleware:
     1. **identity** — a request id (`service.observability.request_id`) and the caller (`ApiKeys.identify`),
        set as the log context and answered in ``x-request-id``;
     2. **draining** — 503 while the server shuts down (probes and scrapes stay open);
-    3. **the key** — a client route (embeddings, /v1/models and each model's card, /info) without a valid key,
-       when keys are set, is answered 401 here: before it takes an admission slot or a byte of its body is read,
-       so a stranger cannot hold capacity a keyed client needs;
+    3. **the key** — a client route (embeddings, /tokenize, /v1/models and each model's card, /info) without a
+       valid key, when keys are set, is answered 401 here: before it takes an admission slot or a byte of its body
+       is read, so a stranger cannot hold capacity a keyed client needs;
     4. **size** — a body over ``max_body_bytes`` (``POST /adapt``: the upload limit plus framing) gets 413, by
        Content-Length or while a chunked body streams in; a compressed body (``Content-Encoding``) gets 415;
     5. **admission** — an embedding request meets the admission (`service.engine.admission`) as its caller's

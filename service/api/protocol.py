@@ -107,6 +107,26 @@ class TEISimilarityRequest(_Request):
     model: str | None = None
 
 
+class TEITokenizeRequest(_Request):
+    """``POST /tokenize`` (text-embeddings-inference): every token of each text, none cut."""
+
+    inputs: Text | Texts = Field(description="One text or a list of texts.")
+    add_special_tokens: bool = Field(default=True, description="Include the model's special tokens ([CLS], [SEP]).")
+    prompt_name: PromptName = None
+    model: str | None = Field(default=None, description="Served model name; the server's default when omitted.")
+
+
+class SimpleToken(BaseModel):
+    """One token: its id, its piece of the text (a special token's own string), its character span in the text
+    with its prompt (null for a special token)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
 class ModelCard(BaseModel):
     """One entry of ``GET /v1/models`` (OpenAI fields plus what a client needs to size requests)."""
 

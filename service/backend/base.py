@@ -1,4 +1,4 @@
-"""The interface the engine needs from a model: four methods, in the spirit of TEI's backend trait.
+"""The interface the engine needs from a model: five methods, in the spirit of TEI's backend trait.
 
 The engine never sees onnxruntime or tokenizers types: a backend tokenises texts into opaque
 `Tokenized` items (the engine only reads their length and whether they were cut), embeds a batch
@@ -24,6 +24,17 @@ class Tokenized(NamedTuple):
     payload: Any
     n_tokens: int
     truncated: bool
+
+
+class Token(NamedTuple):
+    """One token of a text as `Backend.tokens` gives it (TEI's ``/tokenize`` fields): its id, its piece of the text
+    (the token's own string for a special token), and its character span in the text (None for a special token)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,10 @@ class Backend(ABC):
     @abstractmethod
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` without truncation (only called for texts that were cut)."""
+
+    @abstractmethod
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[Token]]:
+        """Every token of each text, none cut (what ``/tokenize`` answers)."""
 
     @abstractmethod
     def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:

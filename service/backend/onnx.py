@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from core.engines import load_engine
 from core.model_folder import Prompts
-from service.backend.base import Backend, ModelInfo, Tokenized
+from service.backend.base import Backend, ModelInfo, Token, Tokenized
 from service.settings import ServiceSettings
 
 
@@ -71,12 +71,29 @@ class OnnxBackend(Backend):
         return [Tokenized(enc, len(enc), bool(enc.overflowing)) for enc in self.bundle.tokenize(texts, direction)]
 
     def count_tokens(self, text: str) -> int:
-        # A second tokenizer without truncation: the shared one's settings must not change under other threads.
         with self._counter_lock:
-            if self._counter is None:
-                self._counter = Tokenizer.from_str(self.bundle.tokenizer.to_str())
-                self._counter.no_truncation()
-            return len(self._counter.encode(text, add_special_tokens=True))
+            return len(self._whole().encode(text, add_special_tokens=True))
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[Token]]:
+        with self._counter_lock:
+            encodings = self._whole().encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [
+            [
+                Token(i, token, True, None, None) if special else Token(i, text[start:stop], False, start, stop)
+                for i, token, special, (start, stop) in zip(
+                    enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
+                )
+            ]
+            for text, enc in zip(texts, encodings, strict=True)
+        ]
+
+    def _whole(self) -> Tokenizer:
+        """A second tokenizer without truncation (callers hold the lock): the shared one's settings must not change
+        under other threads."""
+        if self._counter is None:
+            self._counter = Tokenizer.from_str(self.bundle.tokenizer.to_str())
+            self._counter.no_truncation()
+        return self._counter
 
     def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:
         return self.bundle.run(self.bundle.pad([item.payload for item in batch]))

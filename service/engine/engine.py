@@ -18,6 +18,7 @@ import numpy as np
 
 from core.text import not_unicode
 from service.auth import ANONYMOUS
+from service.backend.base import Token
 from service.engine.admission import Admission, Ticket
 from service.engine.served import ModelManager, ServedModel
 from service.errors import ErrorKind, ServiceError
@@ -121,10 +122,7 @@ class Engine:
         ``truncate``, an over-long one loses its end (``truncation_direction`` "right") or its start ("left")."""
         self.check_texts(texts, field_name, names=names)
         backend = model.backend
-        try:
-            prompt = backend.info.prompts.text_for(prompt_name)
-        except ValueError as err:
-            raise ServiceError(ErrorKind.invalid_request, f"{err} (model {model.name!r})") from None
+        prompt = _prompt(model, prompt_name)
         if prompt:
             texts = [prompt + text for text in texts]
         ticket: Ticket | None = context.ticket if context is not None else None
@@ -166,6 +164,29 @@ class Engine:
         self.metrics.embeddings.labels(model.name).inc(len(tokens))
         timings = {"tokenization": tokenized - started, "queue": job.queue_time, "inference": job.inference_time}
         return EmbedResult(model=model, embeddings=job.out, tokens=n_tokens, timings=timings)
+
+    async def tokens(
+        self, model: ServedModel, texts: list[str], *, add_special_tokens: bool, prompt_name: str | None,
+        field_name: str,
+    ) -> list[list[Token]]:  # fmt: skip
+        """Every token of each of ``texts`` after the model's prompt ``prompt_name`` (as `embed` puts it), none
+        cut, checked as `embed` checks texts; large requests are tokenised off the event loop."""
+        self.check_texts(texts, field_name)
+        prompt = _prompt(model, prompt_name)
+        if prompt:
+            texts = [prompt + text for text in texts]
+        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
+            return model.backend.tokens(texts, add_special_tokens)
+        return await asyncio.to_thread(model.backend.tokens, texts, add_special_tokens)
+
+
+def _prompt(model: ServedModel, prompt_name: str | None) -> str:
+    """The text a request's inputs are embedded after (`core.model_folder.Prompts.text_for`); 422 for a name the
+    model lacks."""
+    try:
+        return model.backend.info.prompts.text_for(prompt_name)
+    except ValueError as err:
+        raise ServiceError(ErrorKind.invalid_request, f"{err} (model {model.name!r})") from None
 
 
 def _text_name(field_name: str, names: Sequence[str] | None, index: int) -> str:

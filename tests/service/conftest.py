@@ -6,6 +6,7 @@ exported once per session with `export.bundle.export_bundle`.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -20,7 +21,7 @@ import pytest
 from fastapi import FastAPI
 
 from core import registry
-from service.backend.base import Backend, ModelInfo, Tokenized
+from service.backend.base import Backend, ModelInfo, Token, Tokenized
 
 VOCAB = 997
 
@@ -70,6 +71,16 @@ class FakeBackend(Backend):
 
     def count_tokens(self, text: str) -> int:
         return len(text.split()) + 2
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[Token]]:
+        out = []
+        for text in texts:
+            words = [Token(self._word_id(m[0]), m[0], False, m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+            special = add_special_tokens
+            out.append(
+                [Token(1, "[CLS]", True, None, None), *words, Token(2, "[SEP]", True, None, None)] if special else words
+            )
+        return out
 
     def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:
         self.batches.append([item.n_tokens for item in batch])

@@ -63,6 +63,9 @@ def test_each_route_embeds_after_the_named_prompt(prompted_registry, serve, vari
         np.testing.assert_allclose([d.embedding for d in made.data], as_queries, atol=1e-5)
         assert made.usage.prompt_tokens == sum(len(e) for e in reference.tokenize(queried))
 
+        tokens = client.post("/tokenize", json={"inputs": texts[0], "prompt_name": "query"}).json()[0]
+        assert [t["text"] for t in tokens[1:3]] == ["query", ":"]  # the prompt's tokens, as the model sees them
+
         card = client.get("/v1/models/plain").json()
         assert card["prompts"] == PROMPTS and card["default_prompt_name"] is None
 
