@@ -27,6 +27,8 @@ import uvicorn
 from pydantic import SecretStr, TypeAdapter, ValidationError
 
 from core import registry
+from core.catalog import BUILTIN_MODELS
+from service.engine.served import models_to_serve
 from service.observability import configure_logging
 from service.settings import ServiceSettings
 
@@ -113,32 +115,37 @@ def settings_from_args(argv: list[str]) -> ServiceSettings:
     return ServiceSettings.from_flat(**values)
 
 
-def export_command(settings: ServiceSettings) -> list[str]:
-    """The subprocess that builds the default bundle from the built-in model of the same name, with both graphs
-    (the engine that serves it is chosen on this CPU at load: `core.engines`)."""
-    name = settings.default_model
+def export_command(settings: ServiceSettings, name: str | None = None) -> list[str]:
+    """The subprocess that builds a bundle (the default model's unless ``name``) from the built-in model of the same
+    name, with both graphs (the engine that serves it is chosen on this CPU at load: `core.engines`)."""
+    name = name or settings.default_model
     return [
         sys.executable, "-m", "embedder.cli", "export", name, "--name", name,
         "--registry", str(Path(settings.registry_dir).absolute()), "--promote", "--quantize", "auto",
     ]  # fmt: skip
 
 
-def ensure_default_bundle(settings: ServiceSettings) -> None:
-    """When the registry has no promoted model at all, export the default model in a child process."""
-    if registry.served_models(Path(settings.registry_dir)):
-        return
-    command = export_command(settings)
-    log.info(
-        "registry %s has no promoted model: creating %r once (a minute or two; next starts skip this)",
-        Path(settings.registry_dir).absolute(), settings.default_model,
-    )  # fmt: skip
-    env = {**os.environ, "EMBED_CACHE_DIR": str(settings.cache_dir)}
-    completed = subprocess.run(command, env=env, check=False)
-    if completed.returncode != 0:
-        raise RuntimeError(
-            f"creating the default bundle failed (exit {completed.returncode}); run it yourself to see why: "
-            + " ".join(command)
-        )
+def ensure_bundles(settings: ServiceSettings) -> list[str]:
+    """Export, once, each built-in model the server is to serve and the registry lacks — the default model when the
+    registry has no promoted model at all, and every built-in name in ``models`` — each in a child process; then
+    the names it serves (`models_to_serve`: RuntimeError says what is missing, before the server starts)."""
+    root = Path(settings.registry_dir)
+    found = registry.served_models(root)
+    wanted = list(settings.models) or ([] if found else [settings.default_model])
+    for name in [name for name in wanted if name not in found and name in BUILTIN_MODELS]:
+        command = export_command(settings, name)
+        log.info(
+            "registry %s has no promoted %r: creating it from the built-in model once (a minute or two; next starts "
+            "skip this)", root.absolute(), name,
+        )  # fmt: skip
+        env = {**os.environ, "EMBED_CACHE_DIR": str(settings.cache_dir)}
+        completed = subprocess.run(command, env=env, check=False)
+        if completed.returncode != 0:
+            raise RuntimeError(
+                f"creating the bundle {name!r} failed (exit {completed.returncode}); run it yourself to see why: "
+                + " ".join(command)
+            )
+    return models_to_serve(settings, registry.served_models(root))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level, settings.log_format)
     try:
-        ensure_default_bundle(settings)
+        ensure_bundles(settings)
     except RuntimeError as err:
         log.error("%s", err)
         return 1

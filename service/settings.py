@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from adapt_jobs.settings import AdaptSettings
 from core.settings import DEFAULT_CACHE_DIR, DEFAULT_REGISTRY_DIR, split_csv
 
+DEFAULT_MODEL = "minilm-l6"  # the built-in model served when the settings name none
 ADAPT_PREFIX = "adapt_"  # flat names of the nested adapt settings: adapt_max_steps is EMBED_ADAPT_MAX_STEPS
 
 
@@ -64,9 +65,10 @@ class ServiceSettings(BaseSettings):
         "the registry, including ones promoted later; a fixed list bounds memory but ignores new names.",
     )
     default_model: str = Field(
-        default="minilm-l6",
-        description="Model used when a request names none. Created from the built-in minilm-l6 on first "
-        "start if the registry has no promoted model at all.",
+        default=DEFAULT_MODEL,
+        description="Model used when a request names none; unset, minilm-l6, or the first of models when they "
+        "leave it out. Created from the built-in model of that name on first start if the registry has no promoted "
+        "model at all (a built-in name in models is created likewise).",
     )
     registry_poll_seconds: float = Field(
         default=2.0,
@@ -271,6 +273,17 @@ class ServiceSettings(BaseSettings):
         description="The /adapt job queue, its workers and each job's defaults: AdaptSettings, read "
         "from EMBED_ADAPT_* (one flag per field: --adapt-<field>).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_among_models(cls, values: Any) -> Any:
+        """Told which models to serve and not which is the default, a server whose list leaves out minilm-l6
+        defaults to the first of them (``embedder serve --models minilm-l3`` needs no second flag)."""
+        if isinstance(values, dict) and not values.get("default_model"):
+            models = split_csv(values.get("models") or [])
+            if isinstance(models, list) and models and DEFAULT_MODEL not in models:
+                values = {**values, "default_model": models[0]}
+        return values
 
     @model_validator(mode="before")
     @classmethod

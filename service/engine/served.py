@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,26 @@ class ServedModel:
     @property
     def info(self) -> ModelInfo:
         return self.backend.info
+
+
+def models_to_serve(settings: ServiceSettings, found: Mapping[str, Path]) -> list[str]:
+    """The names a server with ``settings`` serves from the promoted bundles ``found`` (`registry.served_models`):
+    ``models``, or every promoted one; RuntimeError says what is missing and what to do."""
+    root = Path(settings.registry_dir).absolute()
+    wanted = list(settings.models) or sorted(found)
+    missing = [name for name in wanted if name not in found]
+    if missing or not wanted:
+        raise RuntimeError(
+            f"no promoted bundle for {missing or 'any model'} in registry {root} "
+            f"(promoted: {sorted(found) or 'none'}); export one with `embedder export MODEL_OR_FOLDER --name NAME "
+            f"--registry {root} --promote` or change EMBED_MODELS"
+        )
+    if settings.default_model not in wanted:
+        raise RuntimeError(
+            f"default model {settings.default_model!r} is not among the served models {wanted}; "
+            "set EMBED_DEFAULT_MODEL to one of them"
+        )
+    return wanted
 
 
 class ModelManager:
@@ -88,19 +108,7 @@ class ModelManager:
     async def start(self) -> None:
         """Load and warm every model to serve; fail with a message naming what is missing."""
         found = await asyncio.to_thread(registry.served_models, self.root)
-        wanted = list(self.settings.models) or sorted(found)
-        missing = [name for name in wanted if name not in found]
-        if missing or not wanted:
-            raise RuntimeError(
-                f"no promoted bundle for {missing or 'any model'} in registry {self.root.absolute()} "
-                f"(promoted: {sorted(found) or 'none'}); export one with `embedder export ... --promote` "
-                "or change EMBED_MODELS"
-            )
-        if self.settings.default_model not in wanted:
-            raise RuntimeError(
-                f"default model {self.settings.default_model!r} is not among the served models {wanted}; "
-                "set EMBED_DEFAULT_MODEL to one of them"
-            )
+        wanted = models_to_serve(self.settings, found)
         for name in wanted:
             self._install(await self._load(name, found[name]))
         self._ready = True

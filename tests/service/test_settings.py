@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from service.cli import export_command, settings_from_args
 from service.settings import ServiceSettings
+from tests.service.conftest import make_fake_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,9 +75,35 @@ def test_default_bundle_is_made_by_the_export_subprocess(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(command, 3)
 
     monkeypatch.setattr(cli.subprocess, "run", fake_run)
-    with pytest.raises(RuntimeError, match="creating the default bundle failed \\(exit 3\\); run it yourself"):
-        cli.ensure_default_bundle(settings)
+    with pytest.raises(RuntimeError, match="creating the bundle 'minilm-l6' failed \\(exit 3\\); run it yourself"):
+        cli.ensure_bundles(settings)
     assert calls == [export_command(settings)]
+
+
+def test_built_in_models_to_serve_are_exported_once_and_others_named_before_the_server_starts(tmp_path, monkeypatch):
+    from service import cli
+
+    root = tmp_path / "reg"
+    make_fake_bundle(root, "fake-a")
+    calls = []
+
+    def fake_export(command, **kwargs):  # what the export subprocess leaves behind: the model, promoted
+        calls.append(command)
+        make_fake_bundle(root, command[command.index("--name") + 1])
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_export)
+    settings = ServiceSettings(registry_dir=root, models=["fake-a", "minilm-l3"])
+    assert settings.default_model == "fake-a"  # no minilm-l6 among the models: the first is the default
+    assert cli.ensure_bundles(settings) == ["fake-a", "minilm-l3"]
+    assert calls == [export_command(settings, "minilm-l3")]
+    assert cli.ensure_bundles(settings) == ["fake-a", "minilm-l3"] and len(calls) == 1  # found: not again
+    with pytest.raises(RuntimeError, match=r"no promoted bundle for \['my-model'\].*embedder export MODEL_OR_FOLDER"):
+        cli.ensure_bundles(ServiceSettings(registry_dir=root, models=["my-model"]))
+    with pytest.raises(RuntimeError, match="default model 'fake-z' is not among the served models"):
+        cli.ensure_bundles(ServiceSettings(registry_dir=root, models=["fake-a"], default_model="fake-z"))
+    assert len(calls) == 1
+    assert ServiceSettings(models=["drug-a", "minilm-l6"]).default_model == "minilm-l6"
 
 
 @pytest.mark.parametrize(
