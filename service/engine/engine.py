@@ -122,9 +122,7 @@ class Engine:
         ``truncate``, an over-long one loses its end (``truncation_direction`` "right") or its start ("left")."""
         self.check_texts(texts, field_name, names=names)
         backend = model.backend
-        prompt = _prompt(model, prompt_name)
-        if prompt:
-            texts = [prompt + text for text in texts]
+        texts, prompt = _after_prompt(model, texts, prompt_name)
         ticket: Ticket | None = context.ticket if context is not None else None
         tenant = ticket.tenant if ticket is not None else ANONYMOUS
         model.batcher.check_admission(len(texts), tenant)  # again in submit; here a flood's 429s cost no tokenising
@@ -172,21 +170,20 @@ class Engine:
         """Every token of each of ``texts`` after the model's prompt ``prompt_name`` (as `embed` puts it), none
         cut, checked as `embed` checks texts; large requests are tokenised off the event loop."""
         self.check_texts(texts, field_name)
-        prompt = _prompt(model, prompt_name)
-        if prompt:
-            texts = [prompt + text for text in texts]
+        texts, _ = _after_prompt(model, texts, prompt_name)
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
             return model.backend.tokens(texts, add_special_tokens)
         return await asyncio.to_thread(model.backend.tokens, texts, add_special_tokens)
 
 
-def _prompt(model: ServedModel, prompt_name: str | None) -> str:
-    """The text a request's inputs are embedded after (`core.model_folder.Prompts.text_for`); 422 for a name the
-    model lacks."""
+def _after_prompt(model: ServedModel, texts: list[str], prompt_name: str | None) -> tuple[list[str], str]:
+    """``texts`` each after the model's prompt ``prompt_name`` (`core.model_folder.Prompts.text_for`), and that
+    prompt ("" for none); 422 for a name the model lacks."""
     try:
-        return model.backend.info.prompts.text_for(prompt_name)
+        prompt = model.backend.info.prompts.text_for(prompt_name)
     except ValueError as err:
         raise ServiceError(ErrorKind.invalid_request, f"{err} (model {model.name!r})") from None
+    return ([prompt + text for text in texts] if prompt else texts), prompt
 
 
 def _text_name(field_name: str, names: Sequence[str] | None, index: int) -> str:

@@ -37,8 +37,11 @@ def test_tokens_with_spans_none_cut_behind_the_client_key(tiny_registry: Path, s
                             "stop": None}  # fmt: skip
         assert first[-1]["text"] == "[SEP]" and first[-1]["special"]
         assert [t["id"] for t in first] == whole.encode(text).ids
+        pieces = [token.removeprefix("##") for token in whole.encode(text).tokens[1:4]]  # token ##izer ##s
+        assert [t["text"].lower() for t in first[1:4]] == pieces and first[1]["text"] == "Token"
         for token in first[1:-1]:
             assert token["text"] == text[token["start"] : token["stop"]] and not token["special"]
+        assert first[-2]["text"] == "." and first[-2]["stop"] == len(text)
         assert len(second) == len(whole.encode(long_text).ids) > 128
         bare = c.post("/tokenize", json={"inputs": text, "add_special_tokens": False}, headers=headers).json()[0]
         assert [t["id"] for t in bare] == whole.encode(text, add_special_tokens=False).ids
