@@ -219,7 +219,13 @@ class Encoder(nn.Module):
 
     @property
     def num_layers(self) -> int:
-        owner, attr = find_layers(self.backbone)
+        try:
+            owner, attr = find_layers(self.backbone)
+        except ValueError:  # layers that share weights (ALBERT runs one layer group N times): the config's count
+            count = getattr(self.backbone.config, "num_hidden_layers", None)
+            if count is None:
+                raise
+            return int(count)
         return len(getattr(owner, attr))
 
     @property
