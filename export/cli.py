@@ -31,11 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quantize",
         choices=["none", "int8", "auto"],
-        default="none",
-        help="int8: also write a dynamically quantised graph — each of optimum's CPU presets is tried and the "
-        "fastest that keeps cosine to torch ≥ 0.99 mean / 0.97 min on this CPU is kept (fails if none does); "
-        "the service re-checks it on its own CPU and serves fp32 where it misses. auto: like int8, but publish "
-        "fp32 only instead of failing",
+        default="auto",
+        help="auto (default, as the server's own default bundle): also write a dynamically quantised graph — each "
+        "of optimum's CPU presets is tried and the fastest that keeps cosine to torch ≥ 0.99 mean / 0.97 min on "
+        "this CPU is kept, else fp32 only; the service re-checks it on its own CPU and serves fp32 where it misses "
+        "(1.4-2.4x fp32's texts/s on the CPUs in docs/BENCHMARKS.md, for ~20 s more export). int8: "
+        "the same, but fail if no preset keeps the bars. none: fp32 only",
     )
     parser.add_argument(
         "--registry",
