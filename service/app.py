@@ -30,7 +30,7 @@ from starlette.routing import Match
 
 from service.api.direct import direct_route
 from service.api.direct import serve as serve_directly
-from service.api.routes import MODEL_ROUTE_PREFIX, SERVICE_VERSION, TOKENIZE_ROUTE, metrics_router, router
+from service.api.routes import MODEL_ROUTE_PREFIX, SERVICE_VERSION, metrics_router, router
 from service.api.tracking import RouteMetrics
 from service.auth import ApiKeys
 from service.backend.base import BackendFactory
@@ -38,7 +38,7 @@ from service.engine.admission import Ticket
 from service.engine.engine import Engine
 from service.engine.served import ModelManager
 from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response, validation_message
-from service.metrics import EMBEDDING_ROUTES, NO_MODEL, MetricsListener, ServiceMetrics
+from service.metrics import EMBEDDING_ROUTES, NO_MODEL, TOKENIZE_ROUTE, MetricsListener, ServiceMetrics
 from service.observability import (
     KEY_ID,
     REQUEST,

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from service.errors import ErrorKind
 
 EMBEDDING_ROUTES = ("/v1/embeddings", "/embed", "/", "/similarity")  # "/" is TEI's root alias of /embed
+TOKENIZE_ROUTE = "/tokenize"  # counted and timed like them; no admission (it runs no graph)
 NO_MODEL = "-"
 
 # Seconds: fine where an idle request lands (ms), and to a minute for bulk requests that wait their turn under load.
@@ -136,8 +137,8 @@ class ServiceMetrics:
 
     def register_model(self, model: str) -> None:
         """Create every labelled series of ``model`` at zero (Prometheus shows a series only once it exists)."""
-        for route in EMBEDDING_ROUTES:
-            if model == NO_MODEL:
+        for route in (*EMBEDDING_ROUTES, TOKENIZE_ROUTE):
+            if model == NO_MODEL and route != TOKENIZE_ROUTE:
                 self.admission_wait.labels(route)
             self.requests.labels(route, model)
             self.request_duration.labels(route, model)

@@ -27,6 +27,7 @@ from service.api.protocol import (
 from service.api.tracking import RouteMetrics, shape_embeddings, to_base64
 from service.engine.engine import Engine
 from service.engine.served import ServedModel
+from service.metrics import TOKENIZE_ROUTE
 from service.observability import REQUEST, RequestContext
 
 router = APIRouter()
@@ -166,22 +167,21 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Respon
         return _json(scores.astype(np.float32), track.headers())
 
 
-TOKENIZE_ROUTE = "/tokenize"
-
-
 @router.post(
     TOKENIZE_ROUTE, response_model=list[list[SimpleToken]], responses=_ERRORS, summary="TEI tokenize", tags=["tokens"]
 )
 async def tei_tokenize(body: TEITokenizeRequest, request: Request) -> Response:
     """Every token of each text after the prompt, none cut: count tokens against the model's ``max_seq_length``
     before sending, or chunk a document at token boundaries."""
-    engine = _engine(request)
-    model = engine.resolve(body.model)
-    tokens = await engine.tokens(
-        model, _as_list(body.inputs), add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name,
-        field_name="inputs",
-    )  # fmt: skip
-    return _json([[token._asdict() for token in text] for text in tokens], {"x-model-version": model.info.version})
+    engine, context = _engine(request), _context(request)
+    async with _tracked(request).track(TOKENIZE_ROUTE, context) as track:
+        model = engine.resolve(body.model)
+        track.bind(model)
+        tokens = await engine.tokens(
+            model, _as_list(body.inputs), add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name,
+            field_name="inputs",
+        )  # fmt: skip
+        return _json([[token._asdict() for token in text] for text in tokens], track.headers())
 
 
 _QUANTIZATION = {"int8": "int8", "bf16": "bf16"}  # an engine's precision -> the card's quantization (else none)

@@ -51,3 +51,7 @@ def test_tokens_with_spans_none_cut_behind_the_client_key(tiny_registry: Path, s
         assert no_prompts.status_code == 422 and "has no prompts" in no_prompts.json()["error"]["message"]
         unknown = c.post("/tokenize", json={"inputs": "x", "model": "other"}, headers=headers)
         assert unknown.status_code == 404
+        metrics = c.get("/metrics").text  # counted per route and model, failures by kind
+        assert 'embed_requests_total{model="tiny",route="/tokenize"} 4.0' in metrics  # the keyless one: refused first
+        failed = 'embed_request_failures_total{error_type="invalid_request",model="tiny",route="/tokenize"} 2.0'
+        assert failed in metrics
