@@ -24,7 +24,7 @@ import onnx
 from onnx import numpy_helper
 from safetensors.numpy import save_file
 
-from core.model_folder import write_sentence_transformers_config
+from core.model_folder import transformer_folder, write_sentence_transformers_config
 from core.settings import get_settings
 
 
@@ -314,7 +314,7 @@ def resolve_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None =
         return prepare(text, cache_dir)
     path = Path(text).expanduser()
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if (transformer_folder(path) / "config.json").is_file():  # sentence-transformers' nested layout too
             return path
         raise ModelNotFoundError(
             f"{path} is a folder but not a Hugging Face model folder (no config.json). "

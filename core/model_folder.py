@@ -136,6 +136,18 @@ def write_sentence_transformers_config(
         (folder / ST_MODEL_CONFIG).write_text(json.dumps(st_model, indent=2))
 
 
+def transformer_folder(folder: Path) -> Path:
+    """Where the Hugging Face model of ``folder`` lives: the folder itself, or the Transformer module's subfolder
+    of a sentence-transformers folder saved in the older nested layout (``0_Transformer/config.json``)."""
+    folder = Path(folder)
+    modules_file = folder / "modules.json"
+    if not (folder / "config.json").is_file() and modules_file.is_file():
+        for module in json.loads(modules_file.read_text()):
+            if module["type"].endswith("Transformer") and module.get("path"):
+                return folder / module["path"]
+    return folder
+
+
 def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
     """Pooling, normalisation, the Dense output layer (``dense``: a `DenseLayer`), max length and ``prompts`` (a
     `Prompts`) from sentence-transformers' files, where present. Modules this project cannot reproduce raise
@@ -178,7 +190,7 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
                     activation_function=cfg.get("activation_function", "torch.nn.modules.activation.Tanh"),
                     path=module["path"],
                 )
-    st_config = folder / "sentence_bert_config.json"
+    st_config = transformer_folder(folder) / "sentence_bert_config.json"  # beside the weights in either layout
     if st_config.exists():
         found["max_seq_length"] = int(json.loads(st_config.read_text())["max_seq_length"])
     return found

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from core import registry as reg
 from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
-from core.model_folder import read_trained_on
+from core.model_folder import read_trained_on, transformer_folder
 from core.runtime import PROBES_FILE, write_probes
 from export import graph
 from export.parity import ParityError, check_parity
@@ -53,7 +53,8 @@ def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple
     else:
         folder = resolve_model(model)
         encoder = Encoder.from_pretrained(folder, pooling=pooling)
-        weights = next((folder / f for f in _WEIGHT_FILES if (folder / f).is_file()), None)
+        inner = transformer_folder(folder)
+        weights = next((inner / f for f in _WEIGHT_FILES if (inner / f).is_file()), None)
         digest = sha256_file(weights) if weights is not None else _state_dict_sha256(encoder)
         source = {"model": os.fspath(model), "sha256": digest}
     encoder.normalize = True  # bundles always serve unit vectors: the normalisation is in the graph

@@ -39,6 +39,7 @@ from core.model_folder import (
     DenseLayer,
     Prompts,
     read_sentence_transformers_config,
+    transformer_folder,
     write_sentence_transformers_config,
 )
 from training.pooling import check_pooling, pool
@@ -157,14 +158,15 @@ class Encoder(nn.Module):
         """
         folder = resolve_model(name_or_path, cache_dir)
         found = read_sentence_transformers_config(folder)
-        config = AutoConfig.from_pretrained(folder)
+        weights = transformer_folder(folder)
+        config = AutoConfig.from_pretrained(weights)
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # an unused pooler head "newly initialised" is expected
         try:
-            backbone = AutoModel.from_pretrained(folder, config=config)
+            backbone = AutoModel.from_pretrained(weights, config=config)
         finally:
             hf_logging.set_verbosity(verbosity)
-        tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=True)
+        tokenizer = AutoTokenizer.from_pretrained(weights, use_fast=True)
         if max_seq_length is None:
             max_seq_length = found.get("max_seq_length") or _default_max_length(config, tokenizer)
         encoder = cls(

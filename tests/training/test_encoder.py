@@ -207,3 +207,30 @@ def test_pooling_without_prompt_tokens_is_refused_only_when_there_are_prompts(
     (folder / ST_MODEL_CONFIG).write_text(json.dumps({"prompts": {"query": "Represent the query: "}}))
     with pytest.raises(ValueError, match="include_prompt: false"):
         read_sentence_transformers_config(folder)
+
+
+def test_the_nested_sentence_transformers_layout_loads(tiny_bert_path: Path, tmp_path: Path) -> None:
+    """Folders saved by older sentence-transformers keep the Hugging Face model in ``0_Transformer/``."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from export.bundle import export_bundle
+
+    folder = tmp_path / "nested"
+    inner = folder / "0_Transformer"
+    shutil.copytree(tiny_bert_path, folder)
+    inner.mkdir()
+    for file in folder.iterdir():
+        if file.is_file() and file.name != "modules.json":
+            file.rename(inner / file.name)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    texts = ["an old folder layout", "still loads"]
+    theirs = SentenceTransformer(str(folder), device="cpu")
+    ours = Encoder.from_pretrained(folder)
+    assert ours.max_seq_length == theirs.max_seq_length == 128
+    np.testing.assert_allclose(ours.encode(texts), theirs.encode(texts), atol=1e-5)
+    assert export_bundle(folder, tmp_path / "registry", "nested").is_dir()
