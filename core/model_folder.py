@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-POOLING_MODES = ("mean", "cls", "last")
+POOLING_MODES = ("mean", "cls", "last", "max", "mean_sqrt_len")
 
 # sentence-transformers' Dense activations this project writes and reads (both trace to ONNX).
 DENSE_ACTIVATIONS = ("torch.nn.modules.linear.Identity", "torch.nn.modules.activation.Tanh")
@@ -90,6 +90,8 @@ ST_POOLING_KEYS = {
     "mean": "pooling_mode_mean_tokens",
     "cls": "pooling_mode_cls_token",
     "last": "pooling_mode_lasttoken",
+    "max": "pooling_mode_max_tokens",
+    "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens",
 }
 
 
@@ -125,7 +127,6 @@ def write_sentence_transformers_config(
     (folder / "modules.json").write_text(json.dumps(modules, indent=2))
     pooling_config: dict[str, Any] = {"word_embedding_dimension": dim}
     pooling_config.update({key: mode == pooling for mode, key in ST_POOLING_KEYS.items()})
-    pooling_config.update({"pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False})
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
     (folder / "sentence_bert_config.json").write_text(

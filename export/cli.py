@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from core.model_folder import POOLING_MODES
 from core.settings import get_settings
 
 
@@ -45,7 +46,10 @@ def _parser() -> argparse.ArgumentParser:
         help="registry root (default: EMBED_REGISTRY_DIR, else ./registry)",
     )
     parser.add_argument("--promote", action="store_true", help="make this version the one served (<name>/current)")
-    parser.add_argument("--pooling", choices=["mean", "cls", "last"], default=None, help="override the model's pooling")
+    parser.add_argument(
+        "--pooling", choices=POOLING_MODES, default=None,
+        help="override the model's pooling",
+    )  # fmt: skip
     parser.add_argument("--parent", default=None, help="the bundle this derives from, e.g. minilm-l6@2")
     return parser
 

@@ -19,11 +19,17 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
     - ``mean``: average over real tokens (padding masked out), as sentence-transformers does;
     - ``cls``: the first token;
     - ``last``: the last real token ([SEP] for BERT-style tokenizers). Assumes right padding,
-      which `Encoder` enforces.
+      which `Encoder` enforces;
+    - ``max``: each dimension's largest value over the real tokens;
+    - ``mean_sqrt_len``: the sum over real tokens divided by the square root of their count.
     """
-    if mode == "mean":
+    if mode in ("mean", "mean_sqrt_len"):
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        count = mask.sum(dim=1).clamp(min=1e-9)
+        return (hidden * mask).sum(dim=1) / (count if mode == "mean" else count.sqrt())
+    if mode == "max":
+        real = attention_mask.unsqueeze(-1).bool()  # (B, T, 1)
+        return hidden.masked_fill(~real, -1e9).max(dim=1).values
     if mode == "cls":
         return hidden[:, 0]
     if mode == "last":

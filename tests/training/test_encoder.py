@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.model_folder import POOLING_MODES
 from training.encoder import Encoder, find_layers
 from training.pooling import pool
 
@@ -46,7 +47,7 @@ def test_minilm_l6_matches_sentence_transformers(minilm: Encoder, minilm_l6_path
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+@pytest.mark.parametrize("pooling", POOLING_MODES)
 def test_text_alone_equals_text_in_padded_batch(minilm_l6_path: Path, pooling: str) -> None:
     encoder = Encoder.from_pretrained(minilm_l6_path, pooling=pooling)
     target = "A text that is short."
@@ -156,8 +157,8 @@ def test_invalid_layer_counts_say_what_is_allowed(minilm: Encoder, bad: object) 
 def test_invalid_freeze_and_pooling_errors(minilm: Encoder, minilm_l6_path: Path) -> None:
     with pytest.raises(ValueError, match=r"trainable_last_layers must be between 0 and 6"):
         minilm.clone().freeze(9)
-    with pytest.raises(ValueError, match=r"pooling must be one of \('mean', 'cls', 'last'\)"):
-        Encoder.from_pretrained(minilm_l6_path, pooling="max")
+    with pytest.raises(ValueError, match=r"pooling must be one of \('mean', 'cls', 'last', 'max', 'mean_sqrt_len'\)"):
+        Encoder.from_pretrained(minilm_l6_path, pooling="weightedmean")
     with pytest.raises(ValueError, match=r"distinct indices in \[0, 5\]"):
         minilm.clone().select_layers([0, 6])
 
@@ -234,3 +235,29 @@ def test_the_nested_sentence_transformers_layout_loads(tiny_bert_path: Path, tmp
     assert ours.max_seq_length == theirs.max_seq_length == 128
     np.testing.assert_allclose(ours.encode(texts), theirs.encode(texts), atol=1e-5)
     assert export_bundle(folder, tmp_path / "registry", "nested").is_dir()
+
+
+@pytest.mark.parametrize("pooling", ["max", "mean_sqrt_len"])
+def test_sentence_transformers_poolings_match_theirs_in_torch_and_onnx(
+    pooling: str, tiny_bert_path: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from core.model_folder import ST_POOLING_KEYS
+    from core.runtime import OnnxBundle
+    from export.bundle import export_bundle
+
+    folder = shutil.copytree(tiny_bert_path, tmp_path / pooling)
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    config.update({key: mode == pooling for mode, key in ST_POOLING_KEYS.items()})
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    texts = ["a short one", "a somewhat longer text, padded beside the short one in the same batch"]
+    theirs = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    ours = Encoder.from_pretrained(folder)
+    assert ours.pooling == pooling
+    np.testing.assert_allclose(ours.encode(texts), theirs, atol=1e-5)
+    bundle = OnnxBundle(export_bundle(folder, tmp_path / "registry", "pooled"))
+    np.testing.assert_allclose(bundle.encode(texts, batch_size=2), theirs, atol=1e-5)
