@@ -271,7 +271,7 @@ def test_validate_hook_report_and_veto(tiny_bert_path: Path, tmp_path: Path) -> 
         ({"name": "Bad/Name"}, registry.RegistryError, "invalid model name"),
         ({"quantize": "fp16"}, ValueError, r"quantize must be one of \('none', 'int8', 'auto'\)"),
         ({"layers": 9}, ValueError, r"layers must be an integer between 1 and 4"),
-        ({"pooling": "max"}, ValueError, "pooling must be one of"),
+        ({"pooling": "weightedmean"}, ValueError, "pooling must be one of"),
     ],
 )
 def test_bad_arguments_say_what_to_fix(
