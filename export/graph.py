@@ -9,9 +9,11 @@ optimizer pattern-matches (the dynamo exporter's graph is not fused by it).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -58,6 +60,27 @@ def eager_backbone(backbone: PreTrainedModel) -> PreTrainedModel:
     return rebuilt.to(backbone.device).eval()
 
 
+@contextlib.contextmanager
+def traceable_masks() -> Iterator[None]:
+    """transformers builds decoder models' causal masks with ``torch.vmap`` (GPT-2, Llama, Qwen), which TorchScript
+    cannot trace: while tracing, optimum's vectorised mask functions stand in for them, as optimum's own exporter
+    does (`optimum.exporters.onnx.model_patcher`). Encoders (BERT and kin) build no such mask."""
+    from optimum.exporters.onnx import model_patcher as optimum_patches
+    from transformers import masking_utils
+
+    masks = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS
+    originals = (masks["sdpa"], masks["eager"], masking_utils.find_packed_sequence_indices)
+    masks.register("sdpa", optimum_patches.sdpa_mask_without_vmap)
+    masks.register("eager", optimum_patches.eager_mask_without_vmap)
+    masking_utils.find_packed_sequence_indices = optimum_patches.find_packed_sequence_indices_patched
+    try:
+        yield
+    finally:
+        masks.register("sdpa", originals[0])
+        masks.register("eager", originals[1])
+        masking_utils.find_packed_sequence_indices = originals[2]
+
+
 def export_onnx(encoder: Encoder, path: Path, *, opset: int = DEFAULT_OPSET) -> Path:
     """Trace ``encoder`` (pooling + normalisation included) to ``path`` with dynamic batch/sequence axes."""
     names = input_names(encoder)
@@ -75,7 +98,7 @@ def export_onnx(encoder: Encoder, path: Path, *, opset: int = DEFAULT_OPSET) -> 
     args = tuple(features[name] for name in names)
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
     axes[OUTPUT_NAME] = {0: "batch"}
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), traceable_masks():
         warnings.simplefilter("ignore")  # TracerWarnings about constants in HF mask helpers are benign
         torch.onnx.export(
             traced,
@@ -126,4 +149,3 @@ def optimize_graph(src: Path, dst: Path, encoder: Encoder, *, optimizer: str = D
     else:
         onnx.save(onnx.load(str(src)), str(dst))
     return Path(dst)
-
