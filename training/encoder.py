@@ -125,6 +125,11 @@ class Encoder(nn.Module):
         self.output = output
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "right"
+        if tokenizer.pad_token is None:  # decoders (GPT-2, Llama) ship none; padding is masked out, any token serves
+            filler = tokenizer.eos_token or tokenizer.unk_token or tokenizer.sep_token
+            if filler is None:
+                raise ValueError("the tokenizer has no pad, end-of-sequence, unknown or separator token to pad with")
+            tokenizer.pad_token = filler
         self.pooling = check_pooling(pooling)
         self.normalize = normalize
         if max_seq_length < 2:

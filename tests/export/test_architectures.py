@@ -43,6 +43,8 @@ def test_architecture_exports_and_matches_torch(
     torch.manual_seed(0)
     backbone = model_cls(config_cls(**{"vocab_size": 30522, "max_position_embeddings": 130, **sizes}))
     tokenizer = AutoTokenizer.from_pretrained(minilm_l6_path)
+    if pooling == "last":  # as decoders' tokenizers come: no pad token, an end-of-sequence one
+        tokenizer.pad_token, tokenizer.eos_token = None, "[SEP]"
     folder = Encoder(backbone, tokenizer, pooling=pooling, normalize=True, max_seq_length=128).save(tmp_path / "model")
     bundle_dir = exporter.export_bundle(folder, tmp_path / "registry", "tiny")
     assert registry.read_manifest(bundle_dir)["layers"] == 2
