@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from core.runtime import OnnxBundle
+from core.runtime import OnnxBundle, graph_files
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def speed_key(
     """What the engines' speeds on a bundle depend on, as a load can tell it without timing: the graphs' shapes (the
     sizes of their files and the manifest's architecture and int8 scheme: weights of other values, as an /adapt
     version has, run alike), the timing texts and the session (threads, spinning)."""
-    graphs = sorted((variant, (path / file).stat().st_size) for variant, file in manifest.get("onnx", {}).items())
+    graphs = sorted((variant, (path / file).stat().st_size) for variant, file in graph_files(manifest).items())
     architecture = [manifest.get(k) for k in ("layers", "dim", "max_seq_length", "pooling", "opset", "graph_optimizer")]
     scheme = (manifest.get("int8") or {}).get("chosen")
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()

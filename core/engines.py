@@ -1,12 +1,15 @@
 """Which engine runs a bundle on this CPU, per batch size: chosen by measurement at load, like the int8 graph before it.
 
 A candidate is an engine × precision over one of the bundle's graphs (`ENGINES`): onnxruntime's int8 and fp32
-graphs as exported, and OpenVINO compiling the same fp32 ``model.onnx`` for this CPU — at bf16 where the CPU has
-bf16 units (AMX or AVX-512 BF16: OpenVINO's own default there), and at f32. Which is fastest depends on the CPU's
-matrix units and on the batch: on a busy 2-core Xeon with AMX, OpenVINO's bf16 ran 4 MiniLM paragraphs 1.7-2.8x
-faster than onnxruntime's int8, but 32 short texts at 0.7-0.94x of its speed and one short text 1.3-3x slower (a
-fixed cost per call); on an AVX2-only CPU there is no bf16 to run. What reduced precision does to the vectors
-depends on the CPU too. So both are measured here, where the bundle is served:
+graphs as exported, OpenVINO compiling the same fp32 ``model.onnx`` for this CPU — at bf16 where the CPU has
+bf16 units (AMX or AVX-512 BF16: OpenVINO's own default there), and at f32 — and OpenVINO running the bundle's
+own int8 graph for it (NNCF's, built at export where OpenVINO and NNCF are installed: `export.openvino_int8`).
+Which is fastest depends on the CPU's matrix units and on the batch: on a busy 2-core Xeon with AMX, OpenVINO's
+bf16 ran 4 MiniLM paragraphs 1.7-2.8x faster than onnxruntime's int8, but 32 short texts at 0.7-0.94x of its
+speed and one short text 1.3-3x slower (a fixed cost per call); on an AMD EPYC with AVX-512 VNNI and BF16 and no
+AMX, bf16 was slower than onnxruntime's int8 and OpenVINO's int8 1.2-1.5x faster; on an AVX2-only CPU there is no
+bf16 to run. What reduced precision does to the vectors depends on the CPU too. So both are measured here, where the
+bundle is served:
 
 1. parity — every candidate embeds the bundle's probe texts and is held against their fp32 (torch) reference
    embeddings (``probes.npz``) with the int8 bars of `ParityBars`; a candidate below them is never served;
@@ -49,7 +52,16 @@ import numpy as np
 
 from core.engine_timing import SMALL_BATCHES, TIMED, Timed, speed_key, time_engines
 from core.registry import read_manifest
-from core.runtime import PROBES_FILE, OnnxBundle, ParityBars, cosines, cpu_features, int8_failures, read_probes
+from core.runtime import (
+    PROBES_FILE,
+    OnnxBundle,
+    ParityBars,
+    cosines,
+    cpu_features,
+    graph_files,
+    int8_failures,
+    read_probes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +83,29 @@ class Engine:
 
     name: str
     runtime: str  # core.runtime.RUNTIMES
-    graph: str  # the manifest's variant: int8 or fp32
+    graph: str  # the manifest's variant (core.runtime.graph_files): int8, openvino-int8 or fp32
     precision: str  # what the arithmetic runs in
     why: str
+    float_precision: str = ""  # OpenVINO's precision for what an int8 graph leaves in floating point
+
+    @property
+    def inference_precision(self) -> str:
+        """The precision `OnnxBundle` is opened with (OpenVINO's inference precision hint)."""
+        return self.float_precision or self.precision
 
 
 # In order of preference at equal speed: the baseline first, the reference graph last.
 ENGINES = (
     Engine("onnxruntime-int8", "onnxruntime", "int8", "int8", "the exported int8 graph (u8×s8 matmuls)"),
     Engine("openvino-bf16", "openvino", "fp32", "bf16", "OpenVINO on bf16 units (AMX, AVX-512 BF16)"),
+    Engine(
+        "openvino-int8",
+        "openvino",
+        "openvino-int8",
+        "int8",
+        "NNCF's int8 graph on OpenVINO's int8 kernels (VNNI, AMX), the rest at f32",
+        float_precision="f32",
+    ),
     Engine("openvino-f32", "openvino", "fp32", "f32", "OpenVINO at f32: its own kernels and fusions"),
     Engine("onnxruntime-fp32", "onnxruntime", "fp32", "fp32", "the fp32 reference graph, checked against torch"),
 )
@@ -284,7 +310,9 @@ def _unavailable_here(engine: Engine) -> str:
 
 
 def _open(path: Path, engine: Engine, **session: Any) -> OnnxBundle:
-    return OnnxBundle(path, variant=engine.graph, runtime=engine.runtime, precision=engine.precision, **session)
+    return OnnxBundle(
+        path, variant=engine.graph, runtime=engine.runtime, precision=engine.inference_precision, **session
+    )
 
 
 def load_engine(
@@ -306,8 +334,8 @@ def load_engine(
     probes = read_probes(path)
     key = speed_key(path, manifest, probes[0], serve_int8, session) if engine == AUTO and probes else None
     earlier = TIMED.get(key) if key else None
-    candidates = dict(setting=engine, serve_int8=serve_int8, has_int8="int8" in manifest.get("onnx", {}),
-                      probes=probes, bars=bars, session=session)  # fmt: skip
+    candidates = dict(setting=engine, serve_int8=serve_int8, graphs=set(graph_files(manifest)), probes=probes,
+                      bars=bars, session=session)  # fmt: skip
     trials, bundles = _check(path, earlier=earlier, **candidates)
     if earlier is not None and not earlier.engines <= bundles.keys() <= earlier.seconds.keys():
         # a route's engine misses the bars here, or the baseline passes where it did not when they were timed
@@ -363,7 +391,7 @@ def _check(
     *,
     setting: str,
     serve_int8: bool,
-    has_int8: bool,
+    graphs: set[str],
     probes: tuple[list[str], np.ndarray] | None,
     bars: ParityBars,
     session: dict[str, Any],
@@ -374,7 +402,7 @@ def _check(
     trials: list[Trial] = []
     bundles: dict[str, OnnxBundle] = {}
     for candidate in ENGINES:
-        trial = _skip_reason(candidate, setting, serve_int8, has_int8, probes is not None, path)
+        trial = _skip_reason(candidate, setting, serve_int8, graphs, probes is not None, path)
         if trial is None and earlier is not None and candidate.name not in earlier.engines | {BASELINE}:
             trial = Trial(candidate.name, "not-tried", f"ran no route when {earlier.version} was timed")
         if trial is None:
@@ -402,15 +430,15 @@ def open_routes(
 
 
 def _skip_reason(
-    candidate: Engine, setting: str, serve_int8: bool, has_int8: bool, has_probes: bool, path: Path
+    candidate: Engine, setting: str, serve_int8: bool, graphs: set[str], has_probes: bool, path: Path
 ) -> Trial | None:
     """A trial for a candidate that is not tried at all, or None when it is."""
     name = candidate.name
     if setting not in (AUTO, name):
         return Trial(name, "not-tried", f"the engine setting pins {setting}")
-    if candidate.graph == "int8" and not has_int8:
-        return Trial(name, "no-int8", "the bundle has no int8 graph")
-    if candidate.graph == "int8" and not serve_int8:
+    if candidate.graph not in graphs:  # only int8 graphs are optional: fp32 is every bundle's
+        return Trial(name, "no-int8", f"the bundle has no {candidate.graph} graph")
+    if candidate.precision == "int8" and not serve_int8:
         return Trial(name, "disabled", "int8 serving is off")
     if not has_probes and name != FALLBACK:
         return Trial(name, "no-references", f"{path} stores no {PROBES_FILE}; re-export it to check other engines")

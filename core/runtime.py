@@ -28,6 +28,9 @@ from core.registry import read_manifest
 TRUNCATION_DIRECTIONS = ("right", "left")  # which end of an over-long text is cut
 
 OUTPUT_NAME = "sentence_embedding"
+# The manifest's graphs by variant: ``onnx`` holds the ONNX graphs every runtime reads (fp32, onnxruntime's int8),
+# ``openvino`` the graphs only OpenVINO runs (``openvino-int8``: NNCF's int8 of the fp32 graph, OpenVINO IR).
+GRAPH_KEYS = ("onnx", "openvino")
 PROBES_FILE = "probes.npz"  # probe texts and their fp32 (torch) reference embeddings
 # CPU features that decide which int8 and bf16 kernels the engines run (and so their numbers and speed).
 _KERNEL_FLAGS = (
@@ -66,6 +69,11 @@ def cpu_features() -> dict[str, Any]:
 def cpu_text(cpu: dict[str, Any]) -> str:
     """A `cpu_features` result as one line: the model and the flags that decide the kernels."""
     return f"{cpu['model']} ({', '.join(cpu['flags'])})"
+
+
+def graph_files(manifest: dict[str, Any]) -> dict[str, str]:
+    """Every graph file of a bundle by variant (`GRAPH_KEYS`), relative to its folder."""
+    return {variant: file for key in GRAPH_KEYS for variant, file in (manifest.get(key) or {}).items()}
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -122,7 +130,8 @@ class _OrtRunner:
 
 
 class _OpenVinoRunner:
-    """The same ONNX graph compiled by OpenVINO for this CPU at ``precision`` (``bf16`` or ``f32``).
+    """A graph of the bundle (ONNX or OpenVINO IR) compiled by OpenVINO for this CPU at ``precision`` (``bf16`` or
+    ``f32``; an int8 graph's quantised matmuls stay int8).
 
     One infer request behind a lock: the service runs one batch at a time per model, and a request per
     caller would hold a second copy of the intermediate buffers for nothing.
@@ -157,13 +166,15 @@ class OnnxBundle:
 
     Args:
         path: the bundle folder (``<registry>/<name>/<version>``).
-        variant: ``fp32`` or ``int8``; default: the manifest's ``serve_variant``.
+        variant: a graph of the bundle (`graph_files`: ``fp32``, ``int8``, ``openvino-int8``); default: the
+            manifest's ``serve_variant``.
         intra_op_threads: threads one inference may use.
         allow_spinning: let idle intra-op threads busy-wait for the next run (see `session_options`).
         providers: onnxruntime execution providers (default CPU).
         onnx_file: a graph file in the folder to run instead of the variant's (export tries candidates this way).
         runtime: ``onnxruntime`` or ``openvino`` (which reads the same ONNX file; see `core.engines`).
-        precision: OpenVINO's inference precision, ``bf16`` or ``f32`` (onnxruntime runs the graph as stored).
+        precision: OpenVINO's inference precision, ``bf16`` or ``f32``, for what the graph leaves in floating point
+            (onnxruntime runs the graph as stored).
     """
 
     def __init__(
@@ -182,7 +193,7 @@ class OnnxBundle:
         self.path = Path(path)
         self.manifest: dict[str, Any] = read_manifest(self.path)
         self.variant = variant or self.manifest.get("serve_variant", "fp32")
-        files = self.manifest["onnx"]
+        files = graph_files(self.manifest)
         if onnx_file is None and self.variant not in files:
             raise ValueError(f"bundle {self.path} has no {self.variant!r} variant; it has {sorted(files)}")
         file = self.path / (onnx_file or files[self.variant])

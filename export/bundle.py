@@ -2,10 +2,11 @@
 
 Steps (each a stage of the progress bar): load and truncate the encoder (TMFT, paper 003 §3: keep
 the embedding layer and the first *l* layers and pool there), trace it with pooling and L2
-normalisation inside the graph, optimise the graph for CPU, optionally quantise to int8, check
-parity against torch on the probe set, run the caller's validation, then reserve a version and
-rename the finished folder into ``<registry>/<name>/<version>``. Everything up to the rename
-happens in a private temporary folder, so a failed export leaves the registry untouched.
+normalisation inside the graph, optimise the graph for CPU, optionally quantise to int8 (onnxruntime's
+graph, and OpenVINO's where it is installed: `export.openvino_int8`), check parity against torch on
+the probe set, run the caller's validation, then reserve a version and rename the finished folder
+into ``<registry>/<name>/<version>``. Everything up to the rename happens in a private temporary
+folder, so a failed export leaves the registry untouched.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
 from core.model_folder import read_trained_on, transformer_folder
 from core.runtime import PROBES_FILE, write_probes
 from export import graph
+from export.openvino_int8 import OPENVINO_INT8_FILE, OPENVINO_INT8_VARIANT, build_openvino_int8, openvino_int8_missing
 from export.parity import ParityError, check_parity
 from export.probes import probe_texts
 from export.quantize import choose_int8
@@ -168,7 +170,7 @@ def build_bundle(
     reg.validate_name(name)
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
-    stages = ["load", "trace", "optimise"] + (["quantise"] if quantize != "none" else []) + ["parity"]
+    stages = ["load", "trace", "optimise"] + (["quantise", "openvino int8"] if quantize != "none" else []) + ["parity"]
     progress = tqdm(total=len(stages), desc=f"export {name}", unit="stage", leave=False)
 
     def stage(label: str) -> None:
@@ -223,6 +225,8 @@ def build_bundle(
             "quantization": "none",
             "int8": None,
             "onnx": {"fp32": ONNX_FILES["fp32"]},
+            "openvino": {},  # graphs only OpenVINO runs (core.runtime.GRAPH_KEYS)
+            "openvino_int8": None,
             "serve_variant": "fp32",
             "probes": {"file": PROBES_FILE, "count": len(texts)},
             "files": {},
@@ -242,6 +246,12 @@ def build_bundle(
             else:
                 log.warning("export %s: no int8 setting keeps the parity bars on this CPU; fp32 only", name)
             progress.update()
+            stage("openvino int8")
+            manifest["openvino_int8"] = _openvino_int8(staging, reference, texts, name)
+            if (manifest["openvino_int8"] or {}).get("kept"):
+                manifest["openvino"] = {OPENVINO_INT8_VARIANT: OPENVINO_INT8_FILE}
+            _write_manifest(staging, manifest)
+            progress.update()
 
         stage("parity")
         try:
@@ -254,6 +264,25 @@ def build_bundle(
     finally:
         progress.close()
     return manifest
+
+
+def _openvino_int8(staging: Path, reference: Any, texts: Sequence[str], name: str) -> dict[str, Any] | None:
+    """OpenVINO's int8 graph where this machine can build it (`export.openvino_int8`): a candidate engine beside
+    onnxruntime's int8 graph, never required — a build that fails or misses the bars leaves the bundle without it."""
+    missing = openvino_int8_missing()
+    if missing:
+        log.info("export %s: no OpenVINO int8 graph (%s)", name, missing)
+        return None
+    try:
+        record = build_openvino_int8(staging, reference, texts)
+    except Exception as error:  # NNCF or OpenVINO failing on an architecture they do not know: skip the graph
+        log.warning("export %s: OpenVINO int8 graph failed, left out: %s: %s", name, type(error).__name__, error)
+        for file in staging.glob(f"{Path(OPENVINO_INT8_FILE).stem}.*"):
+            file.unlink()
+        return {"kept": False, "failures": [f"{type(error).__name__}: {str(error)[:300]}"]}
+    if not record["kept"]:
+        log.warning("export %s: OpenVINO int8 graph misses the parity bars, left out: %s", name, record["failures"])
+    return record
 
 
 def publish_bundle(staging: Path, registry: Path, manifest: dict[str, Any], *, promote: bool = False) -> Path:

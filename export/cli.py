@@ -96,6 +96,14 @@ def main(argv: list[str]) -> int:
             f"parity {variant}: min cosine {figures['min_cosine']:.6f}, mean cosine {figures['mean_cosine']:.6f}, "
             f"max abs diff {figures['max_abs_diff']:.2e} over {parity['probes']} probes"
         )
+    openvino = manifest.get("openvino_int8")
+    if openvino and "mean_cosine" in openvino:
+        print(
+            f"parity openvino-int8: min cosine {openvino['min_cosine']:.6f}, mean cosine {openvino['mean_cosine']:.6f}"
+            + ("" if openvino["kept"] else " — below the bars, left out")
+        )
+    elif openvino:
+        print(f"openvino-int8: left out ({'; '.join(openvino['failures'])})")
     promoted = " (promoted)" if args.promote else ""
     print(
         f"{manifest['name']} version {manifest['version']}{promoted}: {manifest['layers']}/{manifest['source_layers']} "

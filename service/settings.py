@@ -83,22 +83,25 @@ class ServiceSettings(BaseSettings):
         "≥ 0.99 mean, 0.97 min on the bundle's probes) on this CPU, checked at load (shown in /v1/models and "
         "embed_model_int8). Off: no int8 graph is served; the choice is among the other engines.",
     )
-    engine: Literal["auto", "onnxruntime-int8", "openvino-bf16", "openvino-f32", "onnxruntime-fp32"] = Field(
+    engine: Literal[
+        "auto", "onnxruntime-int8", "openvino-bf16", "openvino-int8", "openvino-f32", "onnxruntime-fp32"
+    ] = Field(
         default="auto",
         description="Which engine runs each model. Default auto: at load, every candidate (onnxruntime int8 and fp32, "
-        "OpenVINO bf16 where the CPU has bf16 units, OpenVINO f32) is checked against the bundle's fp32 reference "
-        "embeddings on this CPU and the passing ones timed on batches of 1, 4, 16 and 32 short texts and 4 long ones; "
-        "each batch size (by padded tokens) runs on onnxruntime int8 unless another engine is 1.15x faster on that "
-        "size's batch (1.3x on 1-16 texts), so close candidates leave int8 in place (on a Xeon with AMX, OpenVINO bf16 "
-        "took the long batches in every load, 1.6-2.3x faster there, int8 one and four texts; on an AVX2-only EPYC, "
-        "int8 every batch size; docs/BENCHMARKS.md). A text alone may thus be embedded by another engine than inside a "
-        "large batch, both within the parity bars. The first load of a model takes longer and more memory (minilm-l6: "
-        "14-23 s and about 1.05 GiB at peak on a busy 2-core Xeon, against about 1 s pinned); a later version of the "
-        "same architecture (a new /adapt version found by the registry poll) reuses that process's timings and checks "
-        "only the engines they chose (about 2 s). A name pins that engine (still parity-checked: fp32 on onnxruntime "
-        "where it misses); onnxruntime-int8 is the int8 graph where it keeps the bars, else fp32. /v1/models "
-        "(engine_choice.routes), embed_model_engine and embed_model_engine_route say which engine runs which batch "
-        "sizes and why.",
+        "OpenVINO bf16 where the CPU has bf16 units, OpenVINO int8 where the bundle has its graph, OpenVINO f32) is "
+        "checked against the bundle's fp32 reference embeddings on this CPU and the passing ones timed on batches of "
+        "1, 4, 16 and 32 short texts and 4 long ones; each batch size (by padded tokens) runs on onnxruntime int8 "
+        "unless another engine is 1.15x faster on that size's batch (1.3x on 1-16 texts), so close candidates leave "
+        "int8 in place (on a Xeon with AMX, OpenVINO bf16 took the long batches in every load, 1.6-2.3x faster there, "
+        "int8 one and four texts; on an AVX2-only EPYC, int8 every batch size; on an EPYC with AVX-512 VNNI, OpenVINO "
+        "int8 the larger batches; docs/BENCHMARKS.md). A text alone may thus be embedded by another engine than "
+        "inside a large batch, both within the parity bars. The first load of a model takes longer and more memory "
+        "(minilm-l6: 14-23 s and about 1.05 GiB at peak on a busy 2-core Xeon, against about 1 s pinned); a later "
+        "version of the same architecture (a new /adapt version found by the registry poll) reuses that process's "
+        "timings and checks only the engines they chose (about 2 s). A name pins that engine (still parity-checked: "
+        "fp32 on onnxruntime where it misses); onnxruntime-int8 is the int8 graph where it keeps the bars, else fp32. "
+        "/v1/models (engine_choice.routes), embed_model_engine and embed_model_engine_route say which engine runs "
+        "which batch sizes and why.",
     )
 
     # --- onnxruntime threads -----------------------------------------------------------------------

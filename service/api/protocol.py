@@ -140,7 +140,8 @@ class ModelCard(BaseModel):
     quantization: str = Field(description="The precision the served engine computes in: int8, bf16, or none (fp32).")
     engine: str | None = Field(
         default=None,
-        description="The engine serving the model (onnxruntime-int8, openvino-bf16, openvino-f32, onnxruntime-fp32): "
+        description="The engine serving the model (onnxruntime-int8, openvino-bf16, openvino-int8, openvino-f32, "
+        "onnxruntime-fp32): "
         "the fastest that kept the parity bars on this CPU at load, or the one EMBED_ENGINE pins.",
     )
     engine_choice: dict[str, Any] | None = Field(

@@ -330,6 +330,19 @@ def test_a_pinned_engine_wins_and_others_are_not_tried(int8_bundle: Path) -> Non
         assert choice.trial(pinned).seconds == {}  # a pinned engine is checked, never timed
 
 
+def test_openvino_int8_runs_the_bundles_own_int8_graph_within_the_bars(int8_bundle: Path) -> None:
+    """Pinned, OpenVINO's int8 engine opens the bundle's NNCF graph, not the fp32 one, at f32 for the rest; where
+    its graph misses the bars on this CPU the fp32 reference graph serves instead."""
+    assert engines.BY_NAME["openvino-int8"].inference_precision == "f32"
+    bundle, choice = load_engine(int8_bundle, engine="openvino-int8")
+    trial = choice.trial("openvino-int8")
+    assert trial.status in ("passed", "failed") and trial.mean_cosine is not None
+    if trial.status == "passed":
+        assert (bundle.runtime, bundle.variant, choice.precision) == ("openvino", "openvino-int8", "int8")
+    else:
+        assert choice.engine == FALLBACK and "openvino-int8 is pinned but did not pass" in choice.reason
+
+
 def test_references_no_engine_matches_serve_the_fp32_graph_and_say_why(copy: Path) -> None:
     texts, reference = runtime.read_probes(copy)
     runtime.write_probes(copy, texts, np.roll(reference, 1, axis=1))
@@ -358,8 +371,12 @@ def test_a_candidate_that_fails_to_load_is_skipped_with_a_logged_reason(
 def test_int8_off_and_bundles_without_int8_or_references(copy: Path, tiny_registry: Path) -> None:
     _, choice = load_engine(copy, serve_int8=False)
     assert choice.trial(BASELINE).status == "disabled" and choice.engine != BASELINE
+    if "openvino-int8" in runtime.graph_files(registry.read_manifest(copy)):  # both int8 graphs are off
+        assert choice.trial("openvino-int8").status == "disabled"
     _, choice = load_engine(tiny_registry / "tiny" / "current")  # exported without int8
     assert choice.trial(BASELINE).status == "no-int8" and choice.trial("openvino-f32").status == "passed"
+    missing = choice.trial("openvino-int8")
+    assert missing.status == "no-int8" and missing.reason == "the bundle has no openvino-int8 graph"
     (copy / runtime.PROBES_FILE).unlink()  # nothing to check other engines against: the reference graph only
     bundle, choice = load_engine(copy)
     assert choice.engine == FALLBACK and bundle.variant == "fp32"

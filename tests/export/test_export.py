@@ -22,7 +22,7 @@ from core.engines import load_engine
 from core.runtime import OnnxBundle, cosines
 from evaluation.embedding_model import load_model
 from export import bundle as exporter
-from export import graph, quantize
+from export import graph, openvino_int8, quantize
 from export.parity import ParityError
 from export.probes import probe_texts
 from training.encoder import Encoder
@@ -32,6 +32,7 @@ MANIFEST_KEYS = {
     "name", "version", "created_at", "source", "base_model", "parent", "method", "layers", "source_layers",
     "dim", "pooling", "normalized", "max_seq_length", "pad_token_id", "inputs", "output", "opset",
     "quantization", "int8", "onnx", "serve_variant", "probes", "files", "parity", "validation", "trained_on",
+    "openvino", "openvino_int8",
 }  # fmt: skip
 
 
@@ -128,6 +129,53 @@ def test_the_int8_graph_is_served_only_where_it_passes(l3_registry: Path, tmp_pa
     served, choice = load_engine(bundle, engine="onnxruntime-int8")
     assert (served.variant, choice.trial("onnxruntime-int8").status) == ("fp32", "failed")
     assert "onnxruntime-int8: mean cosine to torch" in choice.trial("onnxruntime-int8").reason
+
+
+def test_openvino_int8_graph_kept_only_within_the_bars_on_this_cpu(l3_registry: Path) -> None:
+    """NNCF's int8 graph for OpenVINO, built beside onnxruntime's: its record says how close it came to torch on
+    the probes here; kept (listed among the graphs, hashed, loadable) exactly when it kept the int8 bars."""
+    bundle = registry.current_bundle(l3_registry, "minilm-l3")
+    manifest = registry.read_manifest(bundle)
+    record = manifest["openvino_int8"]
+    assert record["calibration_texts"] == len(openvino_int8.calibration_texts()) and record["checked_on"]
+    bars = runtime.ParityBars()
+    within = record["mean_cosine"] >= bars.int8_mean_cosine and record["min_cosine"] >= bars.int8_min_cosine
+    assert record["kept"] is within and bool(record["failures"]) is not within
+    files = {"model_openvino_int8.xml", "model_openvino_int8.bin"}
+    if within:
+        assert manifest["openvino"] == {"openvino-int8": "model_openvino_int8.xml"} and files <= set(manifest["files"])
+        assert runtime.graph_files(manifest)["openvino-int8"] == "model_openvino_int8.xml"
+        graph = OnnxBundle(bundle, variant="openvino-int8", runtime="openvino")
+        assert graph.encode(["a sentence", "another one"]).shape == (2, 384)
+    else:
+        assert manifest["openvino"] == {} and not files & {p.name for p in bundle.iterdir()}
+    # calibration shares nothing with the probes the graph is held against
+    assert not set(openvino_int8.calibration_texts()) & set(probe_texts())
+
+
+def test_openvino_int8_graph_left_out_when_it_misses_the_bars_or_fails(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    impossible = runtime.ParityBars(int8_min_cosine=1.01)
+    strict = functools.partial(openvino_int8.build_openvino_int8, bars=impossible)
+    monkeypatch.setattr(exporter, "build_openvino_int8", strict)
+    manifest = registry.read_manifest(exporter.export_bundle(tiny_bert_path, tmp_path, "strict", quantize="int8"))
+    assert manifest["openvino"] == {} and manifest["openvino_int8"]["kept"] is False
+    assert "openvino-int8: min cosine to torch" in manifest["openvino_int8"]["failures"][0]
+    assert not any("openvino" in name for name in manifest["files"])
+
+    def broken(*args: object, **kwargs: object) -> None:
+        (args[0] / openvino_int8.OPENVINO_INT8_FILE).write_text("half a graph")
+        raise RuntimeError("unsupported operation")
+
+    monkeypatch.setattr(exporter, "build_openvino_int8", broken)
+    bundle = exporter.export_bundle(tiny_bert_path, tmp_path, "broken-ov", quantize="int8")  # the export stands
+    manifest = registry.read_manifest(bundle)
+    assert manifest["openvino"] == {} and manifest["quantization"] == "int8"
+    assert manifest["openvino_int8"] == {"kept": False, "failures": ["RuntimeError: unsupported operation"]}
+    assert not any("openvino" in p.name for p in bundle.iterdir())
+    none = registry.read_manifest(exporter.export_bundle(tiny_bert_path, tmp_path, "plain", quantize="none"))
+    assert none["openvino"] == {} and none["openvino_int8"] is None
 
 
 def test_auto_publishes_fp32_when_no_int8_setting_passes(
