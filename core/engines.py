@@ -362,7 +362,7 @@ def load_engine(
         contenders = [t for t in trials if t.status != "passed" or t.engine in bundles]
         default, reason = pick(contenders)
     routes = pick_routes(contenders, default, tokens)
-    if len(routes) > 1:
+    if len(routes) > 1 or routes[0].engine != default:  # a challenger took some batch sizes, or all of them
         reason += f"; {describe(routes)}, each faster there by the margin"
     if earlier is not None:
         reason += f"; timed on {earlier.version}, whose graphs have these shapes, earlier in this process"

@@ -99,7 +99,8 @@ class ServiceMetrics:
         self.models_loaded = Gauge("embed_models_loaded", "Models loaded and warmed.", registry=r)
         self.model_int8 = Gauge(
             "embed_model_int8",
-            "1 if the model serves its int8 graph (it passed the probe check on this CPU), 0 if fp32.",
+            "1 if the model's largest batches run an int8 graph (onnxruntime's or OpenVINO's; it passed the probe "
+            "check on this CPU), else 0.",
             ["model"],
             registry=r,
         )

@@ -79,9 +79,10 @@ class ServiceSettings(BaseSettings):
 
     serve_int8: bool = Field(
         default=True,
-        description="Let the engine choice serve a bundle's int8 graph when it keeps the parity bars (cosine to fp32 "
-        "≥ 0.99 mean, 0.97 min on the bundle's probes) on this CPU, checked at load (shown in /v1/models and "
-        "embed_model_int8). Off: no int8 graph is served; the choice is among the other engines.",
+        description="Let the engine choice serve a bundle's int8 graphs (onnxruntime's, OpenVINO's) where they keep "
+        "the parity bars (cosine to fp32 ≥ 0.99 mean, 0.97 min on the bundle's probes) on this CPU, checked at load "
+        "(shown in /v1/models and embed_model_int8). Off: no int8 graph is served; the choice is among the other "
+        "engines.",
     )
     engine: Literal[
         "auto", "onnxruntime-int8", "openvino-bf16", "openvino-int8", "openvino-f32", "onnxruntime-fp32"

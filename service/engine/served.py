@@ -182,7 +182,8 @@ class ModelManager:
     def _install(self, model: ServedModel) -> None:
         name = model.name
         self.metrics.register_model(name)
-        self.metrics.model_int8.labels(name).set(1 if model.info.variant == "int8" else 0)
+        precision = model.info.engine.get("precision", model.info.variant)  # the engine of its largest batches
+        self.metrics.model_int8.labels(name).set(1 if precision == "int8" else 0)
         old = self._models.get(name)
         if old is not None and old.info.engine:
             self.metrics.model_engine.remove(name, old.info.engine["engine"], old.info.engine["precision"])

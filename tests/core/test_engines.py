@@ -234,6 +234,8 @@ def test_auto_serves_passing_engines_no_slower_than_onnxruntime_int8_on_their_ba
             assert served.seconds[batch] <= baseline.seconds[batch]
             assert _engine_for(choice.routes, choice.batch_tokens[batch]) == route.engine
     assert sorted(b for r in choice.routes for b in r.batches) == sorted(BATCHES) or len(choice.routes) == 1
+    if {r.engine for r in choice.routes} != {BASELINE}:  # the reason says what runs where, a lone challenger too
+        assert engines.describe(choice.routes) in choice.reason
     assert choice.cpu == runtime.cpu_features() and choice.seconds > 0
     card = choice.as_dict()
     assert [(r["engine"], r["max_tokens"], r["precision"]) for r in card["routes"]] == [
