@@ -149,6 +149,15 @@ def transformer_folder(folder: Path) -> Path:
     return folder
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # a Hugging Face model's weights, in order of preference
+
+
+def weights_file(folder: Path) -> Path | None:
+    """The weights file of the Hugging Face model in ``folder`` (`transformer_folder`), or None."""
+    inner = transformer_folder(folder)
+    return next((inner / name for name in WEIGHT_FILES if (inner / name).is_file()), None)
+
+
 def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
     """Pooling, normalisation, the Dense output layer (``dense``: a `DenseLayer`), max length and ``prompts`` (a
     `Prompts`) from sentence-transformers' files, where present. Modules this project cannot reproduce raise

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from core import registry as reg
 from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
-from core.model_folder import read_trained_on, transformer_folder
+from core.model_folder import read_trained_on, weights_file
 from core.runtime import PROBES_FILE, write_probes
 from export import graph
 from export.openvino_int8 import OPENVINO_INT8_FILE, OPENVINO_INT8_VARIANT, build_openvino_int8, openvino_int8_missing
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 QUANTIZATIONS = ("none", "int8", "auto")
 ONNX_FILES = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
 DEFAULT_MODEL = "minilm-l6"
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple[Encoder, dict[str, str]]:
@@ -55,8 +54,7 @@ def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple
     else:
         folder = resolve_model(model)
         encoder = Encoder.from_pretrained(folder, pooling=pooling)
-        inner = transformer_folder(folder)
-        weights = next((inner / f for f in _WEIGHT_FILES if (inner / f).is_file()), None)
+        weights = weights_file(folder)
         digest = sha256_file(weights) if weights is not None else _state_dict_sha256(encoder)
         source = {"model": os.fspath(model), "sha256": digest}
     encoder.normalize = True  # bundles always serve unit vectors: the normalisation is in the graph

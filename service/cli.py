@@ -15,9 +15,11 @@ import asyncio
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -27,7 +29,8 @@ import uvicorn
 from pydantic import SecretStr, TypeAdapter, ValidationError
 
 from core import registry
-from core.catalog import BUILTIN_MODELS
+from core.catalog import BUILTIN_MODELS, sha256_file
+from core.model_folder import weights_file
 from service.engine.served import models_to_serve
 from service.observability import configure_logging
 from service.settings import ServiceSettings
@@ -115,28 +118,79 @@ def settings_from_args(argv: list[str]) -> ServiceSettings:
     return ServiceSettings.from_flat(**values)
 
 
-def export_command(settings: ServiceSettings, name: str | None = None) -> list[str]:
+def export_command(settings: ServiceSettings, name: str | None = None, source: Path | None = None) -> list[str]:
     """The subprocess that builds a bundle (the default model's unless ``name``) from the built-in model of the same
-    name, with both graphs (the engine that serves it is chosen on this CPU at load: `core.engines`)."""
+    name or from the model folder ``source``, with every graph (the engine that serves it is chosen on this CPU at
+    load: `core.engines`)."""
     name = name or settings.default_model
     return [
-        sys.executable, "-m", "embedder.cli", "export", name, "--name", name,
+        sys.executable, "-m", "embedder.cli", "export", str(source or name), "--name", name,
         "--registry", str(Path(settings.registry_dir).absolute()), "--promote", "--quantize", "auto",
     ]  # fmt: skip
 
 
-def ensure_bundles(settings: ServiceSettings) -> list[str]:
-    """Export, once, each built-in model the server is to serve and the registry lacks — the default model when the
-    registry has no promoted model at all, and every built-in name in ``models`` — each in a child process; then
-    the names it serves (`models_to_serve`: RuntimeError says what is missing, before the server starts)."""
+def is_folder_entry(entry: str) -> bool:
+    """Whether a ``models`` entry is a path (holds a separator, or starts with '.' or '~') rather than a name."""
+    return "/" in entry or os.sep in entry or entry.startswith((".", "~"))
+
+
+def folder_model_name(folder: Path) -> str:
+    """The registry name a model folder is served under: its folder's name, lower case, runs of other characters
+    than a-z, 0-9, '.', '_', '-' as one '-' (``./My Model`` → ``my-model``)."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", folder.name.lower()).replace("..", ".").strip("-._")[:64]
+    try:
+        return registry.validate_name(name)
+    except registry.RegistryError:
+        raise RuntimeError(f"models: no model name can be made from the folder name {folder.name!r}") from None
+
+
+def model_folders(settings: ServiceSettings) -> tuple[ServiceSettings, dict[str, Path]]:
+    """The settings with each model folder in ``models`` (and ``default_model``) replaced by the name it is served
+    under (`folder_model_name`), and those folders by name; RuntimeError for a path that is no model folder."""
+    folders: dict[str, Path] = {}
+    names = []
+    for entry in settings.models:
+        if not is_folder_entry(entry):
+            names.append(entry)
+            continue
+        folder = Path(entry).expanduser().resolve()
+        if not (folder / "config.json").is_file() and not (folder / "modules.json").is_file():
+            raise RuntimeError(f"models: {entry!r} is not a Hugging Face model folder (no config.json)")
+        name = folder_model_name(folder)
+        if folders.get(name, folder) != folder:
+            raise RuntimeError(f"models: {folders[name]} and {folder} would both be served as {name!r}")
+        folders[name] = folder
+        names.append(name)
+    default = settings.default_model
+    if is_folder_entry(default):
+        default = folder_model_name(Path(default).expanduser().resolve())
+    return settings.model_copy(update={"models": names, "default_model": default}), folders
+
+
+def _exported_from(bundle: Path | None, folder: Path) -> bool:
+    """Whether the promoted ``bundle`` was exported from the weights now in ``folder`` (its manifest's sha256)."""
+    weights = weights_file(folder)
+    if bundle is None or weights is None:
+        return False
+    return registry.read_manifest(bundle).get("source", {}).get("sha256") == sha256_file(weights)
+
+
+def ensure_bundles(settings: ServiceSettings, folders: Mapping[str, Path] = {}) -> list[str]:
+    """Export, each in a child process, every bundle the server is to serve and the registry lacks: the default
+    model when the registry has no promoted model at all, every built-in name in ``models`` once, and each model
+    folder (``folders``, by name: `model_folders`) whose weights the promoted bundle of its name was not exported
+    from — so a folder retrained in place is exported again on the next start. Then the names it serves
+    (`models_to_serve`: RuntimeError says what is missing, before the server starts)."""
     root = Path(settings.registry_dir)
     found = registry.served_models(root)
     wanted = list(settings.models) or ([] if found else [settings.default_model])
-    for name in [name for name in wanted if name not in found and name in BUILTIN_MODELS]:
-        command = export_command(settings, name)
+    builtin = [(name, None) for name in wanted if name not in found and name in BUILTIN_MODELS and name not in folders]
+    stale = [(name, folder) for name, folder in folders.items() if not _exported_from(found.get(name), folder)]
+    for name, folder in builtin + stale:
+        command = export_command(settings, name, folder)
         log.info(
-            "registry %s has no promoted %r: creating it from the built-in model once (a minute or two; next starts "
-            "skip this)", root.absolute(), name,
+            "registry %s has no promoted %r from %s: creating it once (a minute or two; next starts skip this)",
+            root.absolute(), name, folder or "the built-in model",
         )  # fmt: skip
         env = {**os.environ, "EMBED_CACHE_DIR": str(settings.cache_dir)}
         completed = subprocess.run(command, env=env, check=False)
@@ -161,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level, settings.log_format)
     try:
-        ensure_bundles(settings)
+        settings, folders = model_folders(settings)
+        ensure_bundles(settings, folders)
     except RuntimeError as err:
         log.error("%s", err)
         return 1

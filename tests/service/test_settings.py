@@ -106,6 +106,52 @@ def test_built_in_models_to_serve_are_exported_once_and_others_named_before_the_
     assert ServiceSettings(models=["drug-a", "minilm-l6"]).default_model == "minilm-l6"
 
 
+def test_a_model_folder_is_served_under_its_name_and_exported_again_when_its_weights_change(tmp_path, monkeypatch):
+    import json
+
+    from core import registry
+    from core.catalog import sha256_file
+    from service import cli
+
+    root = tmp_path / "reg"
+    folder = tmp_path / "models" / "My Model v2"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"first weights")
+    calls = []
+
+    def fake_export(command, **kwargs):  # the export subprocess: the folder's bundle, promoted, with its weights' hash
+        calls.append(command)
+        bundle = make_fake_bundle(root, command[command.index("--name") + 1])
+        manifest = registry.read_manifest(bundle) | {
+            "source": {"sha256": sha256_file(Path(command[4]) / "model.safetensors")}
+        }
+        (bundle / "manifest.json").write_text(json.dumps(manifest))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_export)
+    monkeypatch.chdir(tmp_path)
+    settings, folders = cli.model_folders(ServiceSettings(registry_dir=root, models=["./models/My Model v2"]))
+    assert (settings.models, settings.default_model) == (["my-model-v2"], "my-model-v2")
+    assert folders == {"my-model-v2": folder.resolve()}
+    assert cli.ensure_bundles(settings, folders) == ["my-model-v2"]
+    assert calls == [export_command(settings, "my-model-v2", folder.resolve())] and calls[0][4] == str(folder.resolve())
+    assert cli.ensure_bundles(settings, folders) == ["my-model-v2"] and len(calls) == 1  # same weights: served as is
+    (folder / "model.safetensors").write_bytes(b"retrained weights")
+    assert cli.ensure_bundles(settings, folders) == ["my-model-v2"] and len(calls) == 2  # exported again
+    assert registry.current_version(root, "my-model-v2") == "2"
+
+    with pytest.raises(RuntimeError, match=r"'\./models' is not a Hugging Face model folder"):
+        cli.model_folders(ServiceSettings(registry_dir=root, models=["./models"]))
+    twin = tmp_path / "other" / "my model v2"
+    twin.mkdir(parents=True)
+    (twin / "config.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="would both be served as 'my-model-v2'"):
+        cli.model_folders(ServiceSettings(registry_dir=root, models=[str(folder), str(twin)]))
+    named, _ = cli.model_folders(ServiceSettings(registry_dir=root, models=["minilm-l3", str(folder)]))
+    assert (named.models, named.default_model) == (["minilm-l3", "my-model-v2"], "minilm-l3")
+
+
 @pytest.mark.parametrize(
     ("host", "values", "refused"),
     [
