@@ -11,7 +11,7 @@ documents, a dependency's data) and single words and punctuation from it, becaus
 activations far outside a sentence's (calibrated on sentences alone, the probe ``?`` fell to cosine 0.90). The graph
 is kept only where it keeps the int8 parity bars here; each serving CPU checks it again at load (`core.engines`).
 
-Measured on minilm-l6 (AMD EPYC, AVX-512 VNNI and BF16, no AMX; docs/BENCHMARKS.md): about 8 s to build; cosine
+Measured on minilm-l6 (AMD EPYC, AVX-512 VNNI and BF16, no AMX; docs/BENCHMARKS.md): 8-11 s to build; cosine
 to torch 0.996 / 0.975-0.977 (mean / min) on the probes, 0.996 / 0.991 on 256 texts of neither set (onnxruntime's
 int8 graph: 0.990 / 0.975 and 0.988 / 0.978).
 """

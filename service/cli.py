@@ -168,10 +168,12 @@ def model_folders(settings: ServiceSettings) -> tuple[ServiceSettings, dict[str,
 
 
 def _exported_from(bundle: Path | None, folder: Path) -> bool:
-    """Whether the promoted ``bundle`` was exported from the weights now in ``folder`` (its manifest's sha256)."""
+    """Whether the promoted ``bundle`` was exported from the weights now in ``folder`` (its manifest's sha256);
+    weights in other files than one `core.model_folder.WEIGHT_FILES` (sharded, say) are not compared: any bundle of
+    the name stands."""
     weights = weights_file(folder)
     if bundle is None or weights is None:
-        return False
+        return bundle is not None
     return registry.read_manifest(bundle).get("source", {}).get("sha256") == sha256_file(weights)
 
 
