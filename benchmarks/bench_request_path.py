@@ -44,7 +44,8 @@ from bench_overload import start_server
 from bench_service import MODEL, ROOT, _pct, _stop, workloads
 from report_file import write_report
 
-from core.engines import ENGINE_SETTINGS, Route, describe, open_routes
+from core.engine_choice import ENGINE_SETTINGS, Route, describe
+from core.engines import open_routes
 from core.runtime import OnnxBundle, cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
 

@@ -23,7 +23,8 @@ from bench_service import workloads
 from bundle_args import bundle_arguments
 from report_file import write_report
 
-from core.engines import BASELINE, describe, load_engine, open_routes
+from core.engine_choice import BASELINE, describe
+from core.engines import load_engine, open_routes
 from core.runtime import OnnxBundle
 
 MAX_BATCH_TOKENS = 4096  # the server's defaults (service/settings.py)

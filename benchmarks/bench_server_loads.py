@@ -29,7 +29,7 @@ from bench_peers import LOADS
 from bench_service import ROOT, _chunks, _load, _stop, workloads
 from report_file import write_report
 
-from core.engines import ENGINE_SETTINGS
+from core.engine_choice import ENGINE_SETTINGS
 from core.runtime import cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
 

@@ -3,7 +3,7 @@ taking turns on each, medians of several rounds.
 
 The timing batches span the batch sizes the service forms, by padded tokens: 1, 4 and 16 short probe texts, 32 short
 ones, and 4 texts at ``max_seq_length`` — each is the timing batch of one shape class, and the engine chosen for a
-class runs the served batches of about that many padded tokens (`core.engines.pick_routes`).
+class runs the served batches of about that many padded tokens (`core.engine_choice.pick_routes`).
 """
 
 from __future__ import annotations

@@ -41,247 +41,41 @@ misses the bars, the fp32 graph on onnxruntime — checked against torch at expo
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from core.engine_timing import SMALL_BATCHES, TIMED, Timed, speed_key, time_engines
+from core.engine_choice import (
+    AUTO,
+    BASELINE,
+    BY_NAME,
+    ENGINE_SETTINGS,
+    ENGINES,
+    FALLBACK,
+    Engine,
+    EngineChoice,
+    Trial,
+    can_win,
+    describe,
+    pick,
+    pick_routes,
+)
+from core.engine_timing import TIMED, Timed, speed_key, time_engines
 from core.registry import read_manifest
 from core.runtime import (
     PROBES_FILE,
     OnnxBundle,
     ParityBars,
     cosines,
-    cpu_features,
     graph_files,
     int8_failures,
     read_probes,
 )
 
 log = logging.getLogger(__name__)
-
-SPEED_TOLERANCE = 0.05  # a challenger this much slower than the fastest one still wins if it comes first in ENGINES
-# A challenger takes a shape class from the default only when this much faster on its timing batch: ten loads on a
-# busy 2-core Xeon with AMX timed OpenVINO bf16 at 0.42-1.55x of onnxruntime int8's speed on 32 short texts (1.08x
-# in process, docs/BENCHMARKS.md), so "no slower" alone flipped the choice from one load to the next.
-CHALLENGER_MARGIN = 1.15
-# The margin on the small timing batches (1, 4, 16 texts): OpenVINO's 1.18x win on 16 short texts at load became a
-# 0.85-0.88x loss at 1 text x 32 clients served (docs/BENCHMARKS.md).
-SMALL_BATCH_MARGIN = 1.3
-BATCH_SHAPES = ("short", "long")  # the batches that rank engines overall (the default, without onnxruntime int8)
-OUT_OF_RACE = 1.3  # how far behind (ratio of medians) a candidate may be and still be timed on: the rounds' noise
-
-
-@dataclass(frozen=True)
-class Engine:
-    """One candidate: a runtime, the bundle graph it reads and the precision it computes in."""
-
-    name: str
-    runtime: str  # core.runtime.RUNTIMES
-    graph: str  # the manifest's variant (core.runtime.graph_files): int8, openvino-int8 or fp32
-    precision: str  # what the arithmetic runs in
-    why: str
-    float_precision: str = ""  # OpenVINO's precision for what an int8 graph leaves in floating point
-
-    @property
-    def inference_precision(self) -> str:
-        """The precision `OnnxBundle` is opened with (OpenVINO's inference precision hint)."""
-        return self.float_precision or self.precision
-
-
-# In order of preference at equal speed: the baseline first, the reference graph last.
-ENGINES = (
-    Engine("onnxruntime-int8", "onnxruntime", "int8", "int8", "the exported int8 graph (u8×s8 matmuls)"),
-    Engine("openvino-bf16", "openvino", "fp32", "bf16", "OpenVINO on bf16 units (AMX, AVX-512 BF16)"),
-    Engine(
-        "openvino-int8",
-        "openvino",
-        "openvino-int8",
-        "int8",
-        "NNCF's int8 graph on OpenVINO's int8 kernels (VNNI, AMX), the rest at f32",
-        float_precision="f32",
-    ),
-    Engine("openvino-f32", "openvino", "fp32", "f32", "OpenVINO at f32: its own kernels and fusions"),
-    Engine("onnxruntime-fp32", "onnxruntime", "fp32", "fp32", "the fp32 reference graph, checked against torch"),
-)
-BY_NAME = {engine.name: engine for engine in ENGINES}
-BASELINE = "onnxruntime-int8"  # the default where it passes: nothing slower than it on a shape class runs that class
-FALLBACK = "onnxruntime-fp32"  # served when nothing else passes
-AUTO = "auto"
-ENGINE_SETTINGS = (AUTO, *BY_NAME)
-
-
-@dataclass
-class Trial:
-    """What one candidate did on this CPU. ``status``: ``passed``, ``failed`` (below the parity bars),
-    ``unavailable`` (could not load here), ``disabled`` (int8 serving is off), ``no-int8`` (the bundle has no
-    int8 graph), ``no-references`` (no probes to check against), ``not-tried`` (another engine is pinned)."""
-
-    engine: str
-    status: str
-    reason: str = ""
-    mean_cosine: float | None = None
-    min_cosine: float | None = None
-    seconds: dict[str, float] = field(default_factory=dict)  # median time per timing batch (1, 4, 16, short, long)
-
-
-@dataclass(frozen=True)
-class Route:
-    """Batches of at most ``max_tokens`` padded tokens (``None``: no bound) that no earlier route takes run on
-    ``engine``, chosen on the timing batches ``batches``; ``reason`` gives each batch's times."""
-
-    engine: str
-    max_tokens: int | None
-    batches: list[str]
-    reason: str
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    """The engines served and for which batch sizes (``routes``, ascending; ``engine`` runs the largest batches),
-    the setting that asked for them, why, every candidate's trial, each timing batch's padded tokens, the CPU and how
-    long the choice took (parity checks and timing, graph compilation included)."""
-
-    engine: str
-    setting: str
-    reason: str
-    trials: list[Trial]
-    routes: list[Route]
-    batch_tokens: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-    cpu: dict[str, Any] = field(default_factory=cpu_features)
-
-    @property
-    def graph(self) -> str:
-        return BY_NAME[self.engine].graph
-
-    @property
-    def precision(self) -> str:
-        return BY_NAME[self.engine].precision
-
-    def trial(self, name: str) -> Trial | None:
-        return next((t for t in self.trials if t.engine == name), None)
-
-    def as_dict(self) -> dict[str, Any]:
-        routes = [asdict(r) | {"precision": BY_NAME[r.engine].precision} for r in self.routes]
-        return asdict(self) | {"precision": self.precision, "routes": routes}
-
-
-def _score(seconds: Mapping[str, float]) -> float:
-    """Geometric mean of the short and long batches' times: each shape counts alike, whatever its length."""
-    return math.exp(sum(math.log(seconds[shape]) for shape in BATCH_SHAPES) / len(BATCH_SHAPES))
-
-
-def _first_of_fastest(pool: Sequence[str], seconds: Mapping[str, float], tolerance: float) -> str:
-    """The engine of ``pool`` first in `ENGINES` order among those within ``tolerance`` of the fastest."""
-    fastest = min(seconds[engine] for engine in pool)
-    order = [engine.name for engine in ENGINES]
-    return min((e for e in pool if seconds[e] <= fastest * (1 + tolerance)), key=order.index)
-
-
-def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[str, str]:
-    """The default engine among the trials — the one that runs every shape class no challenger takes
-    (`pick_routes`) — and why (pure: the choice logic, apart from loading and timing).
-
-    Only a ``passed`` trial is eligible: onnxruntime int8 (the baseline) where it passed; else the fastest
-    timed passing engine by the geometric mean of the short and long batches, the first in `ENGINES` order within
-    ``tolerance`` of it; with nothing passed, the fp32 reference graph.
-    """
-    passed = [t for t in trials if t.status == "passed"]
-    if not passed:
-        return FALLBACK, "no candidate kept the parity bars on this CPU: serving the fp32 reference graph"
-    if any(t.engine == BASELINE for t in passed):
-        return BASELINE, f"{BASELINE} kept the parity bars: the default"
-    if len(passed) == 1:
-        return passed[0].engine, "the only candidate that kept the parity bars on this CPU"
-    timed = {t.engine: _score(t.seconds) for t in passed if t.seconds}
-    if not timed:  # passed but never timed: nothing to rank them by
-        return passed[0].engine, "the first candidate that kept the parity bars (none were timed)"
-    times = ", ".join(f"{engine} {score * 1e3:.1f} ms" for engine, score in timed.items())
-    winner = _first_of_fastest(list(timed), timed, tolerance)
-    return winner, (
-        f"the fastest that kept the parity bars, or first in engine order within {tolerance:.0%} of it; {BASELINE} "
-        f"did not (median geometric mean: {times})"
-    )
-
-
-def pick_routes(
-    trials: Sequence[Trial], default: str, batch_tokens: Mapping[str, int], tolerance: float = SPEED_TOLERANCE
-) -> list[Route]:
-    """Which engine runs which batch sizes (pure): per timing batch (``batch_tokens``: its padded tokens), the
-    ``default`` unless a passing challenger is faster there by the margin (`SMALL_BATCH_MARGIN` on the small
-    batches, else `CHALLENGER_MARGIN`; the first in `ENGINES` order within ``tolerance`` of the fastest such; timing
-    batches of equal padded tokens are decided together, a challenger having to win each). Neighbouring batches with
-    one engine make one route, which ends halfway (geometric mean) between its last batch's padded tokens and the
-    next route's first. One route, the default's, when nothing was timed against it."""
-    timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
-    if default not in timed or len(timed) < 2 or not batch_tokens:
-        return [Route(default, None, [], "")]
-    classes: list[tuple[str, list[str], list[str]]] = []  # (engine, batches, reasons) of each route
-    for size in sorted(set(batch_tokens.values())):
-        group = [batch for batch, tokens in batch_tokens.items() if tokens == size]
-        engine, reasons = _fastest_on(group, timed, default, batch_tokens, tolerance)
-        if classes and classes[-1][0] == engine:
-            classes[-1][1].extend(group)
-            classes[-1][2].extend(reasons)
-        else:
-            classes.append((engine, group, reasons))
-    routes = []
-    for (engine, batches, reasons), after in zip(classes, [*classes[1:], None], strict=True):
-        bound = None if after is None else int(math.sqrt(batch_tokens[batches[-1]] * batch_tokens[after[1][0]]))
-        routes.append(Route(engine, bound, batches, "; ".join(reasons)))
-    return routes
-
-
-def _fastest_on(
-    group: Sequence[str],
-    timed: Mapping[str, Mapping[str, float]],
-    default: str,
-    batch_tokens: Mapping[str, int],
-    tolerance: float,
-) -> tuple[str, list[str]]:
-    """The engine for timing batches of one padded size, and each batch's times: ``default`` unless another is
-    faster by the margin on each batch of ``group``."""
-    margin = {b: SMALL_BATCH_MARGIN if b in SMALL_BATCHES else CHALLENGER_MARGIN for b in group}
-    faster = [e for e in timed if e != default and all(timed[e][b] * margin[b] <= timed[default][b] for b in group)]
-    score = {e: math.prod(timed[e][b] for b in group) for e in faster}
-    engine = _first_of_fastest(faster, score, tolerance) if faster else default
-    reasons = []
-    for batch in group:
-        ms = {e: f"{seconds[batch] * 1e3:.1f} ms" for e, seconds in timed.items()}
-        ratio = timed[default][batch] / timed[engine][batch]
-        verdict = f"{ratio:.2f}x faster than {default}" if faster else f"no other {margin[batch]:g}x faster"
-        others = ", ".join(f"{e} {ms[e]}" for e in timed if e != engine)
-        reasons.append(f"{batch} ({batch_tokens[batch]} tokens): {engine} {ms[engine]}, {verdict} ({others})")
-    return engine, reasons
-
-
-def can_win(engine: str, seconds: Mapping[str, Mapping[str, float]], slack: float = OUT_OF_RACE) -> bool:
-    """Whether ``engine`` may still take a shape class, given the median ``seconds`` so far of every engine still
-    timed (pure): the baseline always (the default every challenger is held against); another engine while within
-    ``slack`` of the baseline (of the fastest, without a baseline) on some timing batch."""
-    if engine == BASELINE:
-        return True
-    mine = seconds[engine]
-    bar = seconds.get(BASELINE) or {k: min(s[k] for s in seconds.values()) for k in mine}
-    return any(mine[k] <= slack * bar[k] for k in mine)
-
-
-def describe(routes: Sequence[Route]) -> str:
-    """The routes in a line: which engine runs which padded batch sizes."""
-    if len(routes) == 1:
-        return f"{routes[0].engine} runs every batch"
-    spans, low = [], 0
-    for route in routes:
-        span = f"above {low}" if route.max_tokens is None else f"{low + 1}-{route.max_tokens}"
-        spans.append(f"{span} padded tokens on {route.engine}")
-        low = route.max_tokens or low
-    return "batches of " + ", ".join(spans)
 
 
 def check_parity(

@@ -268,8 +268,8 @@ class OnnxBundle:
     def route_batches(self, routes: Sequence[tuple[int, OnnxBundle]]) -> None:
         """Run a batch on the engine of the first of ``routes`` — ``(max_tokens, bundle)``, bounds ascending — whose
         bound its padded tokens do not exceed, and a batch above every bound on this bundle's own engine. Each
-        bundle is one of the same folder (another engine of it, or this one): `core.engines.pick_routes` sends each
-        batch size to the engine fastest on it."""
+        bundle is one of the same folder (another engine of it, or this one): `core.engine_choice.pick_routes`
+        sends each batch size to the engine fastest on it."""
         bounds = [max_tokens for max_tokens, _ in routes]
         if bounds != sorted(set(bounds)):
             raise ValueError(f"route bounds must be ascending and distinct, got {bounds}")

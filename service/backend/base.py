@@ -49,7 +49,7 @@ class ModelInfo:
     path: Path
     manifest: dict[str, Any] = field(repr=False, default_factory=dict)
     variant: str = "fp32"  # the graph being served: "int8" only where it passed the probe check on this CPU
-    engine: dict[str, Any] = field(default_factory=dict)  # `core.engines.EngineChoice.as_dict()`: which and why
+    engine: dict[str, Any] = field(default_factory=dict)  # `core.engine_choice.EngineChoice.as_dict()`: which and why
     prompts: Prompts = field(default_factory=Prompts)  # put before a request's texts by `service.engine.engine`
 
 

@@ -213,5 +213,5 @@ class ModelManager:
 
 
 def _route_labels(choice: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(engine, precision, max_tokens) of each route of an engine choice (`core.engines.EngineChoice.as_dict`)."""
+    """(engine, precision, max_tokens) of each route of an engine choice (`core.engine_choice.EngineChoice.as_dict`)."""
     return [(r["engine"], r["precision"], str(r["max_tokens"] or "inf")) for r in choice.get("routes", [])]

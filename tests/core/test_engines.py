@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import engine_timing, engines, registry, runtime
-from core.engines import BASELINE, ENGINES, FALLBACK, Route, Trial, load_engine, pick, pick_routes
+from core import engine_choice, engine_timing, engines, registry, runtime
+from core.engine_choice import BASELINE, ENGINES, FALLBACK, Route, Trial, pick, pick_routes
+from core.engines import load_engine
 
 BATCHES = engine_timing.BATCHES
 TOKENS = {"1": 20, "4": 80, "16": 320, "short": 640, "long": 2048}
@@ -47,13 +48,13 @@ def test_a_challenger_takes_only_the_batch_sizes_it_is_clearly_faster_on() -> No
     assert [r.batches for r in routes] == [["1", "4", "16", "short"], ["long"]]
     assert "long (2048 tokens): openvino-bf16 100.0 ms, 2.00x faster than onnxruntime-int8" in routes[1].reason
     assert "no other 1.15x faster" in routes[0].reason
-    assert engines.describe(routes) == (
+    assert engine_choice.describe(routes) == (
         f"batches of 1-{boundary} padded tokens on {BASELINE}, above {boundary} padded tokens on openvino-bf16"
     )
     # Faster on every batch by the margins: one route, the challenger's.
     trials[1] = _passed("openvino-bf16", 0.030, 0.100, 0.001, 0.004, 0.01)
     assert _routes(trials) == [("openvino-bf16", None)]
-    assert engines.describe(pick_routes(trials, BASELINE, TOKENS)) == "openvino-bf16 runs every batch"
+    assert engine_choice.describe(pick_routes(trials, BASELINE, TOKENS)) == "openvino-bf16 runs every batch"
 
 
 def test_an_engine_below_the_parity_bars_is_never_served_however_fast() -> None:
@@ -74,10 +75,10 @@ def test_without_onnxruntime_int8_the_fastest_passing_engine_is_the_default() ->
 
 
 def test_ties_go_to_the_default_and_a_challenger_must_beat_it_by_the_margin() -> None:
-    under = engines.CHALLENGER_MARGIN * 0.97  # faster on both batches, but by less than the margin
+    under = engine_choice.CHALLENGER_MARGIN * 0.97  # faster on both batches, but by less than the margin
     trials = [_passed(BASELINE, 0.040, 0.200), _passed("openvino-bf16", 0.040 / under, 0.200 / under)]
     assert _routes(trials) == [(BASELINE, None)]
-    over = engines.CHALLENGER_MARGIN * 1.03
+    over = engine_choice.CHALLENGER_MARGIN * 1.03
     trials[1] = _passed("openvino-bf16", 0.040 / over, 0.200 / over)
     assert [e for e, _ in _routes(trials)] == [BASELINE, "openvino-bf16"]  # short and long; not the small ones
     # The small batches ask for the larger margin: 1.2x faster on one text is not enough, 1.35x is.
@@ -88,14 +89,14 @@ def test_ties_go_to_the_default_and_a_challenger_must_beat_it_by_the_margin() ->
 
 
 def test_among_challengers_within_the_tolerance_the_earlier_engine_wins() -> None:
-    near = 1 + engines.SPEED_TOLERANCE / 2
+    near = 1 + engine_choice.SPEED_TOLERANCE / 2
     trials = [
         _passed(BASELINE, 0.080, 0.400),
         _passed("openvino-f32", 0.040 / near, 0.200 / near),
         _passed("openvino-bf16", 0.040, 0.200),
     ]
     assert [e for e, _ in _routes(trials)][-1] == "openvino-bf16"  # first in ENGINES, within the tolerance
-    far = 1 + engines.SPEED_TOLERANCE * 2
+    far = 1 + engine_choice.SPEED_TOLERANCE * 2
     trials[1] = _passed("openvino-f32", 0.040 / far, 0.200 / far)
     assert [e for e, _ in _routes(trials)][-1] == "openvino-f32"
 
@@ -164,15 +165,15 @@ def test_only_engines_that_can_still_win_a_batch_are_timed_on() -> None:
         "openvino-f32": {"short": 0.2, "long": 0.8, **small, "1": 0.009, "4": 0.1, "16": 0.1},  # far behind
         FALLBACK: {"short": 0.13, "long": 0.9, **small, "1": 0.0021, "4": 0.1, "16": 0.1},  # close on one text
     }
-    assert [e for e in seconds if engines.can_win(e, seconds)] == [BASELINE, "openvino-bf16", FALLBACK]
-    seconds[FALLBACK]["1"] = 0.002 * engines.OUT_OF_RACE * 1.01  # out of reach on every batch
-    assert not engines.can_win(FALLBACK, seconds)
-    assert engines.can_win(BASELINE, {**seconds, BASELINE: {"short": 9.0, "long": 9.0, **small}})
+    assert [e for e in seconds if engine_choice.can_win(e, seconds)] == [BASELINE, "openvino-bf16", FALLBACK]
+    seconds[FALLBACK]["1"] = 0.002 * engine_choice.OUT_OF_RACE * 1.01  # out of reach on every batch
+    assert not engine_choice.can_win(FALLBACK, seconds)
+    assert engine_choice.can_win(BASELINE, {**seconds, BASELINE: {"short": 9.0, "long": 9.0, **small}})
 
 
 def test_the_baseline_comes_first_and_the_reference_graph_last() -> None:
     assert [ENGINES[0].name, ENGINES[-1].name] == [BASELINE, FALLBACK]
-    assert set(engines.ENGINE_SETTINGS) == {"auto", *(e.name for e in ENGINES)}
+    assert set(engine_choice.ENGINE_SETTINGS) == {"auto", *(e.name for e in ENGINES)}
 
 
 def test_the_setting_lists_exactly_the_engines() -> None:
@@ -181,7 +182,7 @@ def test_the_setting_lists_exactly_the_engines() -> None:
     from service.settings import ServiceSettings
 
     allowed = typing.get_args(ServiceSettings.model_fields["engine"].annotation)
-    assert allowed == engines.ENGINE_SETTINGS
+    assert allowed == engine_choice.ENGINE_SETTINGS
 
 
 # --- load_engine on a real bundle --------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ def test_auto_serves_passing_engines_no_slower_than_onnxruntime_int8_on_their_ba
     trials = {t.engine: t for t in choice.trials}
     assert list(trials) == [e.name for e in ENGINES] and choice.setting == "auto"
     assert choice.engine == choice.routes[-1].engine and choice.routes[-1].max_tokens is None
-    assert (bundle.runtime, bundle.variant) == (engines.BY_NAME[choice.engine].runtime, choice.graph)
+    assert (bundle.runtime, bundle.variant) == (engine_choice.BY_NAME[choice.engine].runtime, choice.graph)
     assert trials["openvino-f32"].status == "passed"  # every x86 CPU has OpenVINO's f32 kernels
     import openvino as ov
 
@@ -235,11 +236,11 @@ def test_auto_serves_passing_engines_no_slower_than_onnxruntime_int8_on_their_ba
             assert _engine_for(choice.routes, choice.batch_tokens[batch]) == route.engine
     assert sorted(b for r in choice.routes for b in r.batches) == sorted(BATCHES) or len(choice.routes) == 1
     if {r.engine for r in choice.routes} != {BASELINE}:  # the reason says what runs where, a lone challenger too
-        assert engines.describe(choice.routes) in choice.reason
+        assert engine_choice.describe(choice.routes) in choice.reason
     assert choice.cpu == runtime.cpu_features() and choice.seconds > 0
     card = choice.as_dict()
     assert [(r["engine"], r["max_tokens"], r["precision"]) for r in card["routes"]] == [
-        (r.engine, r.max_tokens, engines.BY_NAME[r.engine].precision) for r in choice.routes
+        (r.engine, r.max_tokens, engine_choice.BY_NAME[r.engine].precision) for r in choice.routes
     ]
     texts, reference = runtime.read_probes(int8_bundle)
     for batch_size in (1, 4, 32):  # whichever engine each batch size runs on, the vectors keep the bars
@@ -295,7 +296,7 @@ def test_a_new_version_whose_routes_miss_the_bars_is_checked_and_timed_in_full(c
 
 
 def test_timings_taken_without_the_baseline_are_not_reused_once_it_passes(copy: Path) -> None:
-    strict = engines.ParityBars(int8_mean_cosine=0.99999, int8_min_cosine=0.99999)  # int8 misses: timed without it
+    strict = runtime.ParityBars(int8_mean_cosine=0.99999, int8_min_cosine=0.99999)  # int8 misses: timed without it
     _, first = load_engine(copy, bars=strict)
     assert first.trial(BASELINE).status == "failed" and BASELINE not in {r.engine for r in first.routes}
     _, again = load_engine(copy)  # the same shapes; int8 keeps the usual bars
@@ -335,7 +336,7 @@ def test_a_pinned_engine_wins_and_others_are_not_tried(int8_bundle: Path) -> Non
 def test_openvino_int8_runs_the_bundles_own_int8_graph_within_the_bars(int8_bundle: Path) -> None:
     """Pinned, OpenVINO's int8 engine opens the bundle's NNCF graph, not the fp32 one, at f32 for the rest; where
     its graph misses the bars on this CPU the fp32 reference graph serves instead."""
-    assert engines.BY_NAME["openvino-int8"].inference_precision == "f32"
+    assert engine_choice.BY_NAME["openvino-int8"].inference_precision == "f32"
     bundle, choice = load_engine(int8_bundle, engine="openvino-int8")
     trial = choice.trial("openvino-int8")
     assert trial.status in ("passed", "failed") and trial.mean_cosine is not None
