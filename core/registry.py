@@ -42,6 +42,14 @@ def validate_name(name: str) -> str:
     return name
 
 
+def name_from(text: str) -> str:
+    """A valid model name made from free text (a folder's name, say): lower case, each run of other characters than
+    a-z, 0-9, '.', '_', '-' as one '-', cut to 64 (``My Model v2`` → ``my-model-v2``); RegistryError when nothing
+    usable is left."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).replace("..", ".").strip("-._")[:64].rstrip("-._")
+    return validate_name(name)
+
+
 def list_versions(root: Path, name: str) -> list[str]:
     """Published versions of ``name``, oldest first."""
     folder = Path(root) / validate_name(name)

@@ -15,7 +15,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
@@ -135,11 +134,9 @@ def is_folder_entry(entry: str) -> bool:
 
 
 def folder_model_name(folder: Path) -> str:
-    """The registry name a model folder is served under: its folder's name, lower case, runs of other characters
-    than a-z, 0-9, '.', '_', '-' as one '-' (``./My Model`` → ``my-model``)."""
-    name = re.sub(r"[^a-z0-9._-]+", "-", folder.name.lower()).replace("..", ".").strip("-._")[:64]
+    """The registry name a model folder is served under: its folder's name made one (`core.registry.name_from`)."""
     try:
-        return registry.validate_name(name)
+        return registry.name_from(folder.name)
     except registry.RegistryError:
         raise RuntimeError(f"models: no model name can be made from the folder name {folder.name!r}") from None
 
