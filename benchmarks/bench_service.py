@@ -1,7 +1,9 @@
 """Service throughput and latency against the in-process ceiling and a naive server.
 
-In one run, on the same ``minilm-l6`` fp32 bundle and fixed seeded workloads (2,000 short sentences of
-8–20 words; 500 paragraphs of 120–200 words):
+In one run, on the same ``minilm-l6`` bundle's fp32 graph and fixed seeded workloads (2,000 short sentences of
+8–20 words; 500 paragraphs of 120–200 words). Our server is pinned to onnxruntime on that graph
+(``--engine onnxruntime-fp32``), the engine of the ceiling, so the comparison is of the serving machinery alone on the
+naive server's precision; the engines chosen per CPU and the int8 graphs are bench_peers' and bench_routes' subject:
 
 * **ceiling** — `core.runtime.OnnxBundle.encode` in this process at batch 32, same thread count as the
   server, measured right before and right after each server load (the machine is shared and its speed
@@ -42,6 +44,7 @@ from core.settings import DEFAULT_REGISTRY_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "minilm-l6"
+FP32_ENGINE = "onnxruntime-fp32"  # the server's engine here: the ceiling's graph and runtime
 
 _WORD_TEXT = (
     "the of and to in is was for on that with as by at from his her it an were are which this be or have had "
@@ -201,7 +204,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 class Ceiling:
-    """In-process onnxruntime on the same bundle and thread count: the upper bound a server can approach.
+    """In-process onnxruntime on the same bundle's fp32 graph and thread count: the upper bound a server on that
+    engine can approach.
 
     The machine is shared, so its speed drifts during a run; every server load is therefore compared with
     a ceiling measured right before and right after it (the mean of the two), on a sample of the same texts.
@@ -210,7 +214,10 @@ class Ceiling:
     def __init__(self, bundle_dir: Path, threads: int) -> None:
         from core.runtime import OnnxBundle
 
-        self.bundle = OnnxBundle(bundle_dir, intra_op_threads=threads)
+        # the server's threading: intra-op threads sleep between runs (EMBED_ORT_ALLOW_SPINNING's default); a
+        # spinning in-process arm runs one text ~0.8-2.3 ms faster after an idle gap, which is not the server's cost
+        spinning = os.environ.get("EMBED_ORT_ALLOW_SPINNING", "false").lower() in ("1", "true", "yes", "on")
+        self.bundle = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=threads, allow_spinning=spinning)
         self.bundle.encode(["warm up"] * 32, batch_size=32)
 
     def texts_per_s(self, texts: list[str]) -> float:
@@ -320,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ours = [
         sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(args.registry), "--port", str(port),
         "--models", MODEL, "--default-model", MODEL, "--intra-op-threads", str(args.threads),
-        "--no-adapt-enabled", "--no-adapt-supervise-worker", "--log-level", "warning", "--registry-poll-seconds", "0",
+        "--engine", FP32_ENGINE, "--no-adapt-enabled", "--no-adapt-supervise-worker", "--log-level", "warning",
+        "--registry-poll-seconds", "0",
     ]  # fmt: skip
     report["ours"] = _serve_and_measure(ours, f"http://127.0.0.1:{port}", "ours", env, args, short, paragraphs, ceiling)
     if not args.skip_naive:
