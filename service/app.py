@@ -303,6 +303,16 @@ def _allowed_methods(app: FastAPI, scope: Scope) -> str:
     return ", ".join(allowed)
 
 
+def _not_found_message(app: FastAPI, scope: Scope) -> str:
+    """A 404's message; where the path is one of the OpenAI routes without its ``/v1`` (an OpenAI client whose base
+    URL lacks it: ``http://host:8080`` instead of ``http://host:8080/v1``), it says so."""
+    message = f"no route {scope['method']} {scope['path']}; see /docs"
+    prefixed = {**scope, "path": "/v1" + scope["path"]}
+    if any(route.matches(prefixed)[0] is Match.FULL for route in app.router.routes):
+        message += f"; {scope['method']} /v1{scope['path']} exists (an OpenAI client's base URL ends in /v1)"
+    return message
+
+
 def create_app(
     settings: ServiceSettings | None = None,
     *,
@@ -396,7 +406,7 @@ def create_app(
             message = f"invalid request: {err.detail}; send UTF-8 JSON (or a well-formed multipart upload to /adapt)"
             return _invalid_request(request, message)
         if err.status_code == 404:
-            return error_response(ErrorKind.not_found, f"no route {request.method} {request.url.path}; see /docs")
+            return error_response(ErrorKind.not_found, _not_found_message(app, request.scope))
         if err.status_code == 405:
             allowed = _allowed_methods(app, request.scope)
             message = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"

@@ -173,7 +173,14 @@ def test_error_table_rows(make_app):
         _error(client.post("/similarity", json=too_long), 422, "input_too_long", "inputs.source_sentence has 22 tokens")
         padded = client.post("/embed", json={"inputs": "a", "pad": "y" * 3000})
         _error(padded, 413, "payload_too_large", "max_body_bytes=2048")
-        _error(client.get("/nowhere"), 404, "not_found", "no route GET /nowhere")
+        _error(client.get("/nowhere"), 404, "not_found", "no route GET /nowhere; see /docs")
+        # an OpenAI client whose base URL lacks /v1 is told where the route is; other paths are not
+        _error(
+            client.post("/embeddings", json={"input": "a"}), 404, "not_found",
+            "POST /v1/embeddings exists (an OpenAI client's base URL ends in /v1)",
+        )  # fmt: skip
+        _error(client.get("/models"), 404, "not_found", "GET /v1/models exists")
+        assert "/v1" not in client.get("/nowhere").json()["error"]["message"]
         not_allowed = _error(client.get("/v1/embeddings"), 405, "method_not_allowed", "GET is not allowed")
         assert client.get("/v1/embeddings").headers["allow"] == "POST" and "allowed: POST" in not_allowed["message"]
         # Bytes that are not UTF-8 cannot be decoded as JSON at all: the same 422 as broken JSON, not a bare 400.
