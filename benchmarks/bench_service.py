@@ -215,7 +215,8 @@ class Ceiling:
         from core.runtime import OnnxBundle
 
         # the server's threading: intra-op threads sleep between runs (EMBED_ORT_ALLOW_SPINNING's default); a
-        # spinning in-process arm runs one text ~0.8-2.3 ms faster after an idle gap, which is not the server's cost
+        # spinning in-process arm ran (c)'s text after the 20 ms gap in 4.1 ms against 7.4 (docs/BENCHMARKS.md):
+        # the threads' wake-up, which is not the server's cost
         spinning = os.environ.get("EMBED_ORT_ALLOW_SPINNING", "false").lower() in ("1", "true", "yes", "on")
         self.bundle = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=threads, allow_spinning=spinning)
         self.bundle.encode(["warm up"] * 32, batch_size=32)
