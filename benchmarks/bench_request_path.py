@@ -20,7 +20,8 @@ each alike; with ``--blocks`` each arm runs all the texts in turn instead, the o
 arm then runs back to back, warm, as a server under steady single-client traffic would). Printed per round: the
 load average, p50 and p99 per arm, the servers' own medians (their ``x-*-time`` headers) and the difference of the
 raw-client p50 and the in-process p50; then the median of the rounds, and the CPU (model name; avx2 / avx512_vnni /
-amx). ``--server-root`` changes the first server only; the graph-skipped one runs from this tree.
+amx). ``--server-root`` changes the first server only; the graph-skipped one runs from this tree. ``--gap-ms`` idles
+before every request of every arm (sporadic traffic: the inference threads fall asleep between texts).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_request_path.py --registry /tmp/reg --rounds 5
     # the server of another commit, same client and in-process arm:
@@ -116,10 +117,15 @@ def reopen(connection: RawClient, requests: list[bytes]) -> None:
     timed_ms(connection.post, requests[:5])
 
 
-def timed_ms(call: Any, items: list[Any], server: dict[str, list[float]] | None = None) -> list[float]:
-    """Milliseconds of ``call`` on each item; the server's timings (what ``call`` returns) gathered in ``server``."""
+def timed_ms(
+    call: Any, items: list[Any], server: dict[str, list[float]] | None = None, gap_s: float = 0.0
+) -> list[float]:
+    """Milliseconds of ``call`` on each item, each after ``gap_s`` idle; the server's timings (what ``call`` returns)
+    gathered in ``server``."""
     latencies = []
     for item in items:
+        if gap_s:
+            time.sleep(gap_s)
         started = time.perf_counter()
         timings = call(item)
         latencies.append((time.perf_counter() - started) * 1000)
@@ -140,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         "--server-root", type=Path, default=ROOT, help="source tree the server runs from (another commit's, unpacked)"
     )
     parser.add_argument("--blocks", action="store_true", help="each arm runs all texts in turn, not text by text")
+    parser.add_argument("--gap-ms", type=float, default=0.0, help="idle before each request: sporadic traffic")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    if not 1 <= args.rounds <= 15 or not 10 <= args.requests <= 5000:
-        parser.error("keep it bounded: 1-15 rounds of 10-5000 requests")
+    if not 1 <= args.rounds <= 15 or not 10 <= args.requests <= 5000 or not 0 <= args.gap_ms <= 1000:
+        parser.error("keep it bounded: 1-15 rounds of 10-5000 requests, gaps of 0-1000 ms")
+    gap_s = args.gap_ms / 1000
     short, _ = workloads()
     texts = short[: args.requests]
     served: dict[str, Any] = {"serve_int8": True, "threads": args.threads, "hold": None,
@@ -184,12 +192,12 @@ def main(argv: list[str] | None = None) -> int:
                     for arm in ARMS if round_ % 2 else reversed(ARMS):
                         if arm in connections:  # idle through the other arms' blocks: past the keep-alive timeout
                             reopen(connections[arm], requests)
-                        latencies[arm] = timed_ms(*calls[arm], server.get(arm))
+                        latencies[arm] = timed_ms(*calls[arm], server.get(arm), gap_s)
                 for index in range(0 if args.blocks else len(texts)):  # the arms take turns text by text
                     turn = index % len(ARMS)
                     for arm in ARMS[turn:] + ARMS[:turn]:
                         call, items = calls[arm]
-                        latencies[arm] += timed_ms(call, items[index : index + 1], server.get(arm))
+                        latencies[arm] += timed_ms(call, items[index : index + 1], server.get(arm), gap_s)
                 for arm in ARMS:
                     seconds = [ms / 1000 for ms in latencies[arm]]
                     row[arm] = {"p50_ms": round(_pct(seconds, 0.5), 3), "p99_ms": round(_pct(seconds, 0.99), 3)}
@@ -206,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu = cpu_features()
     amx = any(f.startswith("amx") for f in cpu["flags"])
     flags = f"avx2 {'avx2' in cpu['flags']}, avx512_vnni {'avx512_vnni' in cpu['flags']}, amx {amx}"
-    print(f"CPU: {cpu['model']} ({flags}); {args.threads} threads; engine {choice['engine']}")
+    idle = f"; {args.gap_ms:g} ms idle before each request" if args.gap_ms else ""
+    print(f"CPU: {cpu['model']} ({flags}); {args.threads} threads; engine {choice['engine']}{idle}")
     print("| arm | p50 ms (median of rounds) | p99 ms (median of rounds) |\n|---|---:|---:|")
     for arm in ARMS:
         p50 = statistics.median(r[arm]["p50_ms"] for r in rows)
@@ -222,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(per round {', '.join(f'{d:+.2f}' for d in differences)}); "
           f"1-minute load average {min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
     write_report(args.out, {"cpu": cpu, "threads": args.threads, "setting": args.engine, "engine": choice,
-                            "rows": rows})  # fmt: skip
+                            "gap_ms": args.gap_ms, "rows": rows})  # fmt: skip
     return 0
 
 
