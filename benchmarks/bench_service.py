@@ -213,11 +213,12 @@ class Ceiling:
 
     def __init__(self, bundle_dir: Path, threads: int) -> None:
         from core.runtime import OnnxBundle
+        from service.settings import ServiceSettings
 
         # the server's threading: intra-op threads sleep between runs (EMBED_ORT_ALLOW_SPINNING's default); a
         # spinning in-process arm ran (c)'s text after the 20 ms gap in 4.1 ms against 7.4 (docs/BENCHMARKS.md):
         # the threads' wake-up, which is not the server's cost
-        spinning = os.environ.get("EMBED_ORT_ALLOW_SPINNING", "false").lower() in ("1", "true", "yes", "on")
+        spinning = ServiceSettings().ort_allow_spinning  # read from the environment as the server reads it
         self.bundle = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=threads, allow_spinning=spinning)
         self.bundle.encode(["warm up"] * 32, batch_size=32)
 

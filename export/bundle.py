@@ -30,7 +30,13 @@ from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
 from core.model_folder import read_trained_on, weights_file
 from core.runtime import PROBES_FILE, write_probes
 from export import graph
-from export.openvino_int8 import OPENVINO_INT8_FILE, OPENVINO_INT8_VARIANT, build_openvino_int8, openvino_int8_missing
+from export.openvino_int8 import (
+    OPENVINO_INT8_FILE,
+    OPENVINO_INT8_VARIANT,
+    build_openvino_int8,
+    openvino_int8_missing,
+    remove_openvino_int8,
+)
 from export.parity import ParityError, check_parity
 from export.probes import probe_texts
 from export.quantize import choose_int8
@@ -275,8 +281,7 @@ def _openvino_int8(staging: Path, reference: Any, texts: Sequence[str], name: st
         record = build_openvino_int8(staging, reference, texts)
     except Exception as error:  # NNCF or OpenVINO failing on an architecture they do not know: skip the graph
         log.warning("export %s: OpenVINO int8 graph failed, left out: %s: %s", name, type(error).__name__, error)
-        for file in staging.glob(f"{Path(OPENVINO_INT8_FILE).stem}.*"):
-            file.unlink()
+        remove_openvino_int8(staging)
         return {"kept": False, "failures": [f"{type(error).__name__}: {str(error)[:300]}"]}
     if not record["kept"]:
         log.warning("export %s: OpenVINO int8 graph misses the parity bars, left out: %s", name, record["failures"])

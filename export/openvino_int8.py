@@ -69,6 +69,13 @@ def openvino_int8_missing() -> str:
     return ""
 
 
+def remove_openvino_int8(bundle_dir: Path) -> None:
+    """Delete the graph's files (`OPENVINO_INT8_FILE` and its weights) from ``bundle_dir``, where there are any."""
+    target = bundle_dir / OPENVINO_INT8_FILE
+    for file in (target, target.with_suffix(".bin")):
+        file.unlink(missing_ok=True)
+
+
 def build_openvino_int8(
     bundle_dir: Path,
     reference: np.ndarray,
@@ -108,8 +115,7 @@ def build_openvino_int8(
     cos = cosines(bundle.encode(texts, batch_size=16), reference)
     failures = int8_failures(cos, bars, texts, label=OPENVINO_INT8_VARIANT)
     if failures:
-        for file in (target, target.with_suffix(".bin")):
-            file.unlink(missing_ok=True)
+        remove_openvino_int8(bundle_dir)
     record = {
         "kept": not failures,
         "file": OPENVINO_INT8_FILE if not failures else None,
