@@ -4,6 +4,12 @@ taking turns on each, medians of several rounds.
 The timing batches span the batch sizes the service forms, by padded tokens: 1, 4 and 16 short probe texts, 32 short
 ones, and 4 texts at ``max_seq_length`` — each is the timing batch of one shape class, and the engine chosen for a
 class runs the served batches of about that many padded tokens (`core.engine_choice.pick_routes`).
+
+A batch of one text is what a server forms when requests come now and then (under load the batcher joins them), so
+it is timed that way: three different texts, each after the engine sat idle for `IDLE_BEFORE_ONE`. Timed back to
+back on one repeated text, OpenVINO's int8 graph ran one text 1.3-1.4x faster than onnxruntime's on an AMD EPYC with
+AVX-512 VNNI, yet served one text 5-14 % slower: after 20 ms idle, in process, 3.7 against 2.9 ms on a stream of
+different texts (its threads wake slower, and a new input shape costs it a shape pass) — docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -29,22 +35,26 @@ SHORT_BATCH = 32  # texts of the short timing batch (probe sentences)
 # (38 s of a 49 s load of minilm-l6 on a busy 2-core Xeon), and 4 x max_seq_length is as compute-bound as 8.
 LONG_BATCH = 4
 SMALL_BATCHES = ("1", "4", "16")  # timing batches of that many short probe texts
+IDLE_BEFORE_ONE = 0.02  # seconds each engine sits idle before a one-text timing run: a sporadic client's gap
 BATCHES = (*SMALL_BATCHES, "short", "long")
 
 # Whether an engine is still worth timing, given every remaining engine's median seconds per batch so far.
 StillIn = Callable[[str, Mapping[str, Mapping[str, float]]], bool]
 
 
-def timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[str]]:
-    """Batches of short probe texts (1, 4, 16 and 32) and one of texts cut at ``max_seq_length``, like the
-    served load's two ends."""
+def timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[list[str]]]:
+    """The runs of each timing batch: batches of short probe texts (1, 4, 16 and 32) and one of texts cut at
+    ``max_seq_length``, like the served load's two ends. A small batch is run three times (its time is their
+    best): one text as three different ones, of rising length; 4 and 16 as the same batch."""
     lengths = [len(e.ids) for e in bundle.tokenize(texts)]
     by_length = sorted(range(len(texts)), key=lambda i: lengths[i])
     short = [texts[i] for i in by_length if 8 <= lengths[i] <= 32] or [texts[i] for i in by_length]
     long = [texts[i] for i in by_length if lengths[i] >= bundle.max_seq_length] or [texts[by_length[-1]]]
     cycle = lambda pool, n: [pool[i % len(pool)] for i in range(n)]  # noqa: E731
-    small = {size: cycle(short[len(short) // 2 :], int(size)) for size in SMALL_BATCHES}
-    return {**small, "short": cycle(short, SHORT_BATCH), "long": cycle(long, LONG_BATCH)}
+    upper = short[len(short) // 2 :]
+    ones = [[upper[(len(upper) - 1) * k // 2]] for k in range(3)]  # the upper half's first, middle and last text
+    small = {size: [cycle(upper, int(size))] * 3 for size in SMALL_BATCHES[1:]}
+    return {"1": ones, **small, "short": [cycle(short, SHORT_BATCH)], "long": [cycle(long, LONG_BATCH)]}
 
 
 def time_engines(
@@ -53,20 +63,23 @@ def time_engines(
     """Median seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
     rounds, each running one batch on every candidate in turn (alternating their order from round to round) before
     the next batch, so a drift of a shared machine hits the candidates alike where they are compared. A small
-    batch's time in a round is the best of three runs (short enough for one scheduler hiccup to double them). An
-    engine that cannot win after a round (``still_in`` false) is timed no more and removed from ``bundles`` (memory
-    freed)."""
+    batch's time in a round is the best of its three runs (short enough for one scheduler hiccup to double them),
+    each one-text run after `IDLE_BEFORE_ONE` idle. An engine that cannot win after a round (``still_in`` false)
+    is timed no more and removed from ``bundles`` (memory freed)."""
     first = next(iter(bundles.values()))
-    feeds = {name: first.pad(first.tokenize(batch)) for name, batch in timing_batches(first, texts).items()}
+    runs = timing_batches(first, texts).items()
+    feeds = {name: [first.pad(first.tokenize(batch)) for batch in batches] for name, batches in runs}
     samples: dict[str, dict[str, list[float]]] = {engine: {shape: [] for shape in feeds} for engine in bundles}
     names = list(bundles)
     for round_ in range(rounds + 1):
         for shape, feed in feeds.items():  # the candidates in turn on one batch: close in time, alike in conditions
             for engine in names if round_ % 2 else reversed(names):
                 best = math.inf
-                for _ in range(3 if shape in SMALL_BATCHES else 1):
+                for run in feed:
+                    if shape == "1":
+                        time.sleep(IDLE_BEFORE_ONE)
                     started = time.perf_counter()
-                    bundles[engine].run(feed)
+                    bundles[engine].run(run)
                     best = min(best, time.perf_counter() - started)
                 if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
                     samples[engine][shape].append(best)
@@ -79,7 +92,7 @@ def time_engines(
                 log.info("engine %s: out of the race after %d timed rounds", engine, round_)
     return (
         {engine: medians_of(by_shape) for engine, by_shape in samples.items()},
-        {shape: int(feed["input_ids"].size) for shape, feed in feeds.items()},
+        {shape: int(np.median([run["input_ids"].size for run in feed])) for shape, feed in feeds.items()},
     )
 
 

@@ -13,10 +13,11 @@ bundle is served:
 
 1. parity — every candidate embeds the bundle's probe texts and is held against their fp32 (torch) reference
    embeddings (``probes.npz``) with the int8 bars of `ParityBars`; a candidate below them is never served;
-2. speed — the candidates that pass are timed on batches shaped like the served load (`core.engine_timing`: 1, 4,
-   16 and 32 short texts, 4 texts at ``max_seq_length``), the candidates taking turns on each batch, each time the
-   median of `TIMING_ROUNDS` rounds. After each round, a candidate that can no longer win a batch (`can_win`) is
-   not timed again, its graph is freed, and it no longer competes (its medians are of fewer rounds);
+2. speed — the candidates that pass are timed on batches shaped like the served load (`core.engine_timing`: 1, 4, 16
+   and 32 short texts, 4 texts at ``max_seq_length``; one text after the engine sat idle, as it is served), the
+   candidates taking turns on each batch, each time the median of `TIMING_ROUNDS` rounds. After each round, a
+   candidate that can no longer win a batch (`can_win`) is not timed again, its graph is freed, and it no longer
+   competes (its medians are of fewer rounds);
 3. choice, per shape class — `pick` names the default engine: onnxruntime's int8 graph where it passed (the
    baseline, `BASELINE`), else the fastest that passed. Then `pick_routes`: each timing batch is the shape
    class of the served batches of about its padded tokens, and a challenger takes a class only where it is faster

@@ -93,7 +93,7 @@ class ServiceSettings(BaseSettings):
         description="Which engine runs each model. Default auto: at load, every candidate (onnxruntime int8 and fp32, "
         "OpenVINO bf16 where the CPU has bf16 units, OpenVINO int8 where the bundle has its graph, OpenVINO f32) is "
         "checked against the bundle's fp32 reference embeddings on this CPU and the passing ones timed on batches of "
-        "1, 4, 16 and 32 short texts and 4 long ones; each batch size (by padded tokens) runs on onnxruntime int8 "
+        "1 (after idle), 4, 16, 32 short, 4 long texts; each batch size (by padded tokens) runs on onnxruntime int8 "
         "unless another engine is 1.15x faster on that size's batch (1.3x on 1-16 texts), so close candidates leave "
         "int8 in place (on a Xeon with AMX, OpenVINO bf16 took the long batches in every load, 1.6-2.3x faster there, "
         "int8 one and four texts; on an AVX2-only EPYC, int8 every batch size; on an EPYC with AVX-512 VNNI, OpenVINO "

@@ -4,6 +4,7 @@ that cannot load)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -245,6 +246,42 @@ def test_auto_serves_passing_engines_no_slower_than_onnxruntime_int8_on_their_ba
     texts, reference = runtime.read_probes(int8_bundle)
     for batch_size in (1, 4, 32):  # whichever engine each batch size runs on, the vectors keep the bars
         assert runtime.cosines(bundle.encode(texts, batch_size=batch_size), reference).min() >= 0.97
+
+
+class _RecordedRuns:
+    """A bundle that notes when each of its runs starts and ends, and how many texts it ran."""
+
+    def __init__(self, bundle: runtime.OnnxBundle) -> None:
+        self.bundle, self.max_seq_length = bundle, bundle.max_seq_length
+        self.tokenize, self.pad = bundle.tokenize, bundle.pad
+        self.runs: list[tuple[float, float, int]] = []
+
+    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        import time
+
+        started = time.perf_counter()
+        out = self.bundle.run(feeds)
+        self.runs.append((started, time.perf_counter(), len(feeds["input_ids"])))
+        return out
+
+
+def test_one_text_is_timed_as_a_sporadic_client_sends_it(int8_bundle: Path) -> None:
+    # A one-text batch is served when requests come now and then: timed on different texts of rising length, each
+    # after the engine sat idle (OpenVINO ran one repeated text back to back faster than it served a stream of them).
+    texts, _ = runtime.read_probes(int8_bundle)
+    bundle = runtime.OnnxBundle(int8_bundle, variant="int8")
+    ones = engine_timing.timing_batches(bundle, texts)["1"]
+    assert len(ones) == 3 and all(len(batch) == 1 for batch in ones) and len({batch[0] for batch in ones}) == 3
+    lengths = [len(bundle.tokenize(batch)[0].ids) for batch in ones]
+    assert lengths == sorted(lengths)
+    recorded = _RecordedRuns(bundle)
+    seconds, tokens = engine_timing.time_engines({"a": recorded}, texts, still_in=lambda *_: True, rounds=1)  # type: ignore[dict-item]
+    assert tokens["1"] == lengths[1] and set(seconds["a"]) == set(BATCHES)
+    gaps = [(start - end, rows) for (_, end, _), (start, _, rows) in itertools.pairwise(recorded.runs)]
+    idle = [gap for gap, rows in gaps if rows == 1]
+    assert len(idle) == 2 * 3 - 1  # the warm-up round and one timed round, three texts each, less the very first run
+    assert min(idle) >= engine_timing.IDLE_BEFORE_ONE
+    assert all(gap < engine_timing.IDLE_BEFORE_ONE for gap, rows in gaps if rows > 1)
 
 
 def test_an_engine_whose_vectors_miss_the_bars_runs_no_batch(copy: Path) -> None:
