@@ -164,16 +164,22 @@ def pick_routes(
     """Which engine runs which batch sizes (pure): per timing batch (``batch_tokens``: its padded tokens), the
     ``default`` unless a passing challenger is faster there by the margin (`SMALL_BATCH_MARGIN` on the small
     batches, else `CHALLENGER_MARGIN`; the first in `ENGINES` order within ``tolerance`` of the fastest such; timing
-    batches of equal padded tokens are decided together, a challenger having to win each). Neighbouring batches with
-    one engine make one route, which ends halfway (geometric mean) between its last batch's padded tokens and the
-    next route's first. One route, the default's, when nothing was timed against it."""
+    batches of equal padded tokens are decided together, a challenger having to win each). A size the default keeps
+    between two sizes one challenger took goes to that challenger where it is no slower there (`_island`).
+    Neighbouring batches with one engine make one route, which ends halfway (geometric mean) between its last
+    batch's padded tokens and the next route's first. One route, the default's, when nothing was timed against it."""
     timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
     if default not in timed or len(timed) < 2 or not batch_tokens:
         return [Route(default, None, [], "")]
-    classes: list[tuple[str, list[str], list[str]]] = []  # (engine, batches, reasons) of each route
+    sizes = []  # (engine, reasons, batches) of each padded size, ascending
     for size in sorted(set(batch_tokens.values())):
         group = [batch for batch, tokens in batch_tokens.items() if tokens == size]
-        engine, reasons = _fastest_on(group, timed, default, batch_tokens, tolerance)
+        sizes.append((*_fastest_on(group, timed, default, batch_tokens, tolerance), group))
+    classes: list[tuple[str, list[str], list[str]]] = []  # (engine, batches, reasons) of each route
+    for i, (engine, reasons, group) in enumerate(sizes):
+        neighbours = {sizes[j][0] for j in (i - 1, i + 1)} if 0 < i < len(sizes) - 1 else set()
+        if engine == default and len(neighbours) == 1 and default not in neighbours:
+            engine, reasons = _island(group, timed, default, neighbours.pop(), batch_tokens) or (engine, reasons)
         if classes and classes[-1][0] == engine:
             classes[-1][1].extend(group)
             classes[-1][2].extend(reasons)
@@ -207,6 +213,28 @@ def _fastest_on(
         others = ", ".join(f"{e} {ms[e]}" for e in timed if e != engine)
         reasons.append(f"{batch} ({batch_tokens[batch]} tokens): {engine} {ms[engine]}, {verdict} ({others})")
     return engine, reasons
+
+
+def _island(
+    group: Sequence[str],
+    timed: Mapping[str, Mapping[str, float]],
+    default: str,
+    neighbour: str,
+    batch_tokens: Mapping[str, int],
+) -> tuple[str, list[str]] | None:
+    """``neighbour`` for timing batches of one padded size that the default kept but ``neighbour`` took on both
+    sides, where it was no slower on each (an engine's lead follows the batch's size: a dip under the margin
+    between two wins is the machine's noise), with each batch's times; else None."""
+    if not all(timed[neighbour][b] <= timed[default][b] for b in group):
+        return None
+    reasons = []
+    for batch in group:
+        mine, theirs = (timed[engine][batch] for engine in (neighbour, default))
+        reasons.append(
+            f"{batch} ({batch_tokens[batch]} tokens): {neighbour} {mine * 1e3:.1f} ms, {theirs / mine:.2f}x faster "
+            f"than {default} ({theirs * 1e3:.1f} ms), under the margin but between two sizes it took"
+        )
+    return neighbour, reasons
 
 
 def can_win(engine: str, seconds: Mapping[str, Mapping[str, float]], slack: float = OUT_OF_RACE) -> bool:

@@ -18,17 +18,19 @@ bundle is served:
    candidates taking turns on each batch, each time the median of `TIMING_ROUNDS` rounds. After each round, a
    candidate that can no longer win a batch (`can_win`) is not timed again, its graph is freed, and it no longer
    competes (its medians are of fewer rounds);
-3. choice, per shape class — `pick` names the default engine: onnxruntime's int8 graph where it passed (the
-   baseline, `BASELINE`), else the fastest that passed. Then `pick_routes`: each timing batch is the shape
-   class of the served batches of about its padded tokens, and a challenger takes a class only where it is faster
-   than the default by `CHALLENGER_MARGIN` on that class's batch (`SMALL_BATCH_MARGIN` on the small ones, whose
-   timings are the noisiest), the fastest such preferring `ENGINES`' order within `SPEED_TOLERANCE`. Where
-   candidates are close the default keeps the class (a tie within a shared machine's noise does not hand it over),
-   and no class is served by an engine slower than the default on its timing batch. Neighbouring classes with one engine
-   make one route; a route ends halfway (geometric mean) between the padded tokens of its last timing batch and
-   the next route's first, and the bundle runs each batch on the engine of the route its padded tokens fall in
-   (`OnnxBundle.route_batches`). Padded tokens, not texts: the served batcher cuts batches by a token budget, and
-   what separates the engines is the size of the matrices (OpenVINO's lead grew with the batch's tokens).
+3. choice, per shape class — `pick` names the default engine: onnxruntime's int8 graph where it passed (the baseline,
+   `BASELINE`), else the fastest that passed. Then `pick_routes`: each timing batch is the shape class of the served
+   batches of about its padded tokens, and a challenger takes a class only where it is faster than the default by
+   `CHALLENGER_MARGIN` on that class's batch (`SMALL_BATCH_MARGIN` on the small ones, whose timings are the
+   noisiest), the fastest such preferring `ENGINES`' order within `SPEED_TOLERANCE`. Where candidates are close the
+   default keeps the class (a tie within a shared machine's noise does not hand it over), and no class is served by
+   an engine slower than the default on its timing batch — but a class between two that one challenger took goes to
+   it where it is no slower (its lead follows the batch's size; a dip under the margin between two wins is noise:
+   `pick_routes`). Neighbouring classes with one engine make one route; a route ends halfway (geometric mean) between
+   the padded tokens of its last timing batch and the next route's first, and the bundle runs each batch on the
+   engine of the route its padded tokens fall in (`OnnxBundle.route_batches`). Padded tokens, not texts: the served
+   batcher cuts batches by a token budget, and what separates the engines is the size of the matrices (OpenVINO's
+   lead grew with the batch's tokens).
 
 The timings are kept for the process (`TIMED`): a later load of graphs of the same shapes — the next version of a
 served model, as an /adapt job publishes it — checks only the engines whose routes they chose and reuses the timings,

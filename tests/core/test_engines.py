@@ -89,6 +89,36 @@ def test_ties_go_to_the_default_and_a_challenger_must_beat_it_by_the_margin() ->
     assert _routes(trials) == [("openvino-bf16", int((TOKENS["1"] * TOKENS["4"]) ** 0.5)), (BASELINE, None)]
 
 
+def test_a_size_kept_under_the_margin_between_two_a_challenger_took_goes_to_it_where_no_slower() -> None:
+    # OpenVINO int8 clearly faster on 16 texts and on long ones, 1.06x on 32 short texts between them (the machine's
+    # noise under the 1.15x margin): one route from 16 texts up, not an island of the default in between.
+    def trials(short_ratio: float) -> list[Trial]:
+        return [
+            _passed(BASELINE, 0.027, 0.076, 0.002, 0.006, 0.020),
+            _passed("openvino-int8", 0.027 / short_ratio, 0.050, 0.003, 0.006, 0.015),
+        ]
+
+    routes = pick_routes(trials(1.06), BASELINE, TOKENS)
+    assert [(r.engine, r.batches) for r in routes] == [
+        (BASELINE, ["1", "4"]),
+        ("openvino-int8", ["16", "short", "long"]),
+    ]
+    assert "under the margin but between two sizes it took" in routes[1].reason
+    # slower there: the default keeps it, whatever its neighbours
+    assert [r.engine for r in pick_routes(trials(0.97), BASELINE, TOKENS)] == [
+        BASELINE,
+        "openvino-int8",
+        BASELINE,
+        "openvino-int8",
+    ]
+    # the largest and smallest sizes have one neighbour: never an island
+    edge = [
+        _passed(BASELINE, 0.027, 0.076, 0.002, 0.006, 0.020),
+        _passed("openvino-int8", 0.020, 0.072, 0.003, 0.006, 0.015),
+    ]
+    assert [r.engine for r in pick_routes(edge, BASELINE, TOKENS)] == [BASELINE, "openvino-int8", BASELINE]
+
+
 def test_among_challengers_within_the_tolerance_the_earlier_engine_wins() -> None:
     near = 1 + engine_choice.SPEED_TOLERANCE / 2
     trials = [
