@@ -8,8 +8,9 @@ class runs the served batches of about that many padded tokens (`core.engine_cho
 A batch of one text is what a server forms when requests come now and then (under load the batcher joins them), so
 it is timed that way: three different texts, each after the engine sat idle for `IDLE_BEFORE_ONE`. Timed back to
 back on one repeated text, OpenVINO's int8 graph ran one text 1.3-1.4x faster than onnxruntime's on an AMD EPYC with
-AVX-512 VNNI, yet served one text 5-14 % slower: after 20 ms idle, in process, 3.7 against 2.9 ms on a stream of
-different texts (its threads wake slower, and a new input shape costs it a shape pass) — docs/BENCHMARKS.md.
+AVX-512 VNNI, yet served one text 5-14 % slower back to back, and with 50 ms idle before each of a stream of
+different texts 4.4 against 3.3 ms in process (its threads wake slower, and a new input shape costs it a shape pass)
+— docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
