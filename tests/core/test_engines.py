@@ -311,7 +311,8 @@ def test_one_text_is_timed_as_a_sporadic_client_sends_it(int8_bundle: Path) -> N
     idle = [gap for gap, rows in gaps if rows == 1]
     assert len(idle) == 2 * 3 - 1  # the warm-up round and one timed round, three texts each, less the very first run
     assert min(idle) >= engine_timing.IDLE_BEFORE_ONE
-    assert all(gap < engine_timing.IDLE_BEFORE_ONE for gap, rows in gaps if rows > 1)
+    # the other batches run back to back (a median: a stalled machine may leave one gap long)
+    assert np.median([gap for gap, rows in gaps if rows > 1]) < engine_timing.IDLE_BEFORE_ONE / 4
 
 
 def test_an_engine_whose_vectors_miss_the_bars_runs_no_batch(copy: Path) -> None:
