@@ -205,14 +205,7 @@ def _fastest_on(
     faster = [e for e in timed if e != default and all(timed[e][b] * margin[b] <= timed[default][b] for b in group)]
     score = {e: math.prod(timed[e][b] for b in group) for e in faster}
     engine = _first_of_fastest(faster, score, tolerance) if faster else default
-    reasons = []
-    for batch in group:
-        ms = {e: f"{seconds[batch] * 1e3:.1f} ms" for e, seconds in timed.items()}
-        ratio = timed[default][batch] / timed[engine][batch]
-        verdict = f"{ratio:.2f}x faster than {default}" if faster else f"no other {margin[batch]:g}x faster"
-        others = ", ".join(f"{e} {ms[e]}" for e in timed if e != engine)
-        reasons.append(f"{batch} ({batch_tokens[batch]} tokens): {engine} {ms[engine]}, {verdict} ({others})")
-    return engine, reasons
+    return engine, _reasons(engine, default, group, timed, batch_tokens, margin=margin)
 
 
 def _island(
@@ -227,14 +220,33 @@ def _island(
     between two wins is the machine's noise), with each batch's times; else None."""
     if not all(timed[neighbour][b] <= timed[default][b] for b in group):
         return None
+    why = "under the margin but between two sizes it took"
+    return neighbour, _reasons(neighbour, default, group, timed, batch_tokens, why=why)
+
+
+def _reasons(
+    engine: str,
+    default: str,
+    group: Sequence[str],
+    timed: Mapping[str, Mapping[str, float]],
+    batch_tokens: Mapping[str, int],
+    *,
+    margin: Mapping[str, float] | None = None,
+    why: str = "",
+) -> list[str]:
+    """Each timing batch's line of a route's reason: ``engine``'s time, how much faster than ``default`` it is and
+    ``why`` (the default itself: no other faster by its ``margin``), and every other engine's time."""
     reasons = []
     for batch in group:
-        mine, theirs = (timed[engine][batch] for engine in (neighbour, default))
-        reasons.append(
-            f"{batch} ({batch_tokens[batch]} tokens): {neighbour} {mine * 1e3:.1f} ms, {theirs / mine:.2f}x faster "
-            f"than {default} ({theirs * 1e3:.1f} ms), under the margin but between two sizes it took"
-        )
-    return neighbour, reasons
+        ms = {e: f"{seconds[batch] * 1e3:.1f} ms" for e, seconds in timed.items()}
+        if engine == default:
+            verdict = f"no other {(margin or {}).get(batch, 1):g}x faster"
+        else:
+            verdict = f"{timed[default][batch] / timed[engine][batch]:.2f}x faster than {default}"
+            verdict += f", {why}" if why else ""
+        others = ", ".join(f"{e} {ms[e]}" for e in timed if e != engine)
+        reasons.append(f"{batch} ({batch_tokens[batch]} tokens): {engine} {ms[engine]}, {verdict} ({others})")
+    return reasons
 
 
 def can_win(engine: str, seconds: Mapping[str, Mapping[str, float]], slack: float = OUT_OF_RACE) -> bool:

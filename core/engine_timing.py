@@ -68,8 +68,9 @@ def time_engines(
     each one-text run after `IDLE_BEFORE_ONE` idle. An engine that cannot win after a round (``still_in`` false)
     is timed no more and removed from ``bundles`` (memory freed)."""
     first = next(iter(bundles.values()))
-    runs = timing_batches(first, texts).items()
-    feeds = {name: [first.pad(first.tokenize(batch)) for batch in batches] for name, batches in runs}
+    runs = timing_batches(first, texts)
+    padded = {id(batch): first.pad(first.tokenize(batch)) for batches in runs.values() for batch in batches}
+    feeds = {name: [padded[id(batch)] for batch in batches] for name, batches in runs.items()}  # a repeat padded once
     samples: dict[str, dict[str, list[float]]] = {engine: {shape: [] for shape in feeds} for engine in bundles}
     names = list(bundles)
     for round_ in range(rounds + 1):

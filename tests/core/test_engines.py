@@ -9,6 +9,7 @@ import json
 import logging
 import random
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -287,8 +288,6 @@ class _RecordedRuns:
         self.runs: list[tuple[float, float, int]] = []
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        import time
-
         started = time.perf_counter()
         out = self.bundle.run(feeds)
         self.runs.append((started, time.perf_counter(), len(feeds["input_ids"])))
