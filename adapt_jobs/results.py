@@ -69,9 +69,16 @@ class EmbeddedTargets(Section):
     seconds: float
 
 
+class PulledPieces(Section):
+    pieces: int = Field(description="pieces of the training documents whose targets were turned toward their document")
+    weight: float = Field(description="the document's weight in a piece's target (student_distil_pull)")
+    seconds: float = Field(description="the teacher's pass over the documents and pieces, out of the time budget")
+
+
 class DistillationTargets(Section):
     """What a student's distillation learns toward: the customer's texts (``distil_teacher``'s embeddings, computed
-    when drawn; absent in jobs that ran before it could be chosen: the adapted teacher's) and the general ones
+    when drawn, or up front for the documents and their pieces, each piece's turned toward its document:
+    ``pulled_pieces``; absent in jobs that ran before it could be chosen: the adapted teacher's) and the general ones
     (``general_targets``; another model than the distillation's teacher embeds them before the clock, its count and
     seconds under its role)."""
 
@@ -82,6 +89,7 @@ class DistillationTargets(Section):
     base_student: EmbeddedTargets | None = None
     base_teacher: EmbeddedTargets | None = None
     adapted_teacher: EmbeddedTargets | None = None
+    pulled_pieces: PulledPieces | None = None
 
 
 class CropStats(Section):

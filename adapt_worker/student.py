@@ -39,9 +39,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from adapt_jobs.knobs import ADAPTED_TEACHER, BASE_STUDENT, BASE_TEACHER
 from adapt_jobs.results import DistillationTargets as DistillationReport
-from adapt_jobs.results import EmbeddedTargets, JobResult, StudentRehearsal, TeacherAdaptation
+from adapt_jobs.results import EmbeddedTargets, JobResult, PulledPieces, StudentRehearsal, TeacherAdaptation
 from adapt_jobs.spec import base_student_name
 from adapt_worker.attempt import AdaptedTeacher, Attempt, Baseline, Trained
 from adapt_worker.context import JobFailed
@@ -51,10 +53,10 @@ from core import registry as reg
 from core.model_folder import RECIPE_FILE, read_trained_on
 from training.assembly import cut_texts
 from training.config import TrainConfig, load_config
-from training.data import query_units, text_units
+from training.data import query_unit_sources, text_units
 from training.encoder import Encoder
 from training.inputs import recipe_training_texts
-from training.targets import TEACHER_EMBEDDINGS, TeacherTargets, write_vectors
+from training.targets import TEACHER_EMBEDDINGS, TeacherTargets, pulled_targets, write_vectors
 
 STUDENT_CHECKPOINT = "checkpoint"  # the folder of a base student's bundle that keeps its torch checkpoint
 ADAPTED_STUDENT = "adapted_student"  # with adapt_jobs.spec's three: the roles a student job scores
@@ -177,7 +179,8 @@ def distil(attempt: Attempt, start: StudentStart) -> Path:
         validation=None,
         max_steps=plan.max_steps,
         epochs=None,
-        time_budget_s=plan.time_budget_s,
+        # the pieces' targets were computed before the clock, where the teacher would have embedded them as drawn
+        time_budget_s=None if plan.time_budget_s is None else max(plan.time_budget_s - targets.seconds_in_budget, 1.0),
         batch_size=recipe.batch_size,
         lr=recipe.lr,
         warmup=recipe.warmup,
@@ -219,7 +222,8 @@ def crop_step(attempt: Attempt, start: StudentStart, checkpoint: Path) -> Path:
 @dataclass(frozen=True)
 class DistillationTargets:
     texts: tuple[str, ...]  # the customer's text units, then the general ones
-    path: Path | None  # the general texts' targets (training.targets.write_vectors); None: the distil teacher's
+    path: Path | None  # targets given up front (training.targets.write_vectors); None: the distil teacher's, as drawn
+    seconds_in_budget: float = 0.0  # spent on targets the distil teacher would otherwise have computed in its budget
 
 
 def distillation_targets(attempt: Attempt, start: StudentStart) -> DistillationTargets:
@@ -227,32 +231,50 @@ def distillation_targets(attempt: Attempt, start: StudentStart) -> DistillationT
     query-shaped pieces of the training documents, then the general texts) and, when the general texts' targets come
     from another model than the distillation's teacher (``general_targets``, by role in ``start.models``), a file of
     those: that model embeds them once before the clock starts, longest first, and a base model keeps its vectors in
-    the cache's teacher-embedding store for the next job. Texts without a given target are embedded by the
+    the cache's teacher-embedding store for the next job. With ``distil_pull`` the distillation's teacher embeds the
+    training documents and their pieces up front, each piece's target turned toward its document's
+    (`training.targets.pulled_targets`), and those seconds come out of the distillation's time budget, where the
+    teacher would have spent them as the texts were drawn. Texts without a given target are embedded by the
     distillation's teacher the first time a batch draws them, inside the distillation's time budget. What the targets
     are and how many texts a frozen model embedded (and its seconds) go to the job's result
     (``distillation_targets``)."""
     plan, ctx, general = attempt.student, attempt.ctx, start.general
-    recipe, seed = start.recipe, attempt.spec.hyperparameters.seed
-    customer = text_units(attempt.split.train, recipe.text_sentences, seed=seed)
-    if plan.distil_spans:
-        customer += query_units(attempt.split.train, plan.distil_spans, seed=seed)
+    recipe, seed, documents = start.recipe, attempt.spec.hyperparameters.seed, attempt.split.train
+    customer = text_units(documents, recipe.text_sentences, seed=seed)
+    pieces = query_unit_sources(documents, plan.distil_spans, seed=seed) if plan.distil_spans else []
+    customer += [text for text, _source in pieces]
     embedded: dict[str, EmbeddedTargets] = {}
-    path = None
+    vectors: dict[str, torch.Tensor] = {}
     if general and plan.general_targets != plan.distil_teacher:
         role = plan.general_targets
         ctx.stage("distilling", detail=f"the {role.replace('_', ' ')} embeds {len(general)} general texts")
         tick = time.perf_counter()
-        model = cut_texts(Encoder.from_pretrained(start.models[role]), recipe.max_seq_length).eval()
         # no later job meets this job's own adapted teacher again: its vectors are not stored
         store = None if role == ADAPTED_TEACHER else attempt.config.cache_dir / TEACHER_EMBEDDINGS
-        targets = TeacherTargets(model, store)
+        targets = TeacherTargets(_frozen(start.models[role], recipe), store)
         count = targets.fill(general, batch_size=recipe.batch_size)
         targets.save()
-        path = attempt.work / "general-targets.npz"
-        write_vectors(path, targets.of(general))
+        vectors.update(targets.of(general))
         embedded[role] = EmbeddedTargets(embedded=count, seconds=round(time.perf_counter() - tick, 2))
+    pulled = None
+    if pieces and plan.distil_pull > 0:
+        ctx.stage("distilling", detail=f"the {plan.distil_teacher.replace('_', ' ')} embeds {len(documents)} "
+                  f"documents and {len(pieces)} pieces of them")  # fmt: skip
+        tick = time.perf_counter()
+        teacher = TeacherTargets(_frozen(start.models[plan.distil_teacher], recipe))  # the customer's: never stored
+        vectors.update(pulled_targets(teacher, documents, pieces, plan.distil_pull, batch_size=recipe.batch_size))
+        pulled = PulledPieces(pieces=len(pieces), weight=plan.distil_pull, seconds=round(time.perf_counter() - tick, 2))
+    path = None
+    if vectors:
+        path = attempt.work / "distillation-targets.npz"
+        write_vectors(path, vectors)
     report = DistillationReport(customer_texts=len(customer), general_texts=len(general),
                                 general_targets=plan.general_targets, distil_teacher=plan.distil_teacher,
-                                **embedded)  # fmt: skip
+                                pulled_pieces=pulled, **embedded)  # fmt: skip
     ctx.result(JobResult(distillation_targets=report), event="distillation_targets")
-    return DistillationTargets(tuple(customer) + tuple(general), path)
+    return DistillationTargets(tuple(customer) + tuple(general), path, pulled.seconds if pulled else 0.0)
+
+
+def _frozen(model: Path, recipe: TrainConfig) -> Encoder:
+    """``model`` as a frozen target model at the recipe's token limit."""
+    return cut_texts(Encoder.from_pretrained(model), recipe.max_seq_length).eval()

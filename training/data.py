@@ -170,16 +170,21 @@ def query_units(documents: Sequence[str], spans: int, *, seed: int) -> list[str]
     document, every sentence and ``spans`` seeded runs of 3-12 of its words (name-like phrases; none from a document of
     12 words or fewer). A text may come twice (a first sentence is a piece and a sentence): the shapes customers
     query with weigh more. Split documents first, then cut: a held-out document's pieces stay held out."""
-    units = document_pieces(documents)
+    return [unit for unit, _source in query_unit_sources(documents, spans, seed=seed)]
+
+
+def query_unit_sources(documents: Sequence[str], spans: int, *, seed: int) -> list[tuple[str, int]]:
+    """`query_units` in the same order, each with the index in ``documents`` of the document it was cut from."""
+    units = [(found[0], i) for i, doc in enumerate(documents) for kind in PIECES if (found := short_piece(doc, kind))]
     rng = random.Random(seed)
     shortest, longest = SPAN_WORDS
-    for document in documents:
-        units += split_sentences(document)
+    for i, document in enumerate(documents):
+        units += [(sentence, i) for sentence in split_sentences(document)]
         words = document.split()
         for _ in range(spans if len(words) > longest else 0):
             n = rng.randint(shortest, longest)
             at = rng.randrange(len(words) - n)
-            units.append(" ".join(words[at : at + n]))
+            units.append((" ".join(words[at : at + n]), i))
     return units
 
 

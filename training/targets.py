@@ -141,3 +141,33 @@ class TeacherTargets:
         merged.update(self.vectors)
         write_vectors(self.path, merged)
         self._unsaved = False
+
+
+def pulled_targets(
+    targets: TeacherTargets,
+    documents: Sequence[str],
+    pieces: Sequence[tuple[str, int]],
+    weight: float,
+    *,
+    batch_size: int = 64,
+) -> dict[str, torch.Tensor]:
+    """Targets that place each piece near the document it was cut from (text SHA-256 → vector): the teacher's
+    embedding of every document as it is, and of every piece ``(text, index in documents)`` turned toward its
+    document's, ``unit(t(piece)) + weight · unit(t(document))`` scaled back to the norm of ``t(piece)``. Distilled, the
+    student learns to put a query-shaped piece where the teacher would, moved toward the document that answers it —
+    what a short query finding its document asks of it — in the teacher's space, so the documents' own targets and
+    every other text's stay the teacher's. ``weight`` 0 gives the teacher's embeddings unchanged; a piece equal to a
+    document keeps the document's. The teacher embeds what ``targets`` does not hold yet (`TeacherTargets.fill`)."""
+    if weight < 0:
+        raise ValueError(f"weight must be >= 0, got {weight}")
+    targets.fill([*documents, *(text for text, _source in pieces)], batch_size=batch_size)
+    vectors = targets.of(documents)
+    anchors = {i: torch.nn.functional.normalize(vectors[text_key(doc)], dim=-1) for i, doc in enumerate(documents)}
+    for text, source in pieces:
+        key = text_key(text)
+        if key in vectors:  # a document, or a piece already placed (the first source wins)
+            continue
+        own = targets.of([text])[key]
+        turned = torch.nn.functional.normalize(own, dim=-1) + weight * anchors[source]
+        vectors[key] = turned / turned.norm() * own.norm()
+    return vectors

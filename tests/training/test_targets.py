@@ -7,7 +7,14 @@ from pathlib import Path
 import torch
 
 from training.encoder import Encoder
-from training.targets import TeacherTargets, read_vectors, teacher_fingerprint, text_key, write_vectors
+from training.targets import (
+    TeacherTargets,
+    pulled_targets,
+    read_vectors,
+    teacher_fingerprint,
+    text_key,
+    write_vectors,
+)
 
 
 def test_memoised_targets_equal_the_teacher_run_on_the_batch(tiny_bert_path: Path) -> None:
@@ -74,3 +81,26 @@ def test_the_fingerprint_of_a_folder_is_the_same_on_every_load(tiny_bert_path: P
     assert teacher_fingerprint(first) == teacher_fingerprint(second)
     first.backbone.embeddings.word_embeddings.weight.data[0, 0] += 1.0  # a weight that is used
     assert teacher_fingerprint(first) != teacher_fingerprint(second)
+
+
+def test_pulled_targets_turn_each_piece_toward_its_own_document(tiny_bert_path: Path) -> None:
+    teacher = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    documents = ["Rivers carry water to the sea. They cut valleys.", "Compilers turn source code into machine code."]
+    pieces = [("Rivers carry water", 0), ("machine code", 1), ("They cut valleys.", 0), (documents[1], 1)]
+    targets = TeacherTargets(teacher)
+    pulled = pulled_targets(targets, documents, pieces, 1.0, batch_size=2)
+    assert set(pulled) == {text_key(t) for t in [*documents, *(p for p, _ in pieces)]}
+    own = targets.of([*documents, *(p for p, _ in pieces)])
+    unit = torch.nn.functional.normalize
+    for text, source in pieces[:3]:
+        key, home = text_key(text), text_key(documents[source])
+        torch.testing.assert_close(pulled[key].norm(), own[key].norm())  # the piece's scale kept
+        expected = unit(unit(own[key], dim=0) + unit(own[home], dim=0), dim=0)  # unit(t(p)) + 1 * unit(t(d))
+        torch.testing.assert_close(unit(pulled[key], dim=0), expected)
+        closer = unit(pulled[key], dim=0) @ unit(own[home], dim=0) - unit(own[key], dim=0) @ unit(own[home], dim=0)
+        assert closer > 0  # nearer its own document than the teacher put it
+    for document in documents:  # documents, and a piece that is a whole document, keep the teacher's embedding
+        torch.testing.assert_close(pulled[text_key(document)], own[text_key(document)])
+    unchanged = pulled_targets(TeacherTargets(teacher), documents, pieces, 0.0)
+    for key, vector in unchanged.items():
+        torch.testing.assert_close(vector, own[key], atol=1e-5, rtol=0)
