@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows[role]["real"] = known[role]["real"]
             else:
                 if not real_path.is_file():
-                    real_path.write_text(f"{real_task(open_model(spec), name, docs, args.seed)[1]!r}")
+                    real_path.write_text(f"{real_task(open_model(spec), name, docs, args.seed)['real']!r}")
                 rows[role]["real"] = float(real_path.read_text())
             print(f"{name} {role:>22s}: " + " ".join(f"{k} {rows[role]['checks'][k]:.2f}" for k in SHOWN)
                   + f" | real {rows[role]['real']:.2f}", flush=True)  # fmt: skip

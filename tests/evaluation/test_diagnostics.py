@@ -7,7 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
+from evaluation.diagnostics import (
+    alignment,
+    effective_rank,
+    knn_accuracy,
+    knn_leave_one_out_accuracy,
+    uniformity,
+)
 
 
 def test_knn_accuracy_separated_clusters_is_perfect() -> None:
@@ -44,6 +50,33 @@ def test_knn_accuracy_errors_say_what_to_fix() -> None:
         knn_accuracy(np.ones((10, 2)), [0, 1, 0])
     with pytest.raises(ValueError, match="k=10 is larger than the 9 training points"):
         knn_accuracy(np.ones((10, 2)), [0] * 10, k=10)
+
+
+def test_knn_leave_one_out_classifies_each_point_by_its_nearest_others() -> None:
+    # On a line with no two distances equal: each point's 3 nearest others, found by hand.
+    xs = [0.0, 1.0, 2.3, 10.0, 11.1, 1.4, 10.6, 1.75]
+    emb = np.hstack([np.array(xs)[:, None], np.ones((8, 1))])
+    labels = ["x", "x", "y", "y", "y", "x", "y", "y"]
+    right = 0
+    for i in range(8):
+        nearest = sorted((j for j in range(8) if j != i), key=lambda j: abs(xs[j] - xs[i]))[:3]
+        votes = [labels[j] for j in nearest]
+        right += max(set(votes), key=votes.count) == labels[i]
+    assert (
+        right == 5
+    )  # 2.3 (y: 1.75 y, 1.4 x, 1.0 x), 1.4 (x: 1.75 y, 1.0 x, 2.3 y) and 1.75 (y: 1.4 x, 2.3 y, 1.0 x) missed
+    assert knn_leave_one_out_accuracy(emb, labels, k=3, metric="euclidean") == right / 8
+    # A point is never its own neighbour, even where another point sits on it: a lone "b" among "a"s is missed.
+    assert knn_leave_one_out_accuracy(np.ones((4, 2)), ["a", "a", "a", "b"], k=3) == 0.75
+
+
+def test_knn_leave_one_out_ties_go_to_the_tied_class_with_the_nearest_neighbour() -> None:
+    # k=2 on a line. 0.0 (b) sees 1.0 b and 1.7 a: a tie, won by b, the nearer (sort order would say a). 1.0 (b)
+    # sees 1.7 a and 0.0 b: a tie won by a (wrong). 1.7 (a) sees 1.0 b and 0.0 b (wrong); 5.0 and 5.5 see a's.
+    emb = np.hstack([np.array([[0.0], [1.0], [1.7], [5.0], [5.5]]), np.ones((5, 1))])
+    assert knn_leave_one_out_accuracy(emb, ["b", "b", "a", "a", "a"], k=2, metric="euclidean") == 0.6
+    with pytest.raises(ValueError, match="k=5 is larger than the 4 training points"):
+        knn_leave_one_out_accuracy(emb, ["b", "b", "a", "a", "a"], k=5)
 
 
 def test_effective_rank_of_known_spectra() -> None:
