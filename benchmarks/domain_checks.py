@@ -73,6 +73,12 @@ def real_task(model: EmbeddingModel, name: str, job_docs: list[Any], seed: int) 
     return {"real_task": f"title → document among {len(pool)}", "real": float(scores.mean())}
 
 
+def real_text(scored: dict[str, Any]) -> str:
+    """One model's real-task figures (`real_task`'s) as a log line says them."""
+    fine = f", leave-one-out {scored['real_leave_one_out']:.2f}" if "real_leave_one_out" in scored else ""
+    return f"real {scored['real']:.2f} ({scored['real_task']}){fine}"
+
+
 def score(spec: str, name: str, docs: list[Any], split: Any, crops: list[tuple[str, str]], seed: int) -> dict:
     """One model on one domain's split: the crop-pair check, the short-piece checks and the real task."""
     model = open_model(spec)
@@ -107,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = round(time.perf_counter() - tick, 1)
                 rows.append({"domain": name, "seed": seed, "role": role, "model": spec, **scored, "seconds": seconds})
                 checks = " ".join(f"{k} {v:.2f}" for k, v in scored["checks"].items())
-                print(f"{name} s{seed} {role:>10s}: {checks} | real {scored['real']:.2f} ({scored['real_task']}) "
-                      f"[{seconds} s]", flush=True)  # fmt: skip
+                print(f"{name} s{seed} {role:>10s}: {checks} | {real_text(scored)} [{seconds} s]", flush=True)
     agreement = []
     for (name, seed), group in itertools.groupby(rows, key=lambda r: (r["domain"], r["seed"])):
         for a, b in itertools.combinations(list(group), 2):

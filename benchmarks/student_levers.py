@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_adapt import unseen_documents
-from domain_checks import score
+from domain_checks import real_text, score
 from report_file import write_report
 
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         results.setdefault("scores", {})[role] = score(model, args.domain, docs, split, crops, args.seed)
         row = results["scores"][role]
         print(f"{args.domain} s{args.seed} {role:>12s}: " + " ".join(f"{k} {v:.2f}" for k, v in row["checks"].items())
-              + f" | real {row['real']:.2f} ({row['real_task']})", flush=True)  # fmt: skip
+              + f" | {real_text(row)}", flush=True)  # fmt: skip
     write_report(args.out, results)
     return 0
 
