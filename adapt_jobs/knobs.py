@@ -161,14 +161,14 @@ STUDENT_KNOBS = (
          "document's short pieces (its first sentence, first words, most central sentence) and every sentence: "
          "text shaped like a customer's queries, whose teacher embeddings the student learns too; 0 = whole "
          "documents and a sentence of each only."),
-    Knob("distil_pull", float, 0.5, ge=0, prefix="student_", absent=0.0,
-         help="Weight of a piece's source document in the piece's distillation target: the teacher's embedding of "
-         "each piece (distil_spans) is turned toward its document's, unit(piece) + w * unit(document), so the student "
+    Knob("distil_pull", float, 2.0, ge=0, prefix="student_", absent=0.0,
+         help="Weight of a piece's source document in the piece's distillation target: the teacher's embedding of each "
+         "piece (distil_spans) is turned toward its document's, unit(piece) + w * unit(document), so the student "
          "learns to put a query-shaped piece near the document that answers it (the teacher embeds the documents and "
-         "pieces up front, inside the time budget); 0 = the teacher's embeddings as they are. Seed 0 on the 300-step "
-         "base student, the real task against 0: CWE (a weakness's name finding its text) +0.67 / +1.45 / +3.68 with "
-         "0.5 / 1 / 2, SPDX licences +2.37 with 0.5 but -1.83 with 2, where the short-piece check rose either way "
-         "(docs/BENCHMARKS.md)."),
+         "pieces up front, inside the time budget); 0 = the teacher's embeddings as they are. Five seeds on the "
+         "recipe's base student, the real task against minilm-l6 not adapted, with 2 (with 0): CWE, a weakness's name "
+         "finding its text, -0.14 to +0.91 (-4.56 to -3.23); drug reviews' kNN -1.00 to +2.33 (-3.00 to -0.67); SPDX "
+         "licences -0.12 to +1.57 (+2.81 to +4.45), where the short-piece check rose either way (docs/BENCHMARKS.md)."),
     Knob("general_texts", int, 4000, ge=0, prefix="student_",
          help="General texts (a seeded sample of the texts the base student was built on) the student keeps its "
          "view of off the customer's domain: rehearsed in the crop step and distilled beside the customer's texts; "
