@@ -71,6 +71,8 @@ class EmbeddedTargets(Section):
 
 class PulledPieces(Section):
     pieces: int = Field(description="pieces of the training documents whose targets were turned toward their document")
+    shared: int = Field(0, description="pieces whose words another training document also holds: left at the "
+                        "teacher's embedding, since they do not say which document they belong to")
     weight: float = Field(description="the document's weight in a piece's target (student_distil_pull)")
     seconds: float = Field(description="the teacher's pass over the documents and pieces, out of the time budget")
 

@@ -53,7 +53,7 @@ from core import registry as reg
 from core.model_folder import RECIPE_FILE, read_trained_on
 from training.assembly import cut_texts
 from training.config import TrainConfig, load_config
-from training.data import query_unit_sources, text_units
+from training.data import query_unit_sources, shared_pieces, text_units
 from training.encoder import Encoder
 from training.inputs import recipe_training_texts
 from training.targets import TEACHER_EMBEDDINGS, TeacherTargets, pulled_targets, write_vectors
@@ -261,9 +261,13 @@ def distillation_targets(attempt: Attempt, start: StudentStart) -> DistillationT
         ctx.stage("distilling", detail=f"the {plan.distil_teacher.replace('_', ' ')} embeds {len(documents)} "
                   f"documents and {len(pieces)} pieces of them")  # fmt: skip
         tick = time.perf_counter()
+        shared = shared_pieces(documents, pieces)
         teacher = TeacherTargets(_frozen(start.models[plan.distil_teacher], recipe))  # the customer's: never stored
-        vectors.update(pulled_targets(teacher, documents, pieces, plan.distil_pull, batch_size=recipe.batch_size))
-        pulled = PulledPieces(pieces=len(pieces), weight=plan.distil_pull, seconds=round(time.perf_counter() - tick, 2))
+        vectors.update(pulled_targets(teacher, documents, pieces, plan.distil_pull, shared=shared,
+                                      batch_size=recipe.batch_size))  # fmt: skip
+        unturned = sum(text in shared for text, _source in pieces)
+        pulled = PulledPieces(pieces=len(pieces) - unturned, shared=unturned, weight=plan.distil_pull,
+                              seconds=round(time.perf_counter() - tick, 2))  # fmt: skip
     path = None
     if vectors:
         path = attempt.work / "distillation-targets.npz"

@@ -188,6 +188,38 @@ def query_unit_sources(documents: Sequence[str], spans: int, *, seed: int) -> li
     return units
 
 
+def shared_pieces(documents: Sequence[str], pieces: Sequence[tuple[str, int]]) -> set[str]:
+    """The texts of ``pieces`` (``(text, index in documents)``, as `query_unit_sources` cuts them) whose words also
+    run, in order, through a document other than their own (case and spacing aside): boilerplate a licence shares
+    with its variants, a phrase many documents use. Such a piece does not say which document it belongs to, so a
+    target that turns it toward one of them (`training.targets.pulled_targets`) teaches the student a guess. Candidate
+    documents come from an index of each document's word runs (up to three words), then a substring test confirms."""
+    words = [" ".join(doc.lower().split()) for doc in documents]
+    padded = [f" {text} " for text in words]
+    index: dict[int, dict[tuple[str, ...], set[int]]] = {}
+
+    def grams_of(tokens: list[str], k: int) -> set[tuple[str, ...]]:
+        return {tuple(tokens[i : i + k]) for i in range(len(tokens) - k + 1)}
+
+    shared: set[str] = set()
+    for text, source in pieces:
+        tokens = text.lower().split()
+        if not tokens or text in shared:
+            continue
+        k = min(len(tokens), 3)
+        if k not in index:
+            index[k] = {}
+            for i, doc in enumerate(words):
+                for gram in grams_of(doc.split(), k):
+                    index[k].setdefault(gram, set()).add(i)
+        grams = grams_of(tokens, k)
+        candidates = set.intersection(*(index[k].get(gram, set()) for gram in grams)) - {source}
+        needle = f" {' '.join(tokens)} "
+        if any(needle in padded[i] for i in candidates):
+            shared.add(text)
+    return shared
+
+
 @dataclass(frozen=True)
 class ScoredPair:
     text1: str

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +149,7 @@ def pulled_targets(
     pieces: Sequence[tuple[str, int]],
     weight: float,
     *,
+    shared: Set[str] = frozenset(),
     batch_size: int = 64,
 ) -> dict[str, torch.Tensor]:
     """Targets that place each piece near the document it was cut from (text SHA-256 → vector): the teacher's
@@ -156,8 +157,10 @@ def pulled_targets(
     document's, ``unit(t(piece)) + weight · unit(t(document))`` scaled back to the norm of ``t(piece)``. Distilled, the
     student learns to put a query-shaped piece where the teacher would, moved toward the document that answers it —
     what a short query finding its document asks of it — in the teacher's space, so the documents' own targets and
-    every other text's stay the teacher's. ``weight`` 0 gives the teacher's embeddings unchanged; a piece equal to a
-    document keeps the document's. The teacher embeds what ``targets`` does not hold yet (`TeacherTargets.fill`)."""
+    every other text's stay the teacher's. A piece in ``shared`` — one whose words another document holds too
+    (`training.data.shared_pieces`): it does not say which document it belongs to — keeps the teacher's embedding, as
+    ``weight`` 0 gives every piece; a piece equal to a document keeps the document's. The teacher embeds what
+    ``targets`` does not hold yet (`TeacherTargets.fill`: longest first, so a batch pads little)."""
     if weight < 0:
         raise ValueError(f"weight must be >= 0, got {weight}")
     targets.fill([*documents, *(text for text, _source in pieces)], batch_size=batch_size)
@@ -165,9 +168,12 @@ def pulled_targets(
     anchors = {i: torch.nn.functional.normalize(vectors[text_key(doc)], dim=-1) for i, doc in enumerate(documents)}
     for text, source in pieces:
         key = text_key(text)
-        if key in vectors:  # a document, or a piece already placed (the first source wins)
+        if key in vectors:  # a document, or a piece its document gave twice (a first sentence is also a sentence)
             continue
         own = targets.of([text])[key]
+        if text in shared:
+            vectors[key] = own
+            continue
         turned = torch.nn.functional.normalize(own, dim=-1) + weight * anchors[source]
         vectors[key] = turned / turned.norm() * own.norm()
     return vectors

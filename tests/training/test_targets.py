@@ -104,3 +104,6 @@ def test_pulled_targets_turn_each_piece_toward_its_own_document(tiny_bert_path: 
     unchanged = pulled_targets(TeacherTargets(teacher), documents, pieces, 0.0)
     for key, vector in unchanged.items():
         torch.testing.assert_close(vector, own[key], atol=1e-5, rtol=0)
+    shared = pulled_targets(targets, documents, pieces, 1.0, shared={"They cut valleys."})  # another holds it
+    torch.testing.assert_close(shared[text_key("They cut valleys.")], own[text_key("They cut valleys.")])
+    torch.testing.assert_close(shared[text_key("machine code")], pulled[text_key("machine code")])

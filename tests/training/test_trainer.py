@@ -20,6 +20,7 @@ from training.data import (
     load_scored_pairs,
     name_phrases,
     query_units,
+    shared_pieces,
     text_units,
 )
 from training.encoder import Encoder
@@ -362,6 +363,24 @@ def test_query_units_are_each_documents_pieces_sentences_and_word_runs() -> None
     assert units[len(pieces) + len(sentences) + 4 :] == split_sentences(short)
     assert query_units([long, short], 4, seed=0) == units and query_units([long, short], 4, seed=1) != units
     assert query_units([long, short], 0, seed=0) == [u for u in units if u not in runs]
+
+
+def test_shared_pieces_are_those_whose_words_another_document_holds() -> None:
+    mit = "Permission is hereby granted, free of charge, to any person. The MIT licence asks for the notice."
+    isc = "Permission to use, copy, modify this software is granted. THE SOFTWARE IS PROVIDED AS IS."
+    bsd = "Redistribution in source form is permitted.  The software is provided   AS IS.  There is no warranty."
+    documents = [mit, isc, bsd]
+    pieces = [
+        ("Permission is hereby granted", 0),  # only in its own document
+        ("THE SOFTWARE IS PROVIDED AS IS.", 1),  # in the BSD text too, case and spacing aside
+        ("There is no warranty", 2),  # only in its own document
+        ("permission", 0),  # one word the ISC text holds as well
+        ("The MIT licence asks", 0),
+        ("is granted. THE", 1),  # runs across a sentence end of its own document only
+        ("copy, modify", 2),  # a piece said to come from a document that lacks it: another holds it
+    ]
+    assert shared_pieces(documents, pieces) == {"THE SOFTWARE IS PROVIDED AS IS.", "permission", "copy, modify"}
+    assert shared_pieces(documents, []) == set()
 
 
 def test_teacher_fidelity_is_one_for_the_teacher_and_lower_for_another_model(
