@@ -233,11 +233,12 @@ def distillation_targets(attempt: Attempt, start: StudentStart) -> DistillationT
     those: that model embeds them once before the clock starts, longest first, and a base model keeps its vectors in
     the cache's teacher-embedding store for the next job. With ``distil_pull`` the distillation's teacher embeds the
     training documents and their pieces up front, each piece's target turned toward its document's
-    (`training.targets.pulled_targets`), and those seconds come out of the distillation's time budget, where the
-    teacher would have spent them as the texts were drawn. Texts without a given target are embedded by the
-    distillation's teacher the first time a batch draws them, inside the distillation's time budget. What the targets
-    are and how many texts a frozen model embedded (and its seconds) go to the job's result
-    (``distillation_targets``)."""
+    (`training.targets.pulled_targets`) unless another training document holds its words too
+    (`training.data.shared_pieces`: such a piece keeps the teacher's embedding), and those seconds come out of the
+    distillation's time budget, where the teacher would have spent them as the texts were drawn. Texts without a
+    given target are embedded by the distillation's teacher the first time a batch draws them, inside the
+    distillation's time budget. What the targets are and how many texts a frozen model embedded (and its seconds) go
+    to the job's result (``distillation_targets``)."""
     plan, ctx, general = attempt.student, attempt.ctx, start.general
     recipe, seed, documents = start.recipe, attempt.spec.hyperparameters.seed, attempt.split.train
     customer = text_units(documents, recipe.text_sentences, seed=seed)
