@@ -194,27 +194,26 @@ def shared_pieces(documents: Sequence[str], pieces: Sequence[tuple[str, int]]) -
     with its variants, a phrase many documents use. Such a piece does not say which document it belongs to, so a
     target that turns it toward one of them (`training.targets.pulled_targets`) teaches the student a guess. Candidate
     documents come from an index of each document's word runs (up to three words), then a substring test confirms."""
-    words = [" ".join(doc.lower().split()) for doc in documents]
-    padded = [f" {text} " for text in words]
-    index: dict[int, dict[tuple[str, ...], set[int]]] = {}
+    tokens = [doc.lower().split() for doc in documents]
+    padded = [f" {' '.join(words)} " for words in tokens]  # a substring here is a whole-word run
+    index: dict[int, dict[tuple[str, ...], set[int]]] = {}  # run length -> run -> documents holding it
 
-    def grams_of(tokens: list[str], k: int) -> set[tuple[str, ...]]:
-        return {tuple(tokens[i : i + k]) for i in range(len(tokens) - k + 1)}
+    def runs(words: list[str], k: int) -> set[tuple[str, ...]]:
+        return {tuple(words[i : i + k]) for i in range(len(words) - k + 1)}
 
     shared: set[str] = set()
     for text, source in pieces:
-        tokens = text.lower().split()
-        if not tokens or text in shared:
+        words = text.lower().split()
+        if not words or text in shared:
             continue
-        k = min(len(tokens), 3)
+        k = min(len(words), 3)
         if k not in index:
             index[k] = {}
-            for i, doc in enumerate(words):
-                for gram in grams_of(doc.split(), k):
-                    index[k].setdefault(gram, set()).add(i)
-        grams = grams_of(tokens, k)
-        candidates = set.intersection(*(index[k].get(gram, set()) for gram in grams)) - {source}
-        needle = f" {' '.join(tokens)} "
+            for i, doc_words in enumerate(tokens):
+                for run in runs(doc_words, k):
+                    index[k].setdefault(run, set()).add(i)
+        candidates = set.intersection(*(index[k].get(run, set()) for run in runs(words, k))) - {source}
+        needle = f" {' '.join(words)} "
         if any(needle in padded[i] for i in candidates):
             shared.add(text)
     return shared
