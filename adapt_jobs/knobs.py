@@ -169,9 +169,7 @@ STUDENT_KNOBS = (
          "documents and pieces up front, inside the time budget; 0 = the teacher's embeddings as they are. On the "
          "recipe's base student, the real task against minilm-l6 not adapted, with 2 (with 0): SPDX licences, a "
          "licence's name finding its text, +4.83 to +6.73 (+2.81 to +4.45); CWE weaknesses -0.10 to +0.77 (-4.56 "
-         "to -3.23); drug reviews' kNN -1.00 to +2.33 (-3.00 to -0.67) (five seeds each; CWE seed 3 and the "
-         "reviews' seeds 0 and 3 measured before shared pieces kept the teacher's embedding, which moved the seeds "
-         "run again by under 0.7 points; docs/BENCHMARKS.md)."),
+         "to -3.23); drug reviews' kNN -1.00 to +2.00 (-3.00 to -0.67) (five seeds each; docs/BENCHMARKS.md)."),
     Knob("general_texts", int, 4000, ge=0, prefix="student_",
          help="General texts (a seeded sample of the texts the base student was built on) the student keeps its "
          "view of off the customer's domain: rehearsed in the crop step and distilled beside the customer's texts; "
