@@ -162,10 +162,18 @@ def student_start(attempt: Attempt, teacher: AdaptedTeacher) -> StudentStart:
 def distil(attempt: Attempt, start: StudentStart) -> Path:
     """The distillation of the plan's ``distil_teacher`` into the base student (``max_steps``, ``time_budget_s``); its
     best checkpoint."""
-    plan, hp, recipe = attempt.student, attempt.spec.hyperparameters, start.recipe
     with guarded("distillation", SCRATCH_VOLUME):
         targets = distillation_targets(attempt, start)
-    train_config = TrainConfig(
+    train_config = distillation_config(attempt, start, targets)
+    result = run_training(attempt.ctx, train_config, stage="distilling", done="distilled", reason="distillation")
+    return result.best_dir
+
+
+def distillation_config(attempt: Attempt, start: StudentStart, targets: DistillationTargets) -> TrainConfig:
+    """The distillation's run: the student recipe's objective, views, token limit and schedule on ``targets``, at the
+    plan's ``distil_lr`` (0: the recipe's), steps and time budget (less what the targets took up front)."""
+    plan, hp, recipe = attempt.student, attempt.spec.hyperparameters, start.recipe
+    return TrainConfig(
         name=attempt.spec.name,
         model=str(start.checkpoint),
         teacher=str(start.models[plan.distil_teacher]),
@@ -182,7 +190,7 @@ def distil(attempt: Attempt, start: StudentStart) -> Path:
         # the pieces' targets were computed before the clock, where the teacher would have embedded them as drawn
         time_budget_s=None if plan.time_budget_s is None else max(plan.time_budget_s - targets.seconds_in_budget, 1.0),
         batch_size=recipe.batch_size,
-        lr=recipe.lr,
+        lr=plan.distil_lr or recipe.lr,
         warmup=recipe.warmup,
         grad_clip=recipe.grad_clip,
         seed=hp.seed,
@@ -191,8 +199,6 @@ def distil(attempt: Attempt, start: StudentStart) -> Path:
         progress_bar=False,
         log_every=10,
     )
-    result = run_training(attempt.ctx, train_config, stage="distilling", done="distilled", reason="distillation")
-    return result.best_dir
 
 
 def crop_step(attempt: Attempt, start: StudentStart, checkpoint: Path) -> Path:

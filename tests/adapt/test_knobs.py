@@ -113,7 +113,7 @@ def test_a_job_stored_before_this_declaration_reads_back_as_it_ran() -> None:
     }  # fmt: skip
     spec = JobSpec.from_params(stored)
     # what a distillation ran with then
-    ran = {"distil_teacher": "adapted_teacher", "distil_spans": 0, "distil_pull": 0.0}
+    ran = {"distil_teacher": "adapted_teacher", "distil_spans": 0, "distil_pull": 0.0, "distil_lr": 0.0}
     assert spec.to_params() == {**stored, "student": {**stored["student"], **ran}}
     today = JobSpec.build(AdaptSettings.model_construct(), base_model="minilm-l6", name="acme", student="sct-tiny")
     assert spec.hyperparameters == today.hyperparameters

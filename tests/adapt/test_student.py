@@ -21,7 +21,13 @@ from adapt_jobs.results import JobResult
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.spec import JobSpec, StudentPlan
 from adapt_worker.attempt import Attempt, HeldOutSplit
-from adapt_worker.student import StudentStart, base_student_checkpoint, distillation_targets
+from adapt_worker.student import (
+    DistillationTargets,
+    StudentStart,
+    base_student_checkpoint,
+    distillation_config,
+    distillation_targets,
+)
 from core import registry
 from core.model_folder import RECIPE_FILE
 from embedder import adapt_cli
@@ -256,6 +262,26 @@ def test_general_targets_from_a_frozen_model_are_given_to_the_trainer_and_kept_f
     ahead, report = targets("adapted_teacher", distil_teacher="base_teacher")
     assert ahead.path is not None and report["adapted_teacher"]["embedded"] == 16
     assert targets("adapted_teacher", distil_teacher="base_teacher")[1]["adapted_teacher"]["embedded"] == 16
+
+
+def test_the_distillation_runs_at_the_plans_learning_rate_or_else_its_recipes(tmp_path: Path) -> None:
+    """``student_distil_lr`` sets the distillation's peak learning rate (the default, 2e-4, twice sct-tiny's own);
+    0, what a job stored before the setting ran with, keeps the student recipe's."""
+    recipe = load_config("sct-tiny")
+    config = AdaptConfig(registry_dir=tmp_path / "registry", cache_dir=tmp_path / "cache", settings=AdaptSettings())
+    targets = DistillationTargets(texts=("a text.",), path=None)
+
+    def lr(distil_lr: float) -> float:
+        plan = dataclasses.replace(StudentPlan.build(AdaptSettings(), "sct-tiny"), distil_lr=distil_lr)
+        spec = dataclasses.replace(JobSpec.build(AdaptSettings(), base_model="tiny6", name="news"), student=plan)
+        attempt = Attempt(job=None, ctx=_Recorder(), config=config, work=tmp_path, spec=spec, base_path=tmp_path,
+                          split=HeldOutSplit([], [], []), rule=None, checks=None, labelled=None)  # fmt: skip
+        start = StudentStart("tiny6--sct-tiny", tmp_path / "student", (), [], {"base_teacher": tmp_path}, recipe)
+        return distillation_config(attempt, start, targets).lr
+
+    assert AdaptSettings().student_distil_lr == 2e-4 == lr(2e-4)
+    assert lr(3e-4) == 3e-4
+    assert lr(0.0) == recipe.lr == 1e-4
 
 
 def test_the_cli_submits_a_corpus_file_follows_the_job_and_says_how_it_ended(
