@@ -169,7 +169,8 @@ STUDENT_KNOBS = (
          "documents and pieces up front, inside the time budget; 0 = the teacher's embeddings as they are. On the "
          "recipe's base student, the real task against minilm-l6 not adapted, with 2 (with 0): SPDX licences, a "
          "licence's name finding its text, +4.83 to +6.73 (+2.81 to +4.45); CWE weaknesses -0.10 to +0.77 (-4.56 "
-         "to -3.23); drug reviews' kNN -1.00 to +2.00 (-3.00 to -0.67) (five seeds each; docs/BENCHMARKS.md)."),
+         "to -3.23); drug reviews' kNN -1.00 to +2.00 (-3.00 to -0.67) (five seeds each, at the recipe's learning "
+         "rate; docs/BENCHMARKS.md)."),
     Knob("distil_lr", float, 2e-4, ge=0, prefix="student_", absent=0.0,
          help="Peak learning rate of the distillation (linear warm-up and decay, as the student's recipe runs it); 0 "
          "= the recipe's own (sct-tiny: 1e-4, set for its 1,200-step build). 300 steps on the customer's texts "
