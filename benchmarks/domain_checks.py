@@ -9,7 +9,8 @@ For each unseen domain (`core.corpora.UNSEEN_DOMAINS`) rebuilds what a `bench_ad
 - the domain's real task, which the job never sees: the publisher's titles retrieving their documents (CWE weakness
   names among all 839 weaknesses, HPO term names among 5,000 terms — the job's 1,000 and 4,000 more —, SPDX licence
   names among the 322 licences), or kNN accuracy of the drug reviews' condition (conditions with ≥ 10 reviews, k = 10,
-  five seeded 9:1 splits; and, finer, every review classified once by its 10 nearest others).
+  10-fold cross-validation repeated ten times, each fit a 9:1 split; and every review classified once by its 10
+  nearest others).
 
 Every pair of models is then compared: does each check move in the same direction as the real task?
 
@@ -39,7 +40,7 @@ from adapt_worker.attempt import split_corpus
 from core.corpora import UNSEEN_DOMAINS
 from core.runtime import cpu_features, cpu_text
 from core.text import choose_crop_rule
-from evaluation.diagnostics import knn_accuracy, knn_leave_one_out_accuracy
+from evaluation.diagnostics import knn_cross_validated_accuracy, knn_leave_one_out_accuracy
 from evaluation.domain_checks import piece_retrieval, title_retrieval
 from evaluation.embedding_model import EmbeddingModel
 from evaluation.gate import IN_DOMAIN_TASK
@@ -59,7 +60,7 @@ def real_task(model: EmbeddingModel, name: str, job_docs: list[Any], seed: int) 
         labels = [d.label for d in kept]
         return {
             "real_task": f"kNN condition ({len(kept)} reviews, {len(set(labels))} conditions)",
-            "real": 100 * float(np.mean([knn_accuracy(emb, labels, k=10, seed=s) for s in range(5)])),
+            "real": 100 * knn_cross_validated_accuracy(emb, labels, k=10),
             "real_leave_one_out": 100 * knn_leave_one_out_accuracy(emb, labels, k=10),
         }
     every = UNSEEN_DOMAINS[UNSEEN[name]]()

@@ -6,11 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from sklearn.model_selection import RepeatedKFold
 
 from evaluation.diagnostics import (
     alignment,
     effective_rank,
     knn_accuracy,
+    knn_cross_validated_accuracy,
     knn_leave_one_out_accuracy,
     uniformity,
 )
@@ -68,6 +70,34 @@ def test_knn_leave_one_out_classifies_each_point_by_its_nearest_others() -> None
     assert knn_leave_one_out_accuracy(emb, labels, k=3, metric="euclidean") == right / 8
     # A point is never its own neighbour, even where another point sits on it: a lone "b" among "a"s is missed.
     assert knn_leave_one_out_accuracy(np.ones((4, 2)), ["a", "a", "a", "b"], k=3) == 0.75
+
+
+def test_knn_cross_validation_tests_every_point_once_per_repeat() -> None:
+    # With as many folds as points each fold holds one point: the figure is leave-one-out's (k odd, two classes:
+    # no ties), whatever the seeded order, and repeating it changes nothing.
+    xs = [0.0, 1.0, 2.3, 10.0, 11.1, 1.4, 10.6, 1.75]
+    emb = np.hstack([np.array(xs)[:, None], np.ones((8, 1))])
+    labels = ["x", "x", "y", "y", "y", "x", "y", "y"]
+    expected = knn_leave_one_out_accuracy(emb, labels, k=3, metric="euclidean")
+    assert expected == 5 / 8
+    for repeats in (1, 3):
+        assert knn_cross_validated_accuracy(emb, labels, k=3, metric="euclidean", folds=8, repeats=repeats) == expected
+    # Two folds of four: each point is classified by the 3 nearest of the other fold's four points, by hand.
+    right = 0
+    for train, test in RepeatedKFold(n_splits=2, n_repeats=1, random_state=0).split(emb):
+        for i in test:
+            votes = [labels[j] for j in sorted(train, key=lambda j: abs(xs[j] - xs[i]))[:3]]
+            right += max(set(votes), key=votes.count) == labels[i]
+    assert knn_cross_validated_accuracy(emb, labels, k=3, metric="euclidean", folds=2, repeats=1) == right / 8
+
+
+def test_knn_cross_validation_errors_say_what_to_fix() -> None:
+    with pytest.raises(ValueError, match="folds must be at least 2"):
+        knn_cross_validated_accuracy(np.ones((10, 2)), [0] * 10, k=1, folds=1)
+    with pytest.raises(ValueError, match="5 points cannot be cut into 10 folds"):
+        knn_cross_validated_accuracy(np.ones((5, 2)), [0] * 5, k=1)
+    with pytest.raises(ValueError, match="k=10 is larger than the 9 training points"):
+        knn_cross_validated_accuracy(np.ones((10, 2)), [0] * 10, k=10)
 
 
 def test_knn_leave_one_out_ties_go_to_the_tied_class_with_the_nearest_neighbour() -> None:
