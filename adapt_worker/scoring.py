@@ -135,6 +135,8 @@ def _agreement_task(reference: str | None) -> str:
 
 
 def knn_points(model: EmbeddingModel, texts: list[str], labels: list[str]) -> float:
+    """``model``'s kNN accuracy on the labelled ``texts``, in points: 10-fold cross-validation repeated ten times
+    (one fold per document below ten), k = 10 cosine neighbours or fewer than the smallest training part holds."""
     folds = min(10, len(texts))
     k = max(1, min(10, len(texts) - -(-len(texts) // folds) - 1))  # below the smallest training part
     return 100.0 * knn_cross_validated_accuracy(model.encode(texts), labels, k=k, folds=folds)
