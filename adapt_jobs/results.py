@@ -133,8 +133,12 @@ class Evaluation(Section):
     )
     general_tasks: dict[str, dict[str, float]] | None = Field(default=None, description="{role: {task: points}}")
     general: dict[str, float] | None = Field(default=None, description="the mean of general_tasks by role")
-    knn: dict[str, float] | None = Field(default=None, description="kNN accuracy of the labels (labels given)")
-    knn_documents: int | None = None
+    knn: dict[str, float] | None = Field(
+        default=None,
+        description="{role: points}: kNN accuracy of the labels (labels given), k = 10 cosine neighbours, 10-fold "
+        "cross-validation repeated ten times over knn_documents",
+    )
+    knn_documents: int | None = Field(default=None, description="labelled documents the kNN check scored")
     crops: CropStats | None = None
 
 
