@@ -13,7 +13,7 @@ from adapt_jobs.results import CropStats, Evaluation
 from adapt_worker.attempt import AnyAttempt, InDomainChecks, LabelledSample
 from adapt_worker.context import JobFailed
 from evaluation.data import is_in_domain
-from evaluation.diagnostics import knn_cross_validated_accuracy
+from evaluation.diagnostics import knn_cross_validated_accuracy, smallest_training_part
 from evaluation.domain_checks import AGREEMENT_PIECES, PIECES, piece_scores, piece_similarities, retrieval_agreement
 from evaluation.embedding_model import EmbeddingModel
 from evaluation.suite import run_suite
@@ -138,5 +138,5 @@ def knn_points(model: EmbeddingModel, texts: list[str], labels: list[str]) -> fl
     """``model``'s kNN accuracy on the labelled ``texts``, in points: 10-fold cross-validation repeated ten times
     (one fold per document below ten), k = 10 cosine neighbours or fewer than the smallest training part holds."""
     folds = min(10, len(texts))
-    k = max(1, min(10, len(texts) - -(-len(texts) // folds) - 1))  # below the smallest training part
+    k = max(1, min(10, smallest_training_part(len(texts), folds) - 1))
     return 100.0 * knn_cross_validated_accuracy(model.encode(texts), labels, k=k, folds=folds)

@@ -54,6 +54,11 @@ def _knn_inputs(
     return x, y
 
 
+def _knn_classifier(k: int, metric: str) -> KNeighborsClassifier:
+    """The papers' kNN classifier: ``k`` uniformly weighted neighbours, exact (brute-force) search."""
+    return KNeighborsClassifier(n_neighbors=k, metric=metric, algorithm="brute")
+
+
 def knn_accuracy(
     emb: Any,
     labels: Sequence[Any],
@@ -77,7 +82,7 @@ def knn_accuracy(
     x, y = _knn_inputs(emb, labels, k, metric, n_train)
     order = np.random.default_rng(seed).permutation(len(x))
     train, test = order[:n_train], order[n_train:]
-    clf = KNeighborsClassifier(n_neighbors=k, metric=metric, algorithm="brute")
+    clf = _knn_classifier(k, metric)
     clf.fit(x[train], y[train])
     return float(np.mean(clf.predict(x[test]) == y[test]))
 
@@ -103,10 +108,15 @@ def knn_cross_validated_accuracy(
     count = len(_as_matrix(emb, "emb"))
     if count < folds:
         raise ValueError(f"{count} points cannot be cut into {folds} folds; lower folds or add data")
-    x, y = _knn_inputs(emb, labels, k, metric, count - -(-count // folds))  # the smallest training part
-    clf = KNeighborsClassifier(n_neighbors=k, metric=metric, algorithm="brute")
+    x, y = _knn_inputs(emb, labels, k, metric, smallest_training_part(count, folds))
     cv = RepeatedKFold(n_splits=folds, n_repeats=repeats, random_state=0)
-    return float(np.mean(cross_val_score(clf, x, y, cv=cv)))
+    return float(np.mean(cross_val_score(_knn_classifier(k, metric), x, y, cv=cv)))
+
+
+def smallest_training_part(count: int, folds: int) -> int:
+    """Points the smallest training part holds when ``count`` points are cut into ``folds`` folds (the largest fold
+    held out): the most neighbours `knn_cross_validated_accuracy` can ask for."""
+    return count - -(-count // folds)
 
 
 def knn_leave_one_out_accuracy(emb: Any, labels: Sequence[Any], k: int = 10, metric: str = "cosine") -> float:
