@@ -1,0 +1,143 @@
+"""Train a distillation recipe with one more term: the student's last-layer token states regress the teacher's.
+
+`embedder train` distils pooled embeddings only (the teacher's vector of each whole text). This script runs the same
+recipe and adds, per step, the relative squared error between the student's and the teacher's last hidden state at
+every real token of the batch's texts,
+
+    ``weight · Σ_{b,t} ||h_s(b, t) − h_t(b, t)||² / Σ_{b,t} ||h_t(b, t)||²``,
+
+the hidden-state loss of TinyBERT (Jiao et al. 2020, Eq. 8) made scale-free. Student and teacher share the
+tokeniser and token limit, so token t of a text is the same word piece in both. The teacher's states of each text are
+computed once, kept in memory as float16 and reused across epochs (whole-text views only: ``views = "texts"``). Both
+states are read through forward hooks on the backbones, so the recipe's own objective, validation and output are
+untouched; the objective's metrics gain ``token_relative_error``.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/token_distillation.py --weight 4 -- sct-tiny \
+        --set output_dir=runs/sct-tiny-tokens --set max_steps=300 --set max_documents=8000
+
+Everything after ``--`` is `embedder train`'s command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from training import trainer
+from training.cli import main as train_main
+from training.encoder import Encoder
+from training.targets import TeacherTargets, text_key
+
+
+class TokenStates:
+    """The last hidden state and attention mask of an encoder's latest forward pass, read by a hook."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.hidden: Tensor | None = None
+        self.mask: Tensor | None = None
+        encoder.backbone.register_forward_hook(self._keep, with_kwargs=True)
+
+    def _keep(self, _module: nn.Module, _args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        self.hidden, self.mask = output.last_hidden_state, kwargs["attention_mask"]
+
+
+class TokenTargets:
+    """The teacher's last-layer states of each text (text SHA-256 → ``(tokens, D)`` float16), computed once."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, Tensor] = {}
+        self.keys: list[str] = []  # the texts of the latest `TeacherTargets` call: the batch the student just embedded
+        self._teacher: TokenStates | None = None
+
+    def record(self, targets: TeacherTargets, texts: Sequence[str]) -> None:
+        if self._teacher is None:
+            self._teacher = TokenStates(targets.teacher)
+        self.keys = [text_key(t) for t in texts]
+        missing = list(dict.fromkeys((k, t) for k, t in zip(self.keys, texts, strict=True) if k not in self.states))
+        if not missing:
+            return
+        with torch.no_grad():
+            targets.teacher(**targets.teacher.tokenize([t for _k, t in missing]))
+        hidden, mask = self._teacher.hidden, self._teacher.mask
+        for i, (key, _text) in enumerate(missing):
+            self.states[key] = hidden[i, : int(mask[i].sum())].to(torch.float16).cpu()
+
+    def padded(self, like: Tensor) -> Tensor:
+        """The batch's teacher states padded to ``like`` ``(B, T, D)``: the student's last hidden state."""
+        out = torch.zeros_like(like)
+        for i, key in enumerate(self.keys):
+            state = self.states[key]
+            out[i, : state.shape[0]] = state.to(like.dtype)
+        return out
+
+
+def relative_error(student: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
+    """``Σ ||student − teacher||² / Σ ||teacher||²`` over the real tokens (``mask`` 1) of ``(B, T, D)`` states."""
+    weights = mask[:, : student.shape[1]].unsqueeze(-1).to(student.dtype)
+    return ((student - teacher.detach()) ** 2 * weights).sum() / (teacher.detach() ** 2 * weights).sum().clamp_min(1e-6)
+
+
+class WithTokenTerm(nn.Module):
+    """The recipe's objective plus ``weight`` × the token term of the batch the student last embedded."""
+
+    def __init__(self, objective: nn.Module, student: TokenStates, teacher: TokenTargets, weight: float) -> None:
+        super().__init__()
+        self.objective, self.student, self.teacher, self.weight = objective, student, teacher, weight
+
+    def forward(self, view1: Tensor, view2: Tensor, **extra: Tensor) -> tuple[Tensor, dict[str, float]]:
+        loss, metrics = self.objective(view1, view2, **extra)
+        hidden, mask = self.student.hidden, self.student.mask
+        if hidden is None or mask is None or len(self.teacher.keys) != hidden.shape[0]:
+            raise RuntimeError("the token term needs whole-text views (views = 'texts') and a teacher")
+        error = relative_error(hidden, self.teacher.padded(hidden), mask)
+        return loss + self.weight * error, {**metrics, "token_relative_error": float(error.detach())}
+
+
+@contextmanager
+def token_term(weight: float) -> Iterator[None]:
+    """Within the block, `training.trainer.train` adds the token term with ``weight`` to the recipe's objective."""
+    teacher_states = TokenTargets()
+    holder: dict[str, TokenStates] = {}
+    build_models, build_objective, targets_call = trainer.build_models, trainer.build_objective, TeacherTargets.__call__
+
+    def models_with_hook(*args: Any, **kwargs: Any) -> Any:
+        models = build_models(*args, **kwargs)
+        holder["student"] = TokenStates(models.student)
+        return models
+
+    def objective_with_term(*args: Any, **kwargs: Any) -> nn.Module:
+        return WithTokenTerm(build_objective(*args, **kwargs), holder["student"], teacher_states, weight)
+
+    def targets_with_states(self: TeacherTargets, texts: Sequence[str]) -> Tensor:
+        teacher_states.record(self, texts)
+        return targets_call(self, texts)
+
+    trainer.build_models, trainer.build_objective = models_with_hook, objective_with_term
+    TeacherTargets.__call__ = targets_with_states  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        trainer.build_models, trainer.build_objective = build_models, build_objective
+        TeacherTargets.__call__ = targets_call  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--weight", type=float, default=1.0, help="the token term's weight (default 1)")
+    args = parser.parse_args(argv[:split])
+    if args.weight <= 0:
+        parser.error(f"--weight must be > 0, got {args.weight}")
+    with token_term(args.weight):
+        return train_main(argv[split + 1 :])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The token-state term of `benchmarks/token_distillation.py`: what it adds to a run, and that it leaves no trace."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from tests.training.test_trainer import tiny_config
+from training import trainer
+from training.targets import TeacherTargets
+from training.trainer import train
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "token_distillation.py"
+spec = importlib.util.spec_from_file_location("token_distillation", SCRIPT)
+assert spec is not None and spec.loader is not None
+token_distillation = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(token_distillation)
+
+
+def test_relative_error_reads_real_tokens_only() -> None:
+    teacher = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [5.0, 5.0]]])  # (1, 3, 2); the third token is padding
+    mask = torch.tensor([[1, 1, 0]])
+    assert token_distillation.relative_error(teacher.clone(), teacher, mask) == 0
+    student = teacher.clone()
+    student[0, 2] = -100.0  # padding: no effect
+    student[0, 0, 0] = 0.0  # one real coordinate off by 1: error 1 over ||teacher||² = 1 + 4
+    assert torch.isclose(token_distillation.relative_error(student, teacher, mask), torch.tensor(0.2))
+
+
+def test_the_token_term_joins_the_objective_inside_the_block_only(tmp_path: Path, tiny_bert_path: Path) -> None:
+    originals = (trainer.build_models, trainer.build_objective, TeacherTargets.__call__)
+    config = tiny_config(
+        tmp_path, tiny_bert_path, objective="mse_distillation", views="texts", student="layer_subset",
+        student_layers=[0, 3], teacher=str(tiny_bert_path), max_steps=3, log_every=1,
+    )  # fmt: skip
+    with token_distillation.token_term(2.0):
+        result = train(config)
+    errors = [r["token_relative_error"] for r in result.history]
+    assert len(errors) == 3 and all(e > 0 for e in errors)
+    assert (trainer.build_models, trainer.build_objective, TeacherTargets.__call__) == originals
+    plain = train(config.replace(output_dir=str(tmp_path / "plain")))
+    assert all("token_relative_error" not in r for r in plain.history)
+    cosines = [r["cosine"] for r in result.history]
+    assert cosines[0] == plain.history[0]["cosine"]  # the same start: the first step runs before any update
+    assert cosines[1:] != [r["cosine"] for r in plain.history[1:]]  # the term changed what the updates did
