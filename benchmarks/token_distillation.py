@@ -6,8 +6,9 @@ every real token of the batch's texts,
 
     ``weight · Σ_{b,t} ||h_s(b, t) − h_t(b, t)||² / Σ_{b,t} ||h_t(b, t)||²``,
 
-the hidden-state loss of TinyBERT (Jiao et al. 2020, Eq. 8) made scale-free. Student and teacher share the
-tokeniser and token limit, so token t of a text is the same word piece in both. The teacher's states of each text are
+the hidden-state loss of TinyBERT (Jiao et al. 2020) made scale-free. Student and teacher must share the
+tokeniser and token limit, so that token t of a text is the same word piece in both (a text whose token counts
+differ stops the run). The teacher's states of each text are
 computed once, kept in memory as float16 and reused across epochs (whole-text views only: ``views = "texts"``). Both
 states are read through forward hooks on the backbones, so the recipe's own objective, validation and output are
 untouched; the objective's metrics gain ``token_relative_error``.
@@ -68,11 +69,17 @@ class TokenTargets:
         for i, (key, _text) in enumerate(missing):
             self.states[key] = hidden[i, : int(mask[i].sum())].to(torch.float16).cpu()
 
-    def padded(self, like: Tensor) -> Tensor:
-        """The batch's teacher states padded to ``like`` ``(B, T, D)``: the student's last hidden state."""
+    def padded(self, like: Tensor, mask: Tensor) -> Tensor:
+        """The batch's teacher states padded to ``like`` ``(B, T, D)``, the student's last hidden state; ``mask``
+        ``(B, T)`` the student's attention mask, whose token counts the teacher's must equal."""
         out = torch.zeros_like(like)
         for i, key in enumerate(self.keys):
             state = self.states[key]
+            if state.shape[0] != int(mask[i].sum()):
+                raise ValueError(
+                    f"a text has {int(mask[i].sum())} tokens for the student and {state.shape[0]} for the teacher: "
+                    "the token term needs one tokeniser and one token limit for both"
+                )
             out[i, : state.shape[0]] = state.to(like.dtype)
         return out
 
@@ -95,7 +102,7 @@ class WithTokenTerm(nn.Module):
         hidden, mask = self.student.hidden, self.student.mask
         if hidden is None or mask is None or len(self.teacher.keys) != hidden.shape[0]:
             raise RuntimeError("the token term needs whole-text views (views = 'texts') and a teacher")
-        error = relative_error(hidden, self.teacher.padded(hidden), mask)
+        error = relative_error(hidden, self.teacher.padded(hidden, mask), mask)
         return loss + self.weight * error, {**metrics, "token_relative_error": float(error.detach())}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.training.test_trainer import tiny_config
@@ -27,6 +28,17 @@ def test_relative_error_reads_real_tokens_only() -> None:
     student[0, 2] = -100.0  # padding: no effect
     student[0, 0, 0] = 0.0  # one real coordinate off by 1: error 1 over ||teacher||² = 1 + 4
     assert torch.isclose(token_distillation.relative_error(student, teacher, mask), torch.tensor(0.2))
+
+
+def test_teacher_states_must_have_the_students_token_counts() -> None:
+    targets = token_distillation.TokenTargets()
+    targets.keys = ["a", "b"]
+    targets.states = {"a": torch.ones(2, 3, dtype=torch.float16), "b": torch.ones(3, 3, dtype=torch.float16)}
+    like = torch.zeros(2, 4, 3)
+    padded = targets.padded(like, torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]]))
+    assert padded[0, :2].eq(1).all() and padded[0, 2:].eq(0).all() and padded[1, 3].eq(0).all()
+    with pytest.raises(ValueError, match="one tokeniser and one token limit"):
+        targets.padded(like, torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]]))
 
 
 def test_the_token_term_joins_the_objective_inside_the_block_only(tmp_path: Path, tiny_bert_path: Path) -> None:
