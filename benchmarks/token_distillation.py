@@ -56,18 +56,27 @@ class TokenTargets:
         self.keys: list[str] = []  # the texts of the latest `TeacherTargets` call: the batch the student just embedded
         self._teacher: TokenStates | None = None
 
-    def record(self, targets: TeacherTargets, texts: Sequence[str]) -> None:
+    def watch(self, teacher: Encoder) -> None:
+        """Read the states of every pass ``teacher`` makes from now on (once per teacher)."""
         if self._teacher is None:
-            self._teacher = TokenStates(targets.teacher)
+            self._teacher = TokenStates(teacher)
+
+    def keep(self, keyed: Sequence[tuple[str, str]]) -> None:
+        """Keep the states of the texts of ``keyed`` ``(key, text)`` from the teacher's latest pass, made over them."""
+        assert self._teacher is not None and self._teacher.hidden is not None and self._teacher.mask is not None
+        hidden, mask = self._teacher.hidden, self._teacher.mask
+        for i, (key, _text) in enumerate(keyed):
+            self.states[key] = hidden[i, : int(mask[i].sum())].to(torch.float16).cpu()
+
+    def record(self, targets: TeacherTargets, texts: Sequence[str]) -> None:
+        """The batch is ``texts``; the teacher embeds those whose states neither an earlier batch nor the pass
+        `TeacherTargets` just made for their vectors gave."""
         self.keys = [text_key(t) for t in texts]
         missing = list(dict.fromkeys((k, t) for k, t in zip(self.keys, texts, strict=True) if k not in self.states))
-        if not missing:
-            return
-        with torch.no_grad():
-            targets.teacher(**targets.teacher.tokenize([t for _k, t in missing]))
-        hidden, mask = self._teacher.hidden, self._teacher.mask
-        for i, (key, _text) in enumerate(missing):
-            self.states[key] = hidden[i, : int(mask[i].sum())].to(torch.float16).cpu()
+        if missing:
+            with torch.no_grad():
+                targets.teacher(**targets.teacher.tokenize([t for _k, t in missing]))
+            self.keep(missing)
 
     def padded(self, like: Tensor, mask: Tensor) -> Tensor:
         """The batch's teacher states padded to ``like`` ``(B, T, D)``, the student's last hidden state; ``mask``
@@ -86,7 +95,7 @@ class TokenTargets:
 
 def relative_error(student: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
     """``Σ ||student − teacher||² / Σ ||teacher||²`` over the real tokens (``mask`` 1) of ``(B, T, D)`` states."""
-    weights = mask[:, : student.shape[1]].unsqueeze(-1).to(student.dtype)
+    weights = mask.unsqueeze(-1).to(student.dtype)
     return ((student - teacher.detach()) ** 2 * weights).sum() / (teacher.detach() ** 2 * weights).sum().clamp_min(1e-6)
 
 
@@ -111,7 +120,8 @@ def token_term(weight: float) -> Iterator[None]:
     """Within the block, `training.trainer.train` adds the token term with ``weight`` to the recipe's objective."""
     teacher_states = TokenTargets()
     holder: dict[str, TokenStates] = {}
-    build_models, build_objective, targets_call = trainer.build_models, trainer.build_objective, TeacherTargets.__call__
+    build_models, build_objective = trainer.build_models, trainer.build_objective
+    targets_call, targets_embed = TeacherTargets.__call__, TeacherTargets._embed
 
     def models_with_hook(*args: Any, **kwargs: Any) -> Any:
         models = build_models(*args, **kwargs)
@@ -121,17 +131,25 @@ def token_term(weight: float) -> Iterator[None]:
     def objective_with_term(*args: Any, **kwargs: Any) -> nn.Module:
         return WithTokenTerm(build_objective(*args, **kwargs), holder["student"], teacher_states, weight)
 
+    def embed_keeping_states(self: TeacherTargets, missing: Sequence[tuple[str, str]]) -> None:
+        teacher_states.watch(self.teacher)
+        targets_embed(self, missing)  # the teacher's pass for the vectors: its states come with it
+        teacher_states.keep(missing)
+
     def targets_with_states(self: TeacherTargets, texts: Sequence[str]) -> Tensor:
+        teacher_states.watch(self.teacher)
+        vectors = targets_call(self, texts)
         teacher_states.record(self, texts)
-        return targets_call(self, texts)
+        return vectors
 
     trainer.build_models, trainer.build_objective = models_with_hook, objective_with_term
     TeacherTargets.__call__ = targets_with_states  # type: ignore[method-assign]
+    TeacherTargets._embed = embed_keeping_states  # type: ignore[method-assign]
     try:
         yield
     finally:
         trainer.build_models, trainer.build_objective = build_models, build_objective
-        TeacherTargets.__call__ = targets_call  # type: ignore[method-assign]
+        TeacherTargets.__call__, TeacherTargets._embed = targets_call, targets_embed  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
