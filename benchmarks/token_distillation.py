@@ -11,7 +11,10 @@ tokeniser and token limit, so that token t of a text is the same word piece in b
 differ stops the run). The teacher's states of each text are
 computed once, kept in memory as float16 and reused across epochs (whole-text views only: ``views = "texts"``). Both
 states are read through forward hooks on the backbones, so the recipe's own objective, validation and output are
-untouched; the objective's metrics gain ``token_relative_error``.
+untouched; the objective's metrics gain ``token_relative_error``. With ``--student-layer S --teacher-layer T`` the term
+reads the output of the student's transformer layer S and of the teacher's layer T instead (0-based): for the
+``sct-tiny`` student, layers [0, 5] of minilm-l6, ``--student-layer 0 --teacher-layer 4`` asks its first layer for
+what the teacher's first five compute, the input its second layer (the teacher's last) was trained on.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/token_distillation.py --weight 4 -- sct-tiny \
         --set output_dir=runs/sct-tiny-tokens --set max_steps=300 --set max_documents=8000
@@ -32,26 +35,37 @@ from torch import Tensor, nn
 
 from training import trainer
 from training.cli import main as train_main
-from training.encoder import Encoder
+from training.encoder import Encoder, find_layers
 from training.targets import TeacherTargets, text_key
 
 
 class TokenStates:
-    """The last hidden state and attention mask of an encoder's latest forward pass, read by a hook."""
+    """The token states (the last hidden state, or the output of transformer layer ``layer``) and the attention mask
+    of an encoder's latest forward pass, read by hooks."""
 
-    def __init__(self, encoder: Encoder) -> None:
+    def __init__(self, encoder: Encoder, layer: int | None = None) -> None:
         self.hidden: Tensor | None = None
         self.mask: Tensor | None = None
+        self.layer = layer
         encoder.backbone.register_forward_hook(self._keep, with_kwargs=True)
+        if layer is not None:
+            owner, name = find_layers(encoder.backbone)
+            getattr(owner, name)[layer].register_forward_hook(self._keep_layer)
 
     def _keep(self, _module: nn.Module, _args: Any, kwargs: dict[str, Any], output: Any) -> None:
-        self.hidden, self.mask = output.last_hidden_state, kwargs["attention_mask"]
+        self.mask = kwargs["attention_mask"]
+        if self.layer is None:
+            self.hidden = output.last_hidden_state
+
+    def _keep_layer(self, _module: nn.Module, _args: Any, output: Any) -> None:
+        self.hidden = output[0] if isinstance(output, tuple) else output
 
 
 class TokenTargets:
     """The teacher's last-layer states of each text (text SHA-256 → ``(tokens, D)`` float16), computed once."""
 
-    def __init__(self) -> None:
+    def __init__(self, layer: int | None = None) -> None:
+        self.layer = layer  # the teacher's transformer layer whose output is the target; None: its last hidden state
         self.states: dict[str, Tensor] = {}
         self.keys: list[str] = []  # the texts of the latest `TeacherTargets` call: the batch the student just embedded
         self._teacher: TokenStates | None = None
@@ -59,7 +73,7 @@ class TokenTargets:
     def watch(self, teacher: Encoder) -> None:
         """Read the states of every pass ``teacher`` makes from now on (once per teacher)."""
         if self._teacher is None:
-            self._teacher = TokenStates(teacher)
+            self._teacher = TokenStates(teacher, self.layer)
 
     def keep(self, keyed: Sequence[tuple[str, str]]) -> None:
         """Keep the states of the texts of ``keyed`` ``(key, text)`` from the teacher's latest pass, made over them."""
@@ -79,7 +93,7 @@ class TokenTargets:
             self.keep(missing)
 
     def padded(self, like: Tensor, mask: Tensor) -> Tensor:
-        """The batch's teacher states padded to ``like`` ``(B, T, D)``, the student's last hidden state; ``mask``
+        """The batch's teacher states padded to ``like`` ``(B, T, D)``, the student's states; ``mask``
         ``(B, T)`` the student's attention mask, whose token counts the teacher's must equal."""
         out = torch.zeros_like(like)
         for i, key in enumerate(self.keys):
@@ -116,16 +130,18 @@ class WithTokenTerm(nn.Module):
 
 
 @contextmanager
-def token_term(weight: float) -> Iterator[None]:
-    """Within the block, `training.trainer.train` adds the token term with ``weight`` to the recipe's objective."""
-    teacher_states = TokenTargets()
+def token_term(weight: float, student_layer: int | None = None, teacher_layer: int | None = None) -> Iterator[None]:
+    """Within the block, `training.trainer.train` adds the token term with ``weight`` to the recipe's objective: the
+    output of the student's transformer layer ``student_layer`` regresses that of the teacher's ``teacher_layer``
+    (None: the last hidden state)."""
+    teacher_states = TokenTargets(teacher_layer)
     holder: dict[str, TokenStates] = {}
     build_models, build_objective = trainer.build_models, trainer.build_objective
     targets_call, targets_embed = TeacherTargets.__call__, TeacherTargets._embed
 
     def models_with_hook(*args: Any, **kwargs: Any) -> Any:
         models = build_models(*args, **kwargs)
-        holder["student"] = TokenStates(models.student)
+        holder["student"] = TokenStates(models.student, student_layer)
         return models
 
     def objective_with_term(*args: Any, **kwargs: Any) -> nn.Module:
@@ -157,10 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--weight", type=float, default=1.0, help="the token term's weight (default 1)")
+    parser.add_argument("--student-layer", type=int, help="the student's transformer layer (0-based) whose output "
+                        "is regressed (default: the last hidden state)")  # fmt: skip
+    parser.add_argument("--teacher-layer", type=int, help="the teacher's transformer layer (0-based) whose output is "
+                        "the target (default: the last hidden state)")  # fmt: skip
     args = parser.parse_args(argv[:split])
     if args.weight <= 0:
         parser.error(f"--weight must be > 0, got {args.weight}")
-    with token_term(args.weight):
+    if (args.student_layer is None) != (args.teacher_layer is None):
+        parser.error("--student-layer and --teacher-layer go together")
+    with token_term(args.weight, args.student_layer, args.teacher_layer):
         return train_main(argv[split + 1 :])
 
 
