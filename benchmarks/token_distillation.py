@@ -1,4 +1,4 @@
-"""Train a distillation recipe with one more term: the student's last-layer token states regress the teacher's.
+"""Train a distillation recipe with one more term: the student's token states regress the teacher's.
 
 `embedder train` distils pooled embeddings only (the teacher's vector of each whole text). This script runs the same
 recipe and adds, per step, the relative squared error between the student's and the teacher's last hidden state at
@@ -62,7 +62,7 @@ class TokenStates:
 
 
 class TokenTargets:
-    """The teacher's last-layer states of each text (text SHA-256 → ``(tokens, D)`` float16), computed once."""
+    """The teacher's token states of each text (text SHA-256 → ``(tokens, D)`` float16), computed once."""
 
     def __init__(self, layer: int | None = None) -> None:
         self.layer = layer  # the teacher's transformer layer whose output is the target; None: its last hidden state
