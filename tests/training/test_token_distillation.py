@@ -69,8 +69,8 @@ def test_token_states_are_the_named_layers_output(tiny_bert_path: Path, layer: i
     states = token_distillation.TokenStates(encoder, layer)
     batch = encoder.tokenize(["a short text", "a longer text, with a few more words in it"])
     with torch.no_grad():
-        encoder(**batch)
         expected = encoder.backbone(**batch, output_hidden_states=True).hidden_states
+        encoder(**batch)  # last: the states read are those of the encoder's own pass, as in training
     assert states.hidden is not None and states.mask is not None
     assert torch.equal(states.hidden, expected[-1 if layer is None else layer + 1])  # [0] is the embeddings' output
     assert torch.equal(states.mask, batch["attention_mask"])
