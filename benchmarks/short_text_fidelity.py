@@ -21,18 +21,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
-from varied_corpus import RECIPE_CORPUS, vocabulary_texts
+from varied_corpus import RECIPE_CORPUS, model_vocabulary, vocabulary_texts
 
-from core.catalog import resolve_model
 from training.data import load_corpus
 from training.encoder import Encoder
 
 
 def shapes(teacher: str, per_shape: int, seed: int, unseen_by: set[str]) -> dict[str, list[str]]:
     """``per_shape`` texts of each shape (see the module docstring)."""
-    vocabulary = Tokenizer.from_file(str(resolve_model(teacher) / "tokenizer.json")).get_vocab()
-    made = vocabulary_texts(sorted(vocabulary, key=vocabulary.__getitem__), 8 * per_shape, seed=seed)
+    made = vocabulary_texts(model_vocabulary(teacher), 8 * per_shape, seed=seed)
     singles, lengthened, phrases = made[: 4 * per_shape], made[4 * per_shape : 6 * per_shape], made[6 * per_shape :]
     paragraphs = random.Random(seed).sample(load_corpus(RECIPE_CORPUS), per_shape)
     made_shapes = {"one word": singles, "a word lengthened by pieces": lengthened, "two or three words": phrases}

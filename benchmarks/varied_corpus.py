@@ -70,6 +70,12 @@ def shakespeare_speeches(count: int = SPEECHES, seed: int = 0) -> list[str]:
     return random.Random(seed).sample(kept, min(count, len(kept)))
 
 
+def model_vocabulary(model: str) -> list[str]:
+    """The tokens of a model's tokenizer (a built-in name or a folder), in token-id order."""
+    vocabulary = Tokenizer.from_file(str(resolve_model(model) / "tokenizer.json")).get_vocab()
+    return sorted(vocabulary, key=vocabulary.__getitem__)
+
+
 def vocabulary_texts(vocabulary: list[str], count: int, seed: int = 0) -> list[str]:
     """``count`` short texts of a WordPiece vocabulary's pieces (``vocabulary`` in token-id order; seeded): half
     single whole words, a quarter words lengthened by one or two continuation pieces, a quarter phrases of two or
@@ -99,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.add == "genres":
         added = stoic_texts() + shakespeare_speeches()
     else:
-        tokenizer = Tokenizer.from_file(str(resolve_model(args.model) / "tokenizer.json"))
-        vocabulary = tokenizer.get_vocab()
-        added = vocabulary_texts(sorted(vocabulary, key=vocabulary.__getitem__), args.count)
+        added = vocabulary_texts(model_vocabulary(args.model), args.count)
     texts = load_corpus(RECIPE_CORPUS) + added
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as out:
