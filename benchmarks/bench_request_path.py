@@ -49,6 +49,7 @@ from core.engine_choice import ENGINE_SETTINGS, Route, describe
 from core.engines import open_routes
 from core.runtime import OnnxBundle, cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
+from service.settings import ServiceSettings
 
 ARMS = ("in process", "server, raw client", "server, httpx", "server, graph skipped")
 SKIPPED_GRAPH = Path(__file__).with_name("serve_without_graph.py")  # run from this tree, whatever --server-root says
@@ -108,7 +109,7 @@ class RawClient:
 def in_process_bundle(bundle_dir: Path, choice: dict[str, Any], threads: int) -> OnnxBundle:
     """An `OnnxBundle` of the engines the server serves, each batch routed as the server routes it."""
     routes = [(r["engine"], r["max_tokens"]) for r in choice["routes"]]
-    return open_routes(bundle_dir, routes, intra_op_threads=threads, allow_spinning=False)
+    return open_routes(bundle_dir, routes, intra_op_threads=threads, spinning=ServiceSettings().ort_spinning)
 
 
 def reopen(connection: RawClient, requests: list[bytes]) -> None:

@@ -26,6 +26,7 @@ from report_file import write_report
 from core.engine_choice import BASELINE, describe
 from core.engines import load_engine, open_routes
 from core.runtime import OnnxBundle
+from service.settings import ServiceSettings
 
 MAX_BATCH_TOKENS = 4096  # the server's defaults (service/settings.py)
 MAX_BATCH_SIZE = 64
@@ -42,7 +43,7 @@ def served_batches(bundle: OnnxBundle) -> dict[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = bundle_arguments(__doc__, 7, argv)
-    session: dict[str, Any] = {"intra_op_threads": args.threads, "allow_spinning": False}
+    session: dict[str, Any] = {"intra_op_threads": args.threads, "spinning": ServiceSettings().ort_spinning}
     routed, choice = load_engine(args.bundle, **session)
     cpu = choice.cpu
     print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads", flush=True)

@@ -215,11 +215,11 @@ class Ceiling:
         from core.runtime import OnnxBundle
         from service.settings import ServiceSettings
 
-        # the server's threading: intra-op threads sleep between runs (EMBED_ORT_ALLOW_SPINNING's default); a
-        # spinning in-process arm ran (c)'s text after the 20 ms gap in 4.1 ms against 7.4 (docs/BENCHMARKS.md):
-        # the threads' wake-up, which is not the server's cost
-        spinning = ServiceSettings().ort_allow_spinning  # read from the environment as the server reads it
-        self.bundle = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=threads, allow_spinning=spinning)
+        # the server's threading (EMBED_ORT_SPINNING, read from the environment as the server reads it): a spinning
+        # in-process arm ran (c)'s text after the 20 ms gap in 4.1 ms against 7.4 with threads that slept between
+        # runs (docs/BENCHMARKS.md): the threads' wake-up is the server's cost only if the server's threads sleep
+        spinning = ServiceSettings().ort_spinning
+        self.bundle = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=threads, spinning=spinning)
         self.bundle.encode(["warm up"] * 32, batch_size=32)
 
     def texts_per_s(self, texts: list[str]) -> float:

@@ -98,19 +98,27 @@ def int8_failures(cos: np.ndarray, bars: ParityBars, texts: Sequence[str], label
     return failures
 
 
-def session_options(
-    intra_op_threads: int, inter_op_threads: int = 1, allow_spinning: bool = True
-) -> ort.SessionOptions:
+# What onnxruntime's idle intra-op threads do (`session_options`).
+SPINNING = ("never", "during-runs", "always")
+
+
+def session_options(intra_op_threads: int, inter_op_threads: int = 1, spinning: str = "always") -> ort.SessionOptions:
     """Explicit thread counts: onnxruntime's default (all cores, spinning) fights the event loop.
 
-    ``allow_spinning=False`` makes idle intra-op threads sleep at once instead of busy-waiting for the next
-    run (``session.intra_op.allow_spinning``): a spinning worker keeps a core busy between requests, the core
-    the server's event loop needs on a small machine.
+    ``spinning`` (`SPINNING`) is what an intra-op thread does when it has no work: ``always`` busy-wait
+    (onnxruntime's default), between runs too — a spinning worker keeps a core busy between requests, the core the
+    server's event loop needs on a small machine; ``never`` sleep at once (``session.intra_op.allow_spinning`` 0),
+    so each parallel section of a run wakes it again, and a run of a few milliseconds pays that wake-up at every
+    operator; ``during-runs`` busy-wait while a run lasts and sleep once the last concurrent run returns
+    (``session.force_spinning_stop``).
     """
+    if spinning not in SPINNING:
+        raise ValueError(f"unknown spinning {spinning!r}; use one of {SPINNING}")
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = inter_op_threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if spinning == "never" else "1")
+    options.add_session_config_entry("session.force_spinning_stop", "1" if spinning == "during-runs" else "0")
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
@@ -169,7 +177,7 @@ class OnnxBundle:
         variant: a graph of the bundle (`graph_files`: ``fp32``, ``int8``, ``openvino-int8``); default: the
             manifest's ``serve_variant``.
         intra_op_threads: threads one inference may use.
-        allow_spinning: let idle intra-op threads busy-wait for the next run (see `session_options`).
+        spinning: what idle intra-op threads do (`SPINNING`; see `session_options`).
         providers: onnxruntime execution providers (default CPU).
         onnx_file: a graph file in the folder to run instead of the variant's (export tries candidates this way).
         runtime: ``onnxruntime`` or ``openvino`` (which reads the same ONNX file; see `core.engines`).
@@ -185,7 +193,7 @@ class OnnxBundle:
         intra_op_threads: int = 1,
         inter_op_threads: int = 1,
         providers: Sequence[str] | None = None,
-        allow_spinning: bool = True,
+        spinning: str = "always",
         onnx_file: str | None = None,
         runtime: str = "onnxruntime",
         precision: str = "f32",
@@ -199,7 +207,7 @@ class OnnxBundle:
         file = self.path / (onnx_file or files[self.variant])
         self._runner: _OrtRunner | _OpenVinoRunner
         if runtime == "onnxruntime":
-            options = session_options(intra_op_threads, inter_op_threads, allow_spinning)
+            options = session_options(intra_op_threads, inter_op_threads, spinning)
             self._runner = _OrtRunner(file, options, providers or ["CPUExecutionProvider"])
         elif runtime == "openvino":
             self._runner = _OpenVinoRunner(file, intra_op_threads, precision)

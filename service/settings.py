@@ -120,12 +120,14 @@ class ServiceSettings(BaseSettings):
         description="Threads running independent graph nodes in parallel. 1 suits these sequential encoder "
         "graphs; more only adds contention.",
     )
-    ort_allow_spinning: bool = Field(
-        default=False,
-        description="Let onnxruntime's idle intra-op threads busy-wait for the next batch. Off (default): idle "
-        "threads sleep and leave the cores to the event loop; on 2 cores this cut one short text's p50 from 15 "
-        "to 9-10 ms at the same loaded throughput (docs/BENCHMARKS.md). On may help on machines with cores to "
-        "spare.",
+    ort_spinning: Literal["never", "during-runs", "always"] = Field(  # core.runtime.SPINNING
+        default="during-runs",
+        description="What onnxruntime's idle intra-op threads do. during-runs (default): busy-wait while a batch "
+        "runs, so its operators do not wake them one by one, and sleep once it returns, leaving the cores to the "
+        "event loop between batches; never: sleep at once; always: busy-wait between batches too, which takes the "
+        "core the event loop needs on a small machine. On a 2-core AVX2 EPYC, during-runs served one short text "
+        "1.1-1.7 ms sooner than never (p50 5.1-5.9 against 6.3-7.5 ms) at the same concurrent throughput "
+        "(1.02-1.09x); always had made an idle short text's p50 15 against 9-10 ms (docs/BENCHMARKS.md).",
     )
 
     # --- batching --------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ class OnnxBackend(Backend):
         *,
         intra_op_threads: int = 0,
         inter_op_threads: int = 1,
-        allow_spinning: bool = False,
+        spinning: str = "during-runs",
         serve_int8: bool = True,
         engine: str = "auto",
     ) -> None:
@@ -49,7 +49,7 @@ class OnnxBackend(Backend):
             serve_int8=serve_int8,
             intra_op_threads=resolve_threads(intra_op_threads),
             inter_op_threads=inter_op_threads,
-            allow_spinning=allow_spinning,
+            spinning=spinning,
         )
         manifest = self.bundle.manifest
         self.info = ModelInfo(
@@ -105,7 +105,7 @@ def onnx_backend_factory(bundle_dir: Path, settings: ServiceSettings) -> Backend
         bundle_dir,
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
-        allow_spinning=settings.ort_allow_spinning,
+        spinning=settings.ort_spinning,
         serve_int8=settings.serve_int8,
         engine=settings.engine,
     )

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -186,21 +187,29 @@ def test_embedder_serve_end_to_end_and_sigterm(tiny_registry, tmp_path):
     assert "stopped" in output
 
 
-@pytest.mark.parametrize("spinning", [True, False])
-def test_the_spinning_setting_reaches_the_onnxruntime_session(tiny_registry, reference, varied_texts, spinning):
-    from core.runtime import session_options
+@pytest.mark.parametrize(
+    ("spinning", "allow", "stop"), [("never", "0", "0"), ("during-runs", "1", "1"), ("always", "1", "0")]
+)
+def test_the_spinning_setting_reaches_the_onnxruntime_session(
+    tiny_registry, reference, varied_texts, spinning, allow, stop
+):
+    from core.runtime import SPINNING, session_options
     from service.backend.onnx import onnx_backend_factory
 
-    expected = "1" if spinning else "0"
-    assert (
-        session_options(1, allow_spinning=spinning).get_session_config_entry("session.intra_op.allow_spinning")
-        == expected
-    )
-    backend = onnx_backend_factory(
-        tiny_registry / "tiny" / "current", _settings(tiny_registry, ort_allow_spinning=spinning)
-    )
+    assert typing.get_args(ServiceSettings.model_fields["ort_spinning"].annotation) == SPINNING
+    options = session_options(1, spinning=spinning)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == allow
+    assert options.get_session_config_entry("session.force_spinning_stop") == stop
+    backend = onnx_backend_factory(tiny_registry / "tiny" / "current", _settings(tiny_registry, ort_spinning=spinning))
     embedded = backend.embed(backend.tokenize(varied_texts[:4]))
     np.testing.assert_allclose(embedded, reference.encode(varied_texts[:4]), atol=1e-5)
+
+
+def test_an_unknown_spinning_mode_is_refused():
+    from core.runtime import session_options
+
+    with pytest.raises(ValueError, match="unknown spinning 'sometimes'"):
+        session_options(1, spinning="sometimes")
 
 
 @pytest.fixture(scope="module")
