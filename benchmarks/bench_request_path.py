@@ -2,8 +2,8 @@
 
 One ``embedder serve`` on a ``minilm-l6`` bundle with the engine of ``--engine`` (``auto``: whatever it chose; the
 in-process arm then runs the same engine, small-batch routing included), and in this process an `OnnxBundle` of the
-same engine, graph and threads (spinning off, as the server). The same short texts (bench_service's seeded
-sentences) go, one request at a time, through four arms per round:
+same engine, graph, threads and spinning (``EMBED_ORT_SPINNING``, as the server). The same short texts
+(bench_service's seeded sentences) go, one request at a time, through four arms per round:
 
 * **in process** — `OnnxBundle.encode` of the one text: tokenise, pad, run (what the server cannot avoid);
 * **server, raw client** — a keep-alive HTTP/1.1 connection on a plain socket sending pre-encoded requests: the
