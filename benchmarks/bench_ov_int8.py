@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_service import workloads
+from bench_service import server_spinning, workloads
 from bundle_args import bundle_arguments
 from report_file import write_report
 
 from core.runtime import OnnxBundle, ParityBars, cosines, cpu_features, read_probes
 from export.openvino_int8 import OPENVINO_INT8_FILE as OV_INT8_FILE
 from export.openvino_int8 import build_openvino_int8
-from service.settings import ServiceSettings
 
 
 def quantise(bundle_dir: Path, scratch: Path, probes: tuple[list[str], np.ndarray]) -> float:
@@ -46,7 +45,7 @@ def quantise(bundle_dir: Path, scratch: Path, probes: tuple[list[str], np.ndarra
 def arms(bundle_dir: Path, scratch: Path, threads: int) -> dict[str, OnnxBundle]:
     session: dict[str, Any] = {"intra_op_threads": threads}
     return {
-        "onnxruntime-int8": OnnxBundle(bundle_dir, variant="int8", spinning=ServiceSettings().ort_spinning, **session),
+        "onnxruntime-int8": OnnxBundle(bundle_dir, variant="int8", spinning=server_spinning(), **session),
         "openvino-bf16": OnnxBundle(bundle_dir, variant="fp32", runtime="openvino", precision="bf16", **session),
         "openvino-int8 (rest bf16)": OnnxBundle(
             scratch, onnx_file=OV_INT8_FILE, runtime="openvino", precision="bf16", **session

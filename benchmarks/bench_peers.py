@@ -43,13 +43,12 @@ from typing import Any
 import httpx
 import numpy as np
 from bench_overload import scrape, start_server
-from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _post_one, _stop, workloads
+from bench_service import MODEL, ROOT, _chunks, _free_port, _load, _post_one, _stop, server_spinning, workloads
 from report_file import write_report
 
 from core.engines import open_routes
 from core.runtime import OnnxBundle, cosines, cpu_features, cpu_text
 from core.settings import DEFAULT_REGISTRY_DIR
-from service.settings import ServiceSettings
 
 LOADS = {  # name: (kind, texts per request, concurrency, texts): every workload text of the concurrent loads, so each
     # arm runs for seconds (at ~600 texts/s 512 texts took under a second, and the arms' order swung the ratios)
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         choice = served_engine(servers[OURS][1])
         print(f"ours serves {choice['engine']}: {choice['reason']} (chosen in {choice['seconds']} s)", flush=True)
-        session = {"intra_op_threads": args.threads, "spinning": ServiceSettings().ort_spinning}
+        session = {"intra_op_threads": args.threads, "spinning": server_spinning()}
         in_process = {  # the served engines routed as the server routes them, and onnxruntime int8 alone
             "served": open_routes(bundle_dir, [(r["engine"], r["max_tokens"]) for r in choice["routes"]], **session),
             "int8": open_routes(bundle_dir, [("onnxruntime-int8", None)], **session),

@@ -42,14 +42,13 @@ from typing import Any
 
 import httpx
 from bench_overload import start_server
-from bench_service import MODEL, ROOT, _pct, _stop, workloads
+from bench_service import MODEL, ROOT, _pct, _stop, server_spinning, workloads
 from report_file import write_report
 
 from core.engine_choice import ENGINE_SETTINGS, Route, describe
 from core.engines import open_routes
 from core.runtime import OnnxBundle, cpu_features
 from core.settings import DEFAULT_REGISTRY_DIR
-from service.settings import ServiceSettings
 
 ARMS = ("in process", "server, raw client", "server, httpx", "server, graph skipped")
 SKIPPED_GRAPH = Path(__file__).with_name("serve_without_graph.py")  # run from this tree, whatever --server-root says
@@ -109,7 +108,7 @@ class RawClient:
 def in_process_bundle(bundle_dir: Path, choice: dict[str, Any], threads: int) -> OnnxBundle:
     """An `OnnxBundle` of the engines the server serves, each batch routed as the server routes it."""
     routes = [(r["engine"], r["max_tokens"]) for r in choice["routes"]]
-    return open_routes(bundle_dir, routes, intra_op_threads=threads, spinning=ServiceSettings().ort_spinning)
+    return open_routes(bundle_dir, routes, intra_op_threads=threads, spinning=server_spinning())
 
 
 def reopen(connection: RawClient, requests: list[bytes]) -> None:

@@ -19,14 +19,13 @@ import statistics
 import time
 from typing import Any
 
-from bench_service import workloads
+from bench_service import server_spinning, workloads
 from bundle_args import bundle_arguments
 from report_file import write_report
 
 from core.engine_choice import BASELINE, describe
 from core.engines import load_engine, open_routes
 from core.runtime import OnnxBundle
-from service.settings import ServiceSettings
 
 MAX_BATCH_TOKENS = 4096  # the server's defaults (service/settings.py)
 MAX_BATCH_SIZE = 64
@@ -43,7 +42,7 @@ def served_batches(bundle: OnnxBundle) -> dict[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = bundle_arguments(__doc__, 7, argv)
-    session: dict[str, Any] = {"intra_op_threads": args.threads, "spinning": ServiceSettings().ort_spinning}
+    session: dict[str, Any] = {"intra_op_threads": args.threads, "spinning": server_spinning()}
     routed, choice = load_engine(args.bundle, **session)
     cpu = choice.cpu
     print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads", flush=True)

@@ -203,6 +203,14 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def server_spinning() -> str:
+    """What the server's onnxruntime threads do when idle (``EMBED_ORT_SPINNING``, read from the environment as the
+    server reads it): in-process arms run with it, so they run as the server does."""
+    from service.settings import ServiceSettings
+
+    return ServiceSettings().ort_spinning
+
+
 class Ceiling:
     """In-process onnxruntime on the same bundle's fp32 graph and thread count: the upper bound a server on that
     engine can approach.
@@ -213,13 +221,11 @@ class Ceiling:
 
     def __init__(self, bundle_dir: Path, threads: int) -> None:
         from core.runtime import OnnxBundle
-        from service.settings import ServiceSettings
 
-        # the server's threading (EMBED_ORT_SPINNING, read from the environment as the server reads it): a spinning
-        # in-process arm ran (c)'s text after the 20 ms gap in 4.1 ms against 7.4 with threads that slept between
-        # runs (docs/BENCHMARKS.md): the threads' wake-up is the server's cost only if the server's threads sleep
-        spinning = ServiceSettings().ort_spinning
-        self.bundle = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=threads, spinning=spinning)
+        # the server's threading: a spinning in-process arm ran (c)'s text after the 20 ms gap in 4.1 ms against 7.4
+        # with threads that slept between runs (docs/BENCHMARKS.md): the threads' wake-up is the server's cost only
+        # if the server's threads sleep
+        self.bundle = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=threads, spinning=server_spinning())
         self.bundle.encode(["warm up"] * 32, batch_size=32)
 
     def texts_per_s(self, texts: list[str]) -> float:
