@@ -97,10 +97,12 @@ def test_bundle_layout_and_manifest(l3_registry: Path, minilm_l3_path: Path) -> 
 
 
 def test_int8_setting_chosen_by_measurement_on_this_cpu(l3_registry: Path, minilm_l3_path: Path) -> None:
-    """Every optimum preset is tried; the kept one passed the bars here, and the manifest says on which CPU."""
+    """Every optimum preset is tried (the fallbacks, with more of the graph in fp32, only when none passes); the kept
+    one passed the bars here, and the manifest says on which CPU."""
     bundle = registry.current_bundle(l3_registry, "minilm-l3")
     record = registry.read_manifest(bundle)["int8"]
-    assert [c["name"] for c in record["candidates"]] == [c.name for c in quantize.CANDIDATES]
+    assert [c["name"] for c in record["candidates"]] == [c.name for c in quantize.CANDIDATES if not c.fallback]
+    assert all(c["fp32_matmuls"] == [] for c in record["candidates"])
     chosen = next(c for c in record["candidates"] if c["name"] == record["chosen"])
     assert chosen["failures"] == [] and chosen["mean_cosine"] >= 0.99 and chosen["min_cosine"] >= 0.97
     assert chosen["per_channel"] and chosen["seconds"] > 0
@@ -190,6 +192,43 @@ def test_auto_publishes_fp32_when_no_int8_setting_passes(
     with pytest.raises(ParityError, match=r"(?s)avx512-reduce-range: int8: mean cosine.*avx2: int8: mean"):
         exporter.export_bundle(tiny_bert_path, tmp_path, "tiny", quantize="int8")
     assert registry.list_versions(tmp_path, "tiny") == ["1"]
+
+
+def test_int8_falls_back_to_fp32_feed_forward_outputs_before_giving_up(l3_registry: Path, tmp_path: Path) -> None:
+    """With bars no full-int8 preset keeps, the fallbacks are tried in order and the first that keeps them is the
+    graph: the feed-forward output matmuls (found by their weights' shape) it names stay fp32 MatMuls, the rest int8."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    source = registry.current_bundle(l3_registry, "minilm-l3")
+    for file in source.iterdir():
+        if file.name != "model_int8.onnx":
+            (bundle / file.name).symlink_to(file.resolve())
+    graph = onnx.load(str(bundle / "model.onnx"), load_external_data=False)
+    outputs = quantize.ffn_output_matmuls(graph)
+    assert len(outputs) == 3 and all("layer." in name for name in outputs)  # one per layer of minilm-l3, in order
+    assert [int(name.split("layer.")[1].split("/")[0]) for name in outputs] == [0, 1, 2]
+    texts, reference = runtime.read_probes(bundle)
+    full = [c for c in quantize.CANDIDATES if not c.fallback]
+    first = quantize.choose_int8(bundle, "model_int8.onnx", reference, texts, candidates=full[:1])["candidates"][0]
+    (bundle / "model_int8.onnx").unlink()
+    fallbacks = [c for c in quantize.CANDIDATES if c.fallback]
+    # a mean bar just above what the full-int8 graph keeps, no min bar: only keeping more in fp32 can pass
+    bars = runtime.ParityBars(int8_mean_cosine=first["mean_cosine"] + 1e-6, int8_min_cosine=0.0)
+    record = quantize.choose_int8(
+        bundle, "model_int8.onnx", reference, texts, candidates=(full[0], *fallbacks), bars=bars
+    )
+    tried = {c["name"]: c for c in record["candidates"]}
+    assert tried[full[0].name]["failures"] and tried[full[0].name]["fp32_matmuls"] == []
+    assert tried[fallbacks[0].name]["fp32_matmuls"] == outputs[:1]
+    if record["chosen"] == fallbacks[0].name:  # keeping more in fp32 passed: the next fallback was never tried
+        assert list(tried) == [full[0].name, fallbacks[0].name]
+    else:
+        assert tried[fallbacks[1].name]["fp32_matmuls"] == outputs
+    if record["chosen"] is not None:
+        kept = onnx.load(str(bundle / "model_int8.onnx"), load_external_data=False)
+        fp32_matmuls = [n.name for n in kept.graph.node if n.op_type == "MatMul"]
+        assert fp32_matmuls == tried[record["chosen"]]["fp32_matmuls"]
+        assert any(n.op_type == "MatMulInteger" for n in kept.graph.node)
 
 
 def test_real_weights_dynamic_axes(l3_registry: Path, minilm_l3_path: Path, varied_texts: list[str]) -> None:
