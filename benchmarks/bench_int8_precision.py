@@ -4,15 +4,18 @@ outputs included), in process on onnxruntime: what each keeps of the fp32 vector
 The bundle's fp32 ``model.onnx`` is quantised with each candidate into a scratch copy of the bundle (symlinks to its
 files). Printed per candidate: the cosine (mean / min) to the fp32 reference on the probes (the bundle's torch
 references, what the export's and the load's bars are checked on) and on held-out texts the probes do not hold
-(bench_service's seeded texts: 128 short, 128 paragraphs within ``max_seq_length``; reference: the fp32 graph on
-onnxruntime), and its speed as a multiple of the first candidate's (the export's usual choice) on one text, 32 short
-texts and 20 paragraphs — the candidates taking turns, the order alternating from round to round, medians.
+(reference: the fp32 graph on onnxruntime) — bench_service's seeded texts (128 short, 128 paragraphs within
+``max_seq_length``; words drawn at random, as every server benchmark sends them) and 200 news sentences (gensim's Lee
+background documents 150-249, which neither the probes nor OpenVINO's int8 calibration read) — and its speed as a
+multiple of the first candidate's (the export's usual choice) on one text, 32 short texts and 20 paragraphs, the
+candidates taking turns, the order alternating from round to round, medians.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_int8_precision.py --bundle runs/reg/minilm-l6/current --rounds 7
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import tempfile
 import time
@@ -25,7 +28,9 @@ from bench_service import server_spinning, workloads
 from bundle_args import bundle_arguments
 from report_file import write_report
 
+from core.corpora import lee_background
 from core.runtime import OnnxBundle, cosines, cpu_features, read_probes
+from core.text import split_sentences
 from export.quantize import CANDIDATES, quantize
 
 ONE_TEXT_RUNS = 40  # one-text runs per round (different texts): each is ~2 ms, so one alone is mostly noise
@@ -58,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     reference_bundle = OnnxBundle(args.bundle, variant="fp32", intra_op_threads=args.threads)
     short, paragraphs = workloads()
     fits = [t for t in paragraphs if len(reference_bundle.tokenize([t])[0].ids) <= reference_bundle.max_seq_length]
-    held_out = {"short": short[1000:1128], "paragraphs": fits[:128]}
+    news = [sentence for document in list(lee_background())[150:250] for sentence in split_sentences(document)]
+    held_out = {"short": short[1000:1128], "paragraphs": fits[:128], "news": random.Random(0).sample(news, 200)}
     reference = {kind: reference_bundle.encode(texts) for kind, texts in held_out.items()}
     report: dict[str, Any] = {"cpu": cpu, "threads": args.threads, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="int8-precision-") as tmp:

@@ -14,7 +14,9 @@ shared machine hits every arm alike):
   folder's pooling config), which gives vectors at cosine ~0.4 to the model's own.
 
 Every arm's parity is measured on the same texts: cosine of what it serves to the fp32 graph run in this process by
-onnxruntime (= torch within 1e-4; texts that fit both servers' token limits, so truncation does not count).
+onnxruntime (= torch within 1e-4; texts that fit both servers' token limits, so truncation does not count), sent one
+text per request and 32 per request (`PARITY_REQUEST_SIZES`): a server that routes batch sizes to engines serves
+each at its own engine's precision.
 
 Loads (bench_service's seeded texts): one short text per request at concurrency 1 (p50 latency, printed beside the
 in-process p50 of the same engine and graph one text at a time) and 32; 32 short texts per request at concurrency 8;
@@ -88,14 +90,23 @@ def start_infinity(executable: Path, model_dir: Path, threads: int) -> tuple[sub
     raise RuntimeError("infinity was not ready after 300 s")
 
 
-def embed(url: str, texts: list[str]) -> np.ndarray:
+# Texts per request the parity is measured at: as the one-text loads and the 32-text loads send them, since a server
+# that routes batch sizes to engines serves each at its own engine's precision.
+PARITY_REQUEST_SIZES = (1, 32)
+
+
+def embed(url: str, texts: list[str], per_request: int = 32) -> np.ndarray:
     vectors = []
     with httpx.Client(timeout=120) as client:
-        for batch in _chunks(texts, 32):
+        for batch in _chunks(texts, per_request):
             response = client.post(f"{url}/v1/embeddings", json={"input": batch, "model": MODEL})
             response.raise_for_status()
             vectors += [row["embedding"] for row in sorted(response.json()["data"], key=lambda r: r["index"])]
     return np.asarray(vectors, dtype=np.float32)
+
+
+def cosine_figures(cos: np.ndarray) -> dict[str, float]:
+    return {"mean_cosine": round(float(cos.mean()), 5), "min_cosine": round(float(cos.min()), 5)}
 
 
 def parity_texts(bundle: OnnxBundle, short: list[str], paragraphs: list[str], infinity_limit: int = 512) -> list[str]:
@@ -190,10 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         reference = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=args.threads)
         same = parity_texts(reference, short, paragraphs)
         expected = reference.encode(same)
-        parity = {}
+        parity: dict[str, dict[int, dict[str, float]]] = {}
         for arm, (_, url) in servers.items():
-            cos = cosines(embed(url, same), expected)
-            parity[arm] = {"mean_cosine": round(float(cos.mean()), 5), "min_cosine": round(float(cos.min()), 5)}
+            parity[arm] = {}
+            for size in PARITY_REQUEST_SIZES:
+                cos = cosines(embed(url, same, size), expected)
+                parity[arm][size] = cosine_figures(cos)
         print(json.dumps({"parity_texts": len(same), "parity": parity}), flush=True)
         for _, url in servers.values():  # warm-up
             run_load(url, "1 text, 32 clients", short[-64:])
@@ -227,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def summary(rows: list[dict[str, Any]], loads: list[str], parity: dict[str, dict[str, float]]) -> str:
+def summary(rows: list[dict[str, Any]], loads: list[str], parity: dict[str, dict[int, dict[str, float]]]) -> str:
     """Median per arm and load, the in-process figures, and per round the ratio of ours to infinity's best arm."""
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     header = " | in-process: served engine / onnxruntime int8 | ours ÷ infinity's best, per round | padding, ours |"
@@ -253,8 +266,9 @@ def summary(rows: list[dict[str, Any]], loads: list[str], parity: dict[str, dict
         cells_text = " | ".join(str(c) for c in cells)
         pad = statistics.median(r["padding"] for r in of if r["arm"] == OURS)
         lines.append(f"| {name}{unit} | {cells_text} | {in_process} | {', '.join(ratios)} | {pad} |")
-    cells = " | ".join(f"{parity[arm]['mean_cosine']} / {parity[arm]['min_cosine']}" for arm in arms)
-    lines.append(f"| cosine to fp32, mean / min | {cells} | | | |")
+    for size in PARITY_REQUEST_SIZES:
+        cells = " | ".join(f"{parity[arm][size]['mean_cosine']} / {parity[arm][size]['min_cosine']}" for arm in arms)
+        lines.append(f"| cosine to fp32, mean / min, {size} per request | {cells} | | | |")
     return "\n".join(lines)
 
 
