@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import onnx
 from bench_service import server_spinning, workloads
-from bundle_args import bundle_arguments
+from bundle_args import bundle_arguments, bundle_probes
 from report_file import write_report
 
 from core.corpora import lee_background
-from core.runtime import OnnxBundle, cosines, cpu_features, read_probes
+from core.runtime import OnnxBundle, cosines, cpu_features
 from core.text import split_sentences
 from export.quantize import CANDIDATES, quantize
 
@@ -54,10 +54,7 @@ def quantised(bundle_dir: Path, scratch: Path, threads: int) -> dict[str, OnnxBu
 
 def main(argv: list[str] | None = None) -> int:
     args = bundle_arguments(__doc__, 5, argv)
-    probes = read_probes(args.bundle)
-    if probes is None:
-        raise SystemExit(f"{args.bundle} stores no probes: re-export it")
-    probe_texts, probe_reference = probes
+    probe_texts, probe_reference = bundle_probes(args.bundle)
     cpu = cpu_features()
     print(f"CPU: {cpu['model']} ({', '.join(cpu['flags'])}), {args.threads} threads", flush=True)
     reference_bundle = OnnxBundle(args.bundle, variant="fp32", intra_op_threads=args.threads)

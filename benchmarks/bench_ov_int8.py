@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 from bench_service import server_spinning, workloads
-from bundle_args import bundle_arguments
+from bundle_args import bundle_arguments, bundle_probes
 from report_file import write_report
 
-from core.runtime import OnnxBundle, ParityBars, cosines, cpu_features, read_probes
+from core.runtime import OnnxBundle, ParityBars, cosines, cpu_features
 from export.openvino_int8 import OPENVINO_INT8_FILE as OV_INT8_FILE
 from export.openvino_int8 import build_openvino_int8
 
@@ -58,9 +58,7 @@ def arms(bundle_dir: Path, scratch: Path, threads: int) -> dict[str, OnnxBundle]
 
 def main(argv: list[str] | None = None) -> int:
     args = bundle_arguments(__doc__, 5, argv)
-    probes = read_probes(args.bundle)
-    if probes is None:
-        raise SystemExit(f"{args.bundle} stores no probes: re-export it")
+    probes = bundle_probes(args.bundle)
     probe_texts, probe_reference = probes
     short, paragraphs = workloads()
     batches = {"32 short": short[:32], "32 paragraphs": paragraphs[:32]}

@@ -1,10 +1,15 @@
-"""The command line of the in-process benchmarks of one bundle's engines (`bench_ov_int8.py`, `bench_routes.py`)."""
+"""The command line of the in-process benchmarks of one bundle's engines (`bench_ov_int8.py`, `bench_routes.py`,
+`bench_int8_precision.py`), and the bundle's probes they check parity on."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from pathlib import Path
+
+import numpy as np
+
+from core.runtime import read_probes
 
 MAX_ROUNDS = 20
 
@@ -20,3 +25,11 @@ def bundle_arguments(doc: str, rounds: int, argv: list[str] | None = None) -> ar
     if not 1 <= args.rounds <= MAX_ROUNDS:
         parser.error(f"keep it bounded: 1-{MAX_ROUNDS} rounds")
     return args
+
+
+def bundle_probes(bundle: Path) -> tuple[list[str], np.ndarray]:
+    """The bundle's probe texts and their fp32 (torch) reference embeddings; exits saying what to do without them."""
+    probes = read_probes(bundle)
+    if probes is None:
+        raise SystemExit(f"{bundle} stores no probes: re-export it")
+    return probes
