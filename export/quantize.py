@@ -165,7 +165,6 @@ def choose_int8(
     ``checked_on`` (this CPU) and every candidate's figures and failures.
     """
     fp32 = bundle_dir / "model.onnx"
-    graph = onnx.load(str(fp32), load_external_data=False)
     tried: list[dict[str, Any]] = []
     passing: dict[str, OnnxBundle] = {}
     for candidate in candidates:
@@ -173,7 +172,8 @@ def choose_int8(
             continue
         path = bundle_dir / f"int8-{candidate.name}.onnx"
         config = candidate.config()
-        fp32_nodes = candidate.fp32_nodes(graph)
+        # the graph is read only for a fallback: most exports never reach one
+        fp32_nodes = candidate.fp32_nodes(onnx.load(str(fp32), load_external_data=False)) if candidate.fallback else []
         quantize(fp32, path, config, fp32_nodes)
         bundle = OnnxBundle(bundle_dir, variant="int8", onnx_file=path.name, intra_op_threads=threads)
         cos = cosines(bundle.encode(texts, batch_size=16), reference)
