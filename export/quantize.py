@@ -66,7 +66,7 @@ class Candidate:
 
     def fp32_nodes(self, model: onnx.ModelProto) -> list[str]:
         """The nodes of ``model`` this candidate leaves in fp32."""
-        outputs = ffn_output_matmuls(model) if self.fallback else []
+        outputs = ffn_output_matmuls(model)
         return outputs if self.fp32_ffn_outputs is None else outputs[: self.fp32_ffn_outputs]
 
 
