@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ours serves {choice['engine']}: {choice['reason']} (chosen in {choice['seconds']} s)", flush=True)
         session = {"intra_op_threads": args.threads, "spinning": server_spinning()}
         in_process = {  # the served engines routed as the server routes them, and onnxruntime int8 alone
-            "served": open_routes(bundle_dir, [(r["engine"], r["max_tokens"]) for r in choice["routes"]], **session),
-            "int8": open_routes(bundle_dir, [("onnxruntime-int8", None)], **session),
+            "served": open_routes(bundle_dir, [(r["engine"], r["shapes"]) for r in choice["routes"]], **session),
+            "int8": open_routes(bundle_dir, [("onnxruntime-int8", [])], **session),
         }
         reference = OnnxBundle(bundle_dir, variant="fp32", intra_op_threads=args.threads)
         same = parity_texts(reference, short, paragraphs)

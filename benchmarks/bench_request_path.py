@@ -107,7 +107,7 @@ class RawClient:
 
 def in_process_bundle(bundle_dir: Path, choice: dict[str, Any], threads: int) -> OnnxBundle:
     """An `OnnxBundle` of the engines the server serves, each batch routed as the server routes it."""
-    routes = [(r["engine"], r["max_tokens"]) for r in choice["routes"]]
+    routes = [(r["engine"], r["shapes"]) for r in choice["routes"]]
     return open_routes(bundle_dir, routes, intra_op_threads=threads, spinning=server_spinning())
 
 
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         (card,) = [c for c in httpx.get(f"{url}/v1/models", timeout=30).json()["data"] if c["id"] == MODEL]
         choice = card["engine_choice"]
-        routes = describe([Route(**{k: r[k] for k in ("engine", "max_tokens", "batches", "reason")})
+        routes = describe([Route(**{k: r[k] for k in ("engine", "batches", "shapes", "reason")})
                            for r in choice["routes"]])  # fmt: skip
         print(f"server: {routes} (setting {args.engine}; chosen in {choice['seconds']} s)", flush=True)
         bundle = in_process_bundle(args.registry / MODEL / "current", choice, args.threads)

@@ -7,8 +7,8 @@ The batches: 8, 16 and 32 short texts (one-text requests from 32 clients: as man
 (32-text requests from 8 clients) and as many paragraphs as fit 4096 padded tokens (32-paragraph requests), from
 bench_service's seeded texts. The arms take turns on each batch, their order alternating between rounds. Printed: the
 CPU, the routes chosen, and per batch its padded tokens, the engine its route runs it on, and each arm's median
-texts/s with the ratio to onnxruntime int8 — whether routing by padded tokens sends the served batches to the engine
-fastest on them.
+texts/s with the ratio to onnxruntime int8 — whether routing by shape (texts and padded length) sends the served
+batches to the engine fastest on them.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_routes.py --bundle runs/reg/minilm-l6/current --rounds 7
 """
@@ -23,7 +23,7 @@ from bench_service import server_spinning, workloads
 from bundle_args import bundle_arguments
 from report_file import write_report
 
-from core.engine_choice import BASELINE, describe
+from core.engine_choice import BASELINE, describe, route_for
 from core.engines import load_engine, open_routes
 from core.runtime import OnnxBundle
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = [trial.engine for trial in choice.trials if trial.status == "passed"]
     if BASELINE not in passed:
         raise SystemExit(f"{BASELINE} misses the parity bars on this CPU: nothing to compare the routes against")
-    arms = {"routed": routed} | {name: open_routes(args.bundle, [(name, None)], **session) for name in passed}
+    arms = {"routed": routed} | {name: open_routes(args.bundle, [(name, [])], **session) for name in passed}
     feeds = {name: routed.pad(routed.tokenize(texts)) for name, texts in served_batches(routed).items()}
     samples: dict[str, dict[str, list[float]]] = {batch: {arm: [] for arm in arms} for batch in feeds}
     for round_ in range(args.rounds + 1):
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for batch, feed in feeds.items():
         tokens = int(feed["input_ids"].size)
-        engine = next(r.engine for r in choice.routes if r.max_tokens is None or tokens <= r.max_tokens)
+        engine = route_for(choice.routes, *feed["input_ids"].shape).engine
         speeds = {arm: statistics.median(values) for arm, values in samples[batch].items()}
         base = speeds[BASELINE]
         rows.append({"batch": batch, "padded_tokens": tokens, "routed_to": engine, "texts_per_s": speeds})

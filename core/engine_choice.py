@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from core.engine_timing import SMALL_BATCHES
-from core.runtime import cpu_features
+from core.runtime import Shape, cpu_features, nearest_shape
 
 SPEED_TOLERANCE = 0.05  # a challenger this much slower than the fastest one still wins if it comes first in ENGINES
 # A challenger takes a shape class from the default only when this much faster on its timing batch: five loads on a
@@ -80,27 +80,29 @@ class Trial:
 
 @dataclass(frozen=True)
 class Route:
-    """Batches of at most ``max_tokens`` padded tokens (``None``: no bound) that no earlier route takes run on
-    ``engine``, chosen on the timing batches ``batches``; ``reason`` gives each batch's times."""
+    """The served batches nearest in shape to the timing batches ``batches`` — ``shapes``: each one's texts and
+    padded length (`core.runtime.nearest_shape`) — run on ``engine``, chosen on those batches; ``reason`` gives each
+    batch's times. A lone route with no batches runs every batch."""
 
     engine: str
-    max_tokens: int | None
     batches: list[str]
+    shapes: list[Shape]
     reason: str
 
 
 @dataclass(frozen=True)
 class EngineChoice:
-    """The engines served and for which batch sizes (``routes``, ascending; ``engine`` runs the largest batches),
-    the setting that asked for them, why, every candidate's trial, each timing batch's padded tokens, the CPU and how
-    long the choice took (parity checks and timing, graph compilation included)."""
+    """The engines served and for which batches (``routes``, by their largest timing batch's padded tokens,
+    ascending; ``engine`` runs the largest batches), the setting that asked for them, why, every candidate's trial,
+    each timing batch's shape (texts, padded length), the CPU and how long the choice took (parity checks and timing,
+    graph compilation included)."""
 
     engine: str
     setting: str
     reason: str
     trials: list[Trial]
     routes: list[Route]
-    batch_tokens: dict[str, int] = field(default_factory=dict)
+    batch_shapes: dict[str, Shape] = field(default_factory=dict)
     seconds: float = 0.0
     cpu: dict[str, Any] = field(default_factory=cpu_features)
 
@@ -159,44 +161,41 @@ def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[s
 
 
 def pick_routes(
-    trials: Sequence[Trial], default: str, batch_tokens: Mapping[str, int], tolerance: float = SPEED_TOLERANCE
+    trials: Sequence[Trial], default: str, batch_shapes: Mapping[str, Shape], tolerance: float = SPEED_TOLERANCE
 ) -> list[Route]:
-    """Which engine runs which batch sizes (pure): per timing batch (``batch_tokens``: its padded tokens), the
+    """Which engine runs which batches (pure): per timing batch (``batch_shapes``: its texts and padded length), the
     ``default`` unless a passing challenger is faster there by the margin (`SMALL_BATCH_MARGIN` on the small
     batches, else `CHALLENGER_MARGIN`; the first in `ENGINES` order within ``tolerance`` of the fastest such; timing
-    batches of equal padded tokens are decided together, a challenger having to win each). A size the default keeps
-    between two sizes one challenger took goes to that challenger where it is no slower there (`_island`).
-    Neighbouring batches with one engine make one route, which ends halfway (geometric mean) between its last
-    batch's padded tokens and the next route's first. One route, the default's, when nothing was timed against it."""
+    batches of one shape are decided together, a challenger having to win each). A batch the default keeps between
+    two (by padded tokens) one challenger took goes to that challenger where it is no slower there (`_island`). The
+    timing batches of one engine make its route; a served batch runs on the route of the timing batch nearest its
+    shape (`core.runtime.nearest_shape`): 64 short texts on the engine of 32 short ones, not of 4 long ones of as
+    many padded tokens. One route, the default's, when nothing was timed against it."""
     timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
-    if default not in timed or len(timed) < 2 or not batch_tokens:
-        return [Route(default, None, [], "")]
-    sizes = []  # (engine, reasons, batches) of each padded size, ascending
-    for size in sorted(set(batch_tokens.values())):
-        group = [batch for batch, tokens in batch_tokens.items() if tokens == size]
-        sizes.append((*_fastest_on(group, timed, default, batch_tokens, tolerance), group))
-    classes: list[tuple[str, list[str], list[str]]] = []  # (engine, batches, reasons) of each route
+    if default not in timed or len(timed) < 2 or not batch_shapes:
+        return [Route(default, [], [], "")]
+    tokens = {batch: math.prod(shape) for batch, shape in batch_shapes.items()}
+    sizes = []  # (engine, reasons, batches) of each shape, by padded tokens ascending
+    for shape in sorted(set(batch_shapes.values()), key=lambda s: (math.prod(s), s)):
+        group = [batch for batch, of in batch_shapes.items() if of == shape]
+        sizes.append((*_fastest_on(group, timed, default, tokens, tolerance), group))
+    by_engine: dict[str, tuple[list[str], list[str]]] = {}  # engine: (batches, reasons), by padded tokens
     for i, (engine, reasons, group) in enumerate(sizes):
         neighbours = {sizes[j][0] for j in (i - 1, i + 1)} if 0 < i < len(sizes) - 1 else set()
         if engine == default and len(neighbours) == 1 and default not in neighbours:
-            engine, reasons = _island(group, timed, default, neighbours.pop(), batch_tokens) or (engine, reasons)
-        if classes and classes[-1][0] == engine:
-            classes[-1][1].extend(group)
-            classes[-1][2].extend(reasons)
-        else:
-            classes.append((engine, group, reasons))
-    routes = []
-    for (engine, batches, reasons), after in zip(classes, [*classes[1:], None], strict=True):
-        bound = None if after is None else int(math.sqrt(batch_tokens[batches[-1]] * batch_tokens[after[1][0]]))
-        routes.append(Route(engine, bound, batches, "; ".join(reasons)))
-    return routes
+            engine, reasons = _island(group, timed, default, neighbours.pop(), tokens) or (engine, reasons)
+        batches, why = by_engine.setdefault(engine, ([], []))
+        batches.extend(group)
+        why.extend(reasons)
+    routes = [Route(e, b, [batch_shapes[x] for x in b], "; ".join(r)) for e, (b, r) in by_engine.items()]
+    return sorted(routes, key=lambda route: tokens[route.batches[-1]])
 
 
 def _fastest_on(
     group: Sequence[str],
     timed: Mapping[str, Mapping[str, float]],
     default: str,
-    batch_tokens: Mapping[str, int],
+    tokens: Mapping[str, int],
     tolerance: float,
 ) -> tuple[str, list[str]]:
     """The engine for timing batches of one padded size, and each batch's times: ``default`` unless another is
@@ -205,7 +204,7 @@ def _fastest_on(
     faster = [e for e in timed if e != default and all(timed[e][b] * margin[b] <= timed[default][b] for b in group)]
     score = {e: math.prod(timed[e][b] for b in group) for e in faster}
     engine = _first_of_fastest(faster, score, tolerance) if faster else default
-    return engine, _reasons(engine, default, group, timed, batch_tokens, margin=margin)
+    return engine, _reasons(engine, default, group, timed, tokens, margin=margin)
 
 
 def _island(
@@ -213,7 +212,7 @@ def _island(
     timed: Mapping[str, Mapping[str, float]],
     default: str,
     neighbour: str,
-    batch_tokens: Mapping[str, int],
+    tokens: Mapping[str, int],
 ) -> tuple[str, list[str]] | None:
     """``neighbour`` for timing batches of one padded size that the default kept but ``neighbour`` took on both
     sides, where it was no slower on each (an engine's lead follows the batch's size: a dip under the margin
@@ -221,7 +220,7 @@ def _island(
     if not all(timed[neighbour][b] <= timed[default][b] for b in group):
         return None
     why = "under the margin but between two sizes it took"
-    return neighbour, _reasons(neighbour, default, group, timed, batch_tokens, why=why)
+    return neighbour, _reasons(neighbour, default, group, timed, tokens, why=why)
 
 
 def _reasons(
@@ -229,7 +228,7 @@ def _reasons(
     default: str,
     group: Sequence[str],
     timed: Mapping[str, Mapping[str, float]],
-    batch_tokens: Mapping[str, int],
+    tokens: Mapping[str, int],
     *,
     margin: Mapping[str, float] | None = None,
     why: str = "",
@@ -245,7 +244,7 @@ def _reasons(
             verdict = f"{timed[default][batch] / timed[engine][batch]:.2f}x faster than {default}"
             verdict += f", {why}" if why else ""
         others = ", ".join(f"{e} {ms[e]}" for e in timed if e != engine)
-        reasons.append(f"{batch} ({batch_tokens[batch]} tokens): {engine} {ms[engine]}, {verdict} ({others})")
+        reasons.append(f"{batch} ({tokens[batch]} tokens): {engine} {ms[engine]}, {verdict} ({others})")
     return reasons
 
 
@@ -260,13 +259,23 @@ def can_win(engine: str, seconds: Mapping[str, Mapping[str, float]], slack: floa
     return any(mine[k] <= slack * bar[k] for k in mine)
 
 
+def route_for(routes: Sequence[Route], rows: int, width: int) -> Route:
+    """The route that runs a batch of ``rows`` texts padded to ``width`` tokens, as `core.engines.open_routes` routes
+    it: the one of the timing batch nearest it (`core.runtime.nearest_shape`); a lone route runs every batch."""
+    if len(routes) == 1:
+        return routes[0]
+    owners = [(shape, route) for route in routes for shape in route.shapes]
+    return owners[nearest_shape([shape for shape, _ in owners], rows, width)][1]
+
+
+def shapes_text(shapes: Sequence[Sequence[int]]) -> str:
+    """Timing batches' shapes as a label: ``1x22,4x14`` (texts x padded length)."""
+    return ",".join(f"{rows}x{width}" for rows, width in shapes)
+
+
 def describe(routes: Sequence[Route]) -> str:
-    """The routes in a line: which engine runs which padded batch sizes."""
+    """The routes in a line: which engine runs the batches nearest which timing batches (texts x padded length)."""
     if len(routes) == 1:
         return f"{routes[0].engine} runs every batch"
-    spans, low = [], 0
-    for route in routes:
-        span = f"above {low}" if route.max_tokens is None else f"{low + 1}-{route.max_tokens}"
-        spans.append(f"{span} padded tokens on {route.engine}")
-        low = route.max_tokens or low
-    return "batches of " + ", ".join(spans)
+    spans = "; ".join(f"{shapes_text(route.shapes)} on {route.engine}" for route in routes)
+    return f"batches nearest {spans} (texts x padded length)"

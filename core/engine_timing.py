@@ -1,9 +1,9 @@
 """How the candidate engines are timed at load (`core.engines`): batches shaped like the served load, the candidates
 taking turns on each, medians of several rounds.
 
-The timing batches span the batch sizes the service forms, by padded tokens: 1, 4 and 16 short probe texts, 32 short
-ones, and 4 texts at ``max_seq_length`` — each is the timing batch of one shape class, and the engine chosen for a
-class runs the served batches of about that many padded tokens (`core.engine_choice.pick_routes`).
+The timing batches span the batches the service forms: 1, 4, 16 and 32 short probe texts, and 4 texts at
+``max_seq_length`` — each is the timing batch of one shape class, and the engine chosen for a class runs the served
+batches nearest its shape, texts and padded length (`core.engine_choice.pick_routes`, `core.runtime.nearest_shape`).
 
 A batch of one text is what a server forms when requests come now and then (under load the batcher joins them), so
 it is timed that way: three different texts, each after the engine sat idle for `IDLE_BEFORE_ONE`. Timed back to
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from core.runtime import OnnxBundle, graph_files
+from core.runtime import OnnxBundle, Shape, graph_files
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,10 @@ StillIn = Callable[[str, Mapping[str, Mapping[str, float]]], bool]
 
 
 def timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[list[str]]]:
-    """The runs of each timing batch: batches of short probe texts (1, 4, 16 and 32) and one of texts cut at
-    ``max_seq_length``, like the served load's two ends. A small batch is run three times (its time is their
-    best): one text as three different ones, of rising length; 4 and 16 as the same batch."""
+    """The runs of each timing batch: batches of 1, 4, 16 and 32 short probe texts (the first of the longer half of
+    the probes of 8-32 tokens, cycled) and one of texts cut at ``max_seq_length``, like the served load's two ends.
+    A small batch is run three times (its time is their best): one text as three different ones, of rising length;
+    4 and 16 as the same batch."""
     lengths = [len(e.ids) for e in bundle.tokenize(texts)]
     by_length = sorted(range(len(texts)), key=lambda i: lengths[i])
     short = [texts[i] for i in by_length if 8 <= lengths[i] <= 32] or [texts[i] for i in by_length]
@@ -55,13 +56,14 @@ def timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[l
     upper = short[len(short) // 2 :]
     ones = [[upper[(len(upper) - 1) * k // 2]] for k in range(3)]  # the upper half's first, middle and last text
     small = {size: [cycle(upper, int(size))] * 3 for size in SMALL_BATCHES[1:]}
-    return {"1": ones, **small, "short": [cycle(short, SHORT_BATCH)], "long": [cycle(long, LONG_BATCH)]}
+    return {"1": ones, **small, "short": [cycle(upper, SHORT_BATCH)], "long": [cycle(long, LONG_BATCH)]}
 
 
 def time_engines(
     bundles: dict[str, OnnxBundle], texts: Sequence[str], still_in: StillIn, rounds: int = TIMING_ROUNDS
-) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
-    """Median seconds per engine and timing batch, and each batch's padded tokens: a warm-up pass, then ``rounds``
+) -> tuple[dict[str, dict[str, float]], dict[str, Shape]]:
+    """Median seconds per engine and timing batch, and each batch's shape (texts, median padded length of its
+    runs): a warm-up pass, then ``rounds``
     rounds, each running one batch on every candidate in turn (alternating their order from round to round) before
     the next batch, so a drift of a shared machine hits the candidates alike where they are compared. A small
     batch's time in a round is the best of its three runs (short enough for one scheduler hiccup to double them),
@@ -92,9 +94,10 @@ def time_engines(
                 names.remove(engine)
                 del bundles[engine]
                 log.info("engine %s: out of the race after %d timed rounds", engine, round_)
+    widths = {name: int(np.median([run["input_ids"].shape[1] for run in feed])) for name, feed in feeds.items()}
     return (
         {engine: medians_of(by_shape) for engine, by_shape in samples.items()},
-        {shape: int(np.median([run["input_ids"].size for run in feed])) for shape, feed in feeds.items()},
+        {name: (len(feed[0]["input_ids"]), widths[name]) for name, feed in feeds.items()},
     )
 
 
@@ -109,7 +112,7 @@ class Timed:
 
     version: str  # the bundle they were taken on: name and version
     seconds: dict[str, dict[str, float]]  # median seconds per timing batch of each engine timed to the last round
-    tokens: dict[str, int]  # each timing batch's padded tokens
+    shapes: dict[str, Shape]  # each timing batch's texts and padded length
     engines: frozenset[str]  # the engines its routes ran, and the baseline when it was timed: checked again
 
 

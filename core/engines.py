@@ -20,17 +20,18 @@ bundle is served:
    competes (its medians are of fewer rounds);
 3. choice, per shape class — `pick` names the default engine: onnxruntime's int8 graph where it passed (the baseline,
    `BASELINE`), else the fastest that passed. Then `pick_routes`: each timing batch is the shape class of the served
-   batches of about its padded tokens, and a challenger takes a class only where it is faster than the default by
+   batches nearest its shape, and a challenger takes a class only where it is faster than the default by
    `CHALLENGER_MARGIN` on that class's batch (`SMALL_BATCH_MARGIN` on the small ones, whose timings are the
    noisiest), the fastest such preferring `ENGINES`' order within `SPEED_TOLERANCE`. Where candidates are close the
    default keeps the class (a tie within a shared machine's noise does not hand it over), and no class is served by
    an engine slower than the default on its timing batch — but a class between two that one challenger took goes to
    it where it is no slower (its lead follows the batch's size; a dip under the margin between two wins is noise:
-   `pick_routes`). Neighbouring classes with one engine make one route; a route ends halfway (geometric mean) between
-   the padded tokens of its last timing batch and the next route's first, and the bundle runs each batch on the
-   engine of the route its padded tokens fall in (`OnnxBundle.route_batches`). Padded tokens, not texts: the served
-   batcher cuts batches by a token budget, and what separates the engines is the size of the matrices (OpenVINO's
-   lead grew with the batch's tokens).
+   `pick_routes`). The classes of one engine make its route, and the bundle runs each batch on the engine of the
+   timing batch nearest it by texts and padded length, both on log scales (`OnnxBundle.route_batches`,
+   `core.runtime.nearest_shape`). Both, not padded tokens alone: OpenVINO's lead grew with the batch's tokens, but
+   on a 2-core Xeon with AMX its int8 graph was the fastest on 32 and 64 short texts and its bf16 on paragraphs,
+   and a bound on padded tokens sent 64 short texts (1,472 tokens) with 4 long ones (1,024) to bf16, 1.02-1.23x
+   slower on them (docs/BENCHMARKS.md).
 
 The timings are kept for the process (`TIMED`): a later load of graphs of the same shapes — the next version of a
 served model, as an /adapt job publishes it — checks only the engines whose routes they chose and reuses the timings,
@@ -72,6 +73,7 @@ from core.runtime import (
     PROBES_FILE,
     OnnxBundle,
     ParityBars,
+    Shape,
     cosines,
     graph_files,
     int8_failures,
@@ -139,7 +141,7 @@ def load_engine(
         bundles.clear()
         earlier = None
         trials, bundles = _check(path, earlier=None, **candidates)
-    tokens: dict[str, int] = {}
+    shapes: dict[str, Shape] = {}
     contenders = trials  # the trials the routes are chosen among
     if engine != AUTO and engine in bundles:
         default, reason = engine, "pinned by the engine setting; kept the parity bars on this CPU"
@@ -150,29 +152,29 @@ def load_engine(
     else:
         timed: dict[str, dict[str, float]] = {}
         if earlier is not None:  # the engines checked again: those of its routes
-            timed, tokens = {e: s for e, s in earlier.seconds.items() if e in bundles}, earlier.tokens
+            timed, shapes = {e: s for e, s in earlier.seconds.items() if e in bundles}, earlier.shapes
         elif len(bundles) > 1 and probes is not None:
-            timed, tokens = time_engines(bundles, probes[0], still_in=can_win)
+            timed, shapes = time_engines(bundles, probes[0], still_in=can_win)
         for trial in trials:
             trial.seconds = {shape: round(s, 6) for shape, s in timed.get(trial.engine, {}).items()}
         # Only the engines timed to the last round compete: an engine out of the race has medians of fewer rounds.
         contenders = [t for t in trials if t.status != "passed" or t.engine in bundles]
         default, reason = pick(contenders)
-    routes = pick_routes(contenders, default, tokens)
+    routes = pick_routes(contenders, default, shapes)
     if len(routes) > 1 or routes[0].engine != default:  # a challenger took some batch sizes, or all of them
         reason += f"; {describe(routes)}, each faster there by the margin"
     if earlier is not None:
         reason += f"; timed on {earlier.version}, whose graphs have these shapes, earlier in this process"
-    elif key is not None and tokens:
+    elif key is not None and shapes:
         routed = {r.engine for r in routes} | ({BASELINE} & bundles.keys())
         version = f"{manifest.get('name')} version {manifest.get('version')}"
-        TIMED[key] = Timed(version, {e: timed[e] for e in bundles}, tokens, frozenset(routed))
+        TIMED[key] = Timed(version, {e: timed[e] for e in bundles}, shapes, frozenset(routed))
     kept = {r.engine: bundles.pop(r.engine) for r in routes if r.engine in bundles}
     bundles.clear()  # free the candidates not served before opening what was not kept
-    bundle = open_routes(path, [(r.engine, r.max_tokens) for r in routes], kept, **session)
+    bundle = open_routes(path, [(r.engine, r.shapes) for r in routes], kept, **session)
     served = routes[-1].engine
     seconds = round(time.perf_counter() - started, 2)
-    choice = EngineChoice(served, engine, reason, trials, routes, tokens, seconds)
+    choice = EngineChoice(served, engine, reason, trials, routes, shapes, seconds)
     missed = any(t.status in ("failed", "unavailable") for t in trials)  # something that should run here did not
     log_level = logging.WARNING if served == FALLBACK and missed else logging.INFO
     log.log(
@@ -213,16 +215,20 @@ def _check(
 
 
 def open_routes(
-    path: str | Path, routes: Sequence[tuple[str, int | None]], opened: Mapping[str, OnnxBundle] = {}, **session: Any
+    path: str | Path,
+    routes: Sequence[tuple[str, Sequence[Sequence[int]]]],
+    opened: Mapping[str, OnnxBundle] = {},
+    **session: Any,
 ) -> OnnxBundle:
-    """The bundle at ``path`` on the last route's engine, each batch run as ``routes`` — (engine, max padded tokens)
-    in ascending order, as `EngineChoice.routes` — say; engines in ``opened`` are reused, the others opened with
-    ``session`` (`OnnxBundle`'s keyword arguments)."""
+    """The bundle at ``path`` on the last route's engine, each batch run as ``routes`` — (engine, the shapes of its
+    timing batches), as `EngineChoice.routes` — say; one route (its shapes may be empty) runs every batch. Engines
+    in ``opened`` are reused, the others opened with ``session`` (`OnnxBundle`'s keyword arguments)."""
     bundles = dict(opened)
     for name, _ in routes:
         bundles[name] = bundles.get(name) or _open(Path(path), BY_NAME[name], **session)
     bundle = bundles[routes[-1][0]]
-    bundle.route_batches([(max_tokens or 0, bundles[name]) for name, max_tokens in routes[:-1]])
+    if len(routes) > 1:
+        bundle.route_batches([((rows, width), bundles[name]) for name, shapes in routes for rows, width in shapes])
     return bundle
 
 

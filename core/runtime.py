@@ -11,6 +11,7 @@ before serving the fastest that keeps the bars.
 
 from __future__ import annotations
 
+import math
 import platform
 import threading
 from collections.abc import Sequence
@@ -168,6 +169,16 @@ class _OpenVinoRunner:
 
 RUNTIMES = ("onnxruntime", "openvino")
 
+Shape = tuple[int, int]  # a padded batch's (texts, padded length)
+
+
+def nearest_shape(shapes: Sequence[Shape], rows: int, width: int) -> int:
+    """The index of the first of ``shapes`` nearest a batch of ``rows`` texts padded to ``width`` tokens, on log
+    scales of both (squared distance): 64 short texts are nearer 32 short ones than 4 long ones of the same padded
+    tokens, and one 256-token text nearer 4 of them than one short text."""
+    distances = [math.log(texts / rows) ** 2 + math.log(length / width) ** 2 for texts, length in shapes]
+    return distances.index(min(distances))
+
 
 class OnnxBundle:
     """One bundle folder loaded for inference.
@@ -214,7 +225,8 @@ class OnnxBundle:
         else:
             raise ValueError(f"unknown runtime {runtime!r}; use one of {RUNTIMES}")
         self.runtime = runtime
-        self._routes: list[tuple[int, _OrtRunner | _OpenVinoRunner]] = []
+        self._route_shapes: list[Shape] = []
+        self._route_runners: list[_OrtRunner | _OpenVinoRunner] = []
         self.precision = precision if runtime == "openvino" else self.variant
         self.input_names = self._runner.input_names
         self.max_seq_length = int(self.manifest["max_seq_length"])
@@ -267,24 +279,24 @@ class OnnxBundle:
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         """Padded inputs → ``(B, dim)`` float32 embeddings (pooled and normalised in the graph), on the engine of the
         batch's route (`route_batches`)."""
-        tokens = feeds["input_ids"].size
-        for max_tokens, runner in self._routes:
-            if tokens <= max_tokens:
-                return runner.run(feeds)
-        return self._runner.run(feeds)
+        if not self._route_shapes:
+            return self._runner.run(feeds)
+        rows, width = feeds["input_ids"].shape
+        return self._route_runners[nearest_shape(self._route_shapes, rows, width)].run(feeds)
 
-    def route_batches(self, routes: Sequence[tuple[int, OnnxBundle]]) -> None:
-        """Run a batch on the engine of the first of ``routes`` — ``(max_tokens, bundle)``, bounds ascending — whose
-        bound its padded tokens do not exceed, and a batch above every bound on this bundle's own engine. Each
-        bundle is one of the same folder (another engine of it, or this one): `core.engine_choice.pick_routes`
-        sends each batch size to the engine fastest on it."""
-        bounds = [max_tokens for max_tokens, _ in routes]
-        if bounds != sorted(set(bounds)):
-            raise ValueError(f"route bounds must be ascending and distinct, got {bounds}")
+    def route_batches(self, routes: Sequence[tuple[Shape, OnnxBundle]]) -> None:
+        """Run each batch on the engine of the route whose shape — ``(texts, padded length)`` of a timing batch its
+        engine was chosen on — is nearest the batch's (`nearest_shape`); without routes, on this bundle's own engine.
+        Each bundle is one of the same folder (another engine of it, or this one): `core.engine_choice.pick_routes`
+        chooses the engine fastest on each timing batch."""
+        shapes = [tuple(shape) for shape, _ in routes]
+        if len(set(shapes)) != len(shapes) or any(len(s) != 2 or min(s) < 1 for s in shapes):
+            raise ValueError(f"route shapes must be distinct (texts, padded length) pairs of positive ints: {shapes}")
         for _, other in routes:
             if other.path != self.path:
                 raise ValueError(f"routes must run the same bundle: {other.path} is not {self.path}")
-        self._routes = [(max_tokens, other._runner) for max_tokens, other in routes]
+        self._route_shapes = [(int(rows), int(width)) for rows, width in shapes]
+        self._route_runners = [other._runner for _, other in routes]
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Embed texts in length-sorted batches; rows come back in input order."""

@@ -120,10 +120,10 @@ class ServiceMetrics:
         )
         self.model_engine_route = Gauge(
             "embed_model_engine_route",
-            "1 for each engine serving the model and the largest padded batch (tokens) it runs, above the previous "
-            "route's: max_tokens 'inf' for the largest batches (chosen at load on this CPU, per batch size; "
+            "1 for each engine serving the model and the timing batches (texts x padded length) whose nearest "
+            "batches it runs: shapes 'all' for a lone engine (chosen at load on this CPU, per batch shape; "
             "/v1/models engine_choice.routes says why).",
-            ["model", "engine", "precision", "max_tokens"],
+            ["model", "engine", "precision", "shapes"],
             registry=r,
         )
         self.tokens = Counter("embed_tokens", "Tokens embedded.", ["model"], registry=r)

@@ -93,8 +93,9 @@ class ServiceSettings(BaseSettings):
         description="Which engine runs each model. Default auto: at load, every candidate (onnxruntime int8 and fp32, "
         "OpenVINO bf16 where the CPU has bf16 units, OpenVINO int8 where the bundle has its graph, OpenVINO f32) is "
         "checked against the bundle's fp32 reference embeddings on this CPU and the passing ones timed on batches of "
-        "1 (after idle), 4, 16, 32 short, 4 long texts; each batch size (by padded tokens) runs on onnxruntime int8 "
-        "unless another engine is 1.15x faster on that size's batch (1.3x on 1-16 texts), so close candidates leave "
+        "1 (after idle), 4, 16, 32 short, 4 long texts; the served batches nearest each of these (texts and padded "
+        "length) run on onnxruntime int8 unless another engine is 1.15x faster on it (1.3x on 1-16 texts), so close "
+        "candidates leave "
         "int8 in place (on a Xeon with AMX, OpenVINO bf16 took the long batches in every load, 1.6-2.3x faster there, "
         "int8 one and four texts; on an AVX2-only EPYC, int8 every batch size; on an EPYC with AVX-512 VNNI, OpenVINO "
         "int8 the larger batches; docs/BENCHMARKS.md). A text alone may thus be embedded by another engine than "
@@ -104,7 +105,7 @@ class ServiceSettings(BaseSettings):
         "timings and checks only the engines they chose (about 2 s). A name pins that engine (still parity-checked: "
         "fp32 on onnxruntime where it misses); onnxruntime-int8 is the int8 graph where it keeps the bars, else fp32. "
         "/v1/models (engine_choice.routes), embed_model_engine and embed_model_engine_route say which engine runs "
-        "which batch sizes and why.",
+        "which batches and why.",
     )
 
     # --- onnxruntime threads -----------------------------------------------------------------------

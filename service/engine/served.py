@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core import registry
+from core.engine_choice import shapes_text
 from service.backend.base import Backend, BackendFactory, ModelInfo
 from service.engine.batcher import Batcher
 from service.errors import ErrorKind, ServiceError
@@ -213,5 +214,6 @@ class ModelManager:
 
 
 def _route_labels(choice: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(engine, precision, max_tokens) of each route of an engine choice (`core.engine_choice.EngineChoice.as_dict`)."""
-    return [(r["engine"], r["precision"], str(r["max_tokens"] or "inf")) for r in choice.get("routes", [])]
+    """(engine, precision, shapes) of each route of an engine choice (`core.engine_choice.EngineChoice.as_dict`)."""
+    routes = choice.get("routes", [])
+    return [(r["engine"], r["precision"], shapes_text(r["shapes"]) if len(routes) > 1 else "all") for r in routes]

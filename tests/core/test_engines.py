@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from core import engine_choice, engine_timing, engines, registry, runtime
-from core.engine_choice import BASELINE, ENGINES, FALLBACK, Route, Trial, pick, pick_routes
+from core.engine_choice import BASELINE, ENGINES, FALLBACK, Trial, pick, pick_routes, route_for
 from core.engines import load_engine
 
 BATCHES = engine_timing.BATCHES
-TOKENS = {"1": 20, "4": 80, "16": 320, "short": 640, "long": 2048}
+SHAPES = {"1": (1, 20), "4": (4, 20), "16": (16, 20), "short": (32, 20), "long": (8, 256)}  # texts x padded length
 
 
 def _passed(engine: str, short: float, long: float, *small: float) -> Trial:
@@ -28,13 +28,8 @@ def _passed(engine: str, short: float, long: float, *small: float) -> Trial:
     return Trial(engine, "passed", mean_cosine=0.995, min_cosine=0.98, seconds=seconds)
 
 
-def _routes(trials: list[Trial]) -> list[tuple[str, int | None]]:
-    return [(r.engine, r.max_tokens) for r in pick_routes(trials, pick(trials)[0], TOKENS)]
-
-
-def _engine_for(routes: list[Route], tokens: int) -> str:
-    """The engine a batch of ``tokens`` padded tokens runs on (as `OnnxBundle.run` routes it)."""
-    return next(r.engine for r in routes if r.max_tokens is None or tokens <= r.max_tokens)
+def _routes(trials: list[Trial]) -> list[tuple[str, list[str]]]:
+    return [(r.engine, r.batches) for r in pick_routes(trials, pick(trials)[0], SHAPES)]
 
 
 # --- pick and pick_routes: the rules ---------------------------------------------------------------------------
@@ -44,26 +39,29 @@ def test_a_challenger_takes_only_the_batch_sizes_it_is_clearly_faster_on() -> No
     # OpenVINO twice as fast on long texts, slower on short ones: it takes the long batches only, the default the rest.
     trials = [_passed(BASELINE, 0.040, 0.200), _passed("openvino-bf16", 0.045, 0.100), _passed(FALLBACK, 0.1, 0.5)]
     assert pick(trials)[0] == BASELINE
-    boundary = int((TOKENS["short"] * TOKENS["long"]) ** 0.5)  # halfway between the two timing batches
-    assert _routes(trials) == [(BASELINE, boundary), ("openvino-bf16", None)]
-    routes = pick_routes(trials, BASELINE, TOKENS)
-    assert [r.batches for r in routes] == [["1", "4", "16", "short"], ["long"]]
+    assert _routes(trials) == [(BASELINE, ["1", "4", "16", "short"]), ("openvino-bf16", ["long"])]
+    routes = pick_routes(trials, BASELINE, SHAPES)
+    assert [r.shapes for r in routes] == [[(1, 20), (4, 20), (16, 20), (32, 20)], [(8, 256)]]
     assert "long (2048 tokens): openvino-bf16 100.0 ms, 2.00x faster than onnxruntime-int8" in routes[1].reason
     assert "no other 1.15x faster" in routes[0].reason
     assert engine_choice.describe(routes) == (
-        f"batches of 1-{boundary} padded tokens on {BASELINE}, above {boundary} padded tokens on openvino-bf16"
+        f"batches nearest 1x20,4x20,16x20,32x20 on {BASELINE}; 8x256 on openvino-bf16 (texts x padded length)"
     )
+    # Served batches go by shape, not padded tokens: 64 short texts (1,280 tokens) run with the 32 short ones, not
+    # with the long batch they outnumber in tokens; one long text runs with the long batch.
+    assert route_for(routes, 64, 20).engine == BASELINE and route_for(routes, 128, 24).engine == BASELINE
+    assert route_for(routes, 1, 256).engine == route_for(routes, 16, 200).engine == "openvino-bf16"
     # Faster on every batch by the margins: one route, the challenger's.
     trials[1] = _passed("openvino-bf16", 0.030, 0.100, 0.001, 0.004, 0.01)
-    assert _routes(trials) == [("openvino-bf16", None)]
-    assert engine_choice.describe(pick_routes(trials, BASELINE, TOKENS)) == "openvino-bf16 runs every batch"
+    assert _routes(trials) == [("openvino-bf16", list(SHAPES))]
+    assert engine_choice.describe(pick_routes(trials, BASELINE, SHAPES)) == "openvino-bf16 runs every batch"
 
 
 def test_an_engine_below_the_parity_bars_is_never_served_however_fast() -> None:
     failed = Trial("openvino-bf16", "failed", "openvino-bf16: min cosine to torch 0.9 < 0.97", 0.98, 0.9)
     failed.seconds = dict.fromkeys(BATCHES, 0.0001)
     trials = [_passed(BASELINE, 0.04, 0.2), failed, _passed(FALLBACK, 0.1, 0.5)]
-    assert _routes(trials) == [(BASELINE, None)]
+    assert _routes(trials) == [(BASELINE, list(SHAPES))]
     assert pick([failed, Trial(BASELINE, "failed"), Trial(FALLBACK, "failed")])[0] == FALLBACK
 
 
@@ -73,21 +71,21 @@ def test_without_onnxruntime_int8_the_fastest_passing_engine_is_the_default() ->
     engine, reason = pick(trials)
     assert engine == "openvino-bf16" and "did not" in reason
     # The fp32 graph is twice as fast on the small batches: it takes them from that default.
-    assert _routes(trials) == [(FALLBACK, int((TOKENS["16"] * TOKENS["short"]) ** 0.5)), ("openvino-bf16", None)]
+    assert _routes(trials) == [(FALLBACK, ["1", "4", "16"]), ("openvino-bf16", ["short", "long"])]
 
 
 def test_ties_go_to_the_default_and_a_challenger_must_beat_it_by_the_margin() -> None:
     under = engine_choice.CHALLENGER_MARGIN * 0.97  # faster on both batches, but by less than the margin
     trials = [_passed(BASELINE, 0.040, 0.200), _passed("openvino-bf16", 0.040 / under, 0.200 / under)]
-    assert _routes(trials) == [(BASELINE, None)]
+    assert _routes(trials) == [(BASELINE, list(SHAPES))]
     over = engine_choice.CHALLENGER_MARGIN * 1.03
     trials[1] = _passed("openvino-bf16", 0.040 / over, 0.200 / over)
     assert [e for e, _ in _routes(trials)] == [BASELINE, "openvino-bf16"]  # short and long; not the small ones
     # The small batches ask for the larger margin: 1.2x faster on one text is not enough, 1.35x is.
     trials[1] = _passed("openvino-bf16", 0.05, 0.3, 0.002 / 1.2, 0.006, 0.02)
-    assert _routes(trials) == [(BASELINE, None)]
+    assert _routes(trials) == [(BASELINE, list(SHAPES))]
     trials[1] = _passed("openvino-bf16", 0.05, 0.3, 0.002 / 1.35, 0.006, 0.02)
-    assert _routes(trials) == [("openvino-bf16", int((TOKENS["1"] * TOKENS["4"]) ** 0.5)), (BASELINE, None)]
+    assert _routes(trials) == [("openvino-bf16", ["1"]), (BASELINE, ["4", "16", "short", "long"])]
 
 
 def test_a_size_kept_under_the_margin_between_two_a_challenger_took_goes_to_it_where_no_slower() -> None:
@@ -99,25 +97,26 @@ def test_a_size_kept_under_the_margin_between_two_a_challenger_took_goes_to_it_w
             _passed("openvino-int8", 0.027 / short_ratio, 0.050, 0.003, 0.006, 0.015),
         ]
 
-    routes = pick_routes(trials(1.06), BASELINE, TOKENS)
+    routes = pick_routes(trials(1.06), BASELINE, SHAPES)
     assert [(r.engine, r.batches) for r in routes] == [
         (BASELINE, ["1", "4"]),
         ("openvino-int8", ["16", "short", "long"]),
     ]
     assert "under the margin but between two sizes it took" in routes[1].reason
-    # slower there: the default keeps it, whatever its neighbours
-    assert [r.engine for r in pick_routes(trials(0.97), BASELINE, TOKENS)] == [
-        BASELINE,
-        "openvino-int8",
-        BASELINE,
-        "openvino-int8",
+    # slower there: the default keeps it, whatever its neighbours (one route per engine)
+    assert [(r.engine, r.batches) for r in pick_routes(trials(0.97), BASELINE, SHAPES)] == [
+        (BASELINE, ["1", "4", "short"]),
+        ("openvino-int8", ["16", "long"]),
     ]
     # the largest and smallest sizes have one neighbour: never an island
     edge = [
         _passed(BASELINE, 0.027, 0.076, 0.002, 0.006, 0.020),
         _passed("openvino-int8", 0.020, 0.072, 0.003, 0.006, 0.015),
     ]
-    assert [r.engine for r in pick_routes(edge, BASELINE, TOKENS)] == [BASELINE, "openvino-int8", BASELINE]
+    assert [(r.engine, r.batches) for r in pick_routes(edge, BASELINE, SHAPES)] == [
+        ("openvino-int8", ["16", "short"]),
+        (BASELINE, ["1", "4", "long"]),
+    ]
 
 
 def test_among_challengers_within_the_tolerance_the_earlier_engine_wins() -> None:
@@ -142,7 +141,7 @@ def test_an_avx2_only_cpu_routes_among_the_engines_it_has() -> None:
         _passed(FALLBACK, 0.080, 0.500),
     ]
     assert [e for e, _ in _routes(trials)] == [BASELINE, "openvino-f32"]
-    assert all(r.engine != "openvino-bf16" for r in pick_routes(trials, BASELINE, TOKENS))
+    assert all(r.engine != "openvino-bf16" for r in pick_routes(trials, BASELINE, SHAPES))
 
 
 def test_on_any_timings_each_batch_runs_on_a_passing_engine_no_slower_than_the_default() -> None:
@@ -154,26 +153,25 @@ def test_on_any_timings_each_batch_runs_on_a_passing_engine_no_slower_than_the_d
         ]  # fmt: skip
         for trial in trials:
             if trial.status == "passed":
-                trial.seconds = {b: rng.uniform(0.5, 2.0) * TOKENS[b] / 1e4 for b in BATCHES}
-        tokens = {b: int(TOKENS[b] * rng.uniform(0.5, 2.0)) for b in BATCHES}  # any order, ties included
+                trial.seconds = {b: rng.uniform(0.5, 2.0) * SHAPES[b][0] * SHAPES[b][1] / 1e4 for b in BATCHES}
+        shapes = {b: (rng.choice([1, 4, 32]), rng.choice([8, 20, 256])) for b in BATCHES}  # any order, ties included
         default, _ = pick(trials)
-        routes = pick_routes(trials, default, tokens)
+        routes = pick_routes(trials, default, shapes)
         status = {t.engine: t.status for t in trials}
         assert default == BASELINE if status[BASELINE] == "passed" else default != BASELINE
-        assert routes[-1].max_tokens is None and sorted(b for r in routes for b in r.batches) == sorted(
-            tokens if len(routes) > 1 or routes[0].batches else []
-        )
-        bounds = [r.max_tokens for r in routes[:-1]]
-        assert bounds == sorted(bounds) and all(bound is not None for bound in bounds)
+        timed = len(routes) > 1 or routes[0].batches
+        assert sorted(b for r in routes for b in r.batches) == sorted(shapes if timed else [])
+        assert len({r.engine for r in routes}) == len(routes)  # one route per engine
+        if timed:  # routes ascending by their largest timing batch: the last route runs the largest
+            largest = [max(shapes[b][0] * shapes[b][1] for b in r.batches) for r in routes]
+            assert largest == sorted(largest)
         seconds = {t.engine: t.seconds for t in trials}
         for route in routes:
             assert status[route.engine] == "passed" or route.engine == FALLBACK == default
+            assert route.shapes == [shapes[b] for b in route.batches]
             for batch in route.batches:  # no slower than the default on its timing batch ...
                 assert seconds[route.engine][batch] <= seconds[default][batch]
-        if len(routes) > 1:  # ... and a batch of its padded tokens is routed to that engine
-            for batch in BATCHES:
-                chosen = next(r.engine for r in routes if batch in r.batches)
-                assert _engine_for(routes, tokens[batch]) == chosen
+                assert route_for(routes, *shapes[batch]).engine == route.engine  # ... and its shape runs there
 
 
 def test_the_choice_reads_medians_so_one_disturbed_round_does_not_flip_it() -> None:
@@ -186,7 +184,7 @@ def test_the_choice_reads_medians_so_one_disturbed_round_does_not_flip_it() -> N
     medians = {e: medians_of(s | small) for e, s in ((BASELINE, baseline), ("openvino-bf16", challenger))}
     assert medians[BASELINE] == {"short": 0.041, "long": 0.20, "1": 0.002, "4": 0.002, "16": 0.002}
     trials = [Trial(e, "passed", seconds=s) for e, s in medians.items()]
-    assert _routes(trials) == [(BASELINE, None)]
+    assert _routes(trials) == [(BASELINE, list(SHAPES))]
 
 
 def test_only_engines_that_can_still_win_a_batch_are_timed_on() -> None:
@@ -246,7 +244,7 @@ def test_auto_serves_passing_engines_no_slower_than_onnxruntime_int8_on_their_ba
     bundle, choice = load_engine(int8_bundle, intra_op_threads=1)
     trials = {t.engine: t for t in choice.trials}
     assert list(trials) == [e.name for e in ENGINES] and choice.setting == "auto"
-    assert choice.engine == choice.routes[-1].engine and choice.routes[-1].max_tokens is None
+    assert choice.engine == choice.routes[-1].engine
     assert (bundle.runtime, bundle.variant) == (engine_choice.BY_NAME[choice.engine].runtime, choice.graph)
     assert trials["openvino-f32"].status == "passed"  # every x86 CPU has OpenVINO's f32 kernels
     import openvino as ov
@@ -258,21 +256,24 @@ def test_auto_serves_passing_engines_no_slower_than_onnxruntime_int8_on_their_ba
         assert bf16.status == "unavailable" and "no bf16 units" in bf16.reason
     for trial in trials.values():  # timed exactly when it passed, on every batch
         assert set(trial.seconds) == (set(BATCHES) if trial.status == "passed" else set())
-    assert set(choice.batch_tokens) == set(BATCHES) and choice.batch_tokens["1"] < choice.batch_tokens["long"]
+    assert set(choice.batch_shapes) == set(BATCHES)
+    texts = [1, 4, 16, engine_timing.SHORT_BATCH, engine_timing.LONG_BATCH]
+    assert [choice.batch_shapes[b][0] for b in BATCHES] == texts
+    assert choice.batch_shapes["short"][1] < choice.batch_shapes["long"][1]
     baseline = trials[BASELINE]
     for route in choice.routes:
         served = trials[route.engine]
         assert served.status == "passed" and served.mean_cosine >= 0.99 and served.min_cosine >= 0.97
         for batch in route.batches:  # each timing batch runs on an engine no slower there than onnxruntime int8
             assert served.seconds[batch] <= baseline.seconds[batch]
-            assert _engine_for(choice.routes, choice.batch_tokens[batch]) == route.engine
+            assert route_for(choice.routes, *choice.batch_shapes[batch]).engine == route.engine
     assert sorted(b for r in choice.routes for b in r.batches) == sorted(BATCHES) or len(choice.routes) == 1
     if {r.engine for r in choice.routes} != {BASELINE}:  # the reason says what runs where, a lone challenger too
         assert engine_choice.describe(choice.routes) in choice.reason
     assert choice.cpu == runtime.cpu_features() and choice.seconds > 0
     card = choice.as_dict()
-    assert [(r["engine"], r["max_tokens"], r["precision"]) for r in card["routes"]] == [
-        (r.engine, r.max_tokens, engine_choice.BY_NAME[r.engine].precision) for r in choice.routes
+    assert [(r["engine"], r["batches"], r["precision"]) for r in card["routes"]] == [
+        (r.engine, r.batches, engine_choice.BY_NAME[r.engine].precision) for r in choice.routes
     ]
     texts, reference = runtime.read_probes(int8_bundle)
     for batch_size in (1, 4, 32):  # whichever engine each batch size runs on, the vectors keep the bars
@@ -304,8 +305,8 @@ def test_one_text_is_timed_as_a_sporadic_client_sends_it(int8_bundle: Path) -> N
     lengths = [len(bundle.tokenize(batch)[0].ids) for batch in ones]
     assert lengths == sorted(lengths)
     recorded = _RecordedRuns(bundle)
-    seconds, tokens = engine_timing.time_engines({"a": recorded}, texts, still_in=lambda *_: True, rounds=1)  # type: ignore[dict-item]
-    assert tokens["1"] == lengths[1] and set(seconds["a"]) == set(BATCHES)
+    seconds, shapes = engine_timing.time_engines({"a": recorded}, texts, still_in=lambda *_: True, rounds=1)  # type: ignore[dict-item]
+    assert shapes["1"] == (1, lengths[1]) and set(seconds["a"]) == set(BATCHES)
     gaps = [(start - end, rows) for (_, end, _), (start, _, rows) in itertools.pairwise(recorded.runs)]
     idle = [gap for gap, rows in gaps if rows == 1]
     assert len(idle) == 2 * 3 - 1  # the warm-up round and one timed round, three texts each, less the very first run
@@ -340,7 +341,7 @@ def test_a_new_version_of_the_same_shapes_reuses_the_timings_and_checks_its_rout
     manifest = registry.read_manifest(copy)
     (copy / registry.MANIFEST).write_text(json.dumps(manifest | {"version": "2"}))  # same graphs, same shapes
     bundle, again = load_engine(copy)
-    assert [(r.engine, r.max_tokens) for r in again.routes] == [(r.engine, r.max_tokens) for r in first.routes]
+    assert [(r.engine, r.shapes) for r in again.routes] == [(r.engine, r.shapes) for r in first.routes]
     assert "timed on tiny version 1, whose graphs have these shapes" in again.reason
     for trial in again.trials:  # the engines of the routes checked for parity again, the others not loaded
         if trial.engine in routed:
@@ -376,18 +377,21 @@ def test_batches_run_on_the_engine_of_their_route(int8_bundle: Path, copy: Path)
     fp32 = runtime.OnnxBundle(int8_bundle, variant="fp32")
     alone = {"int8": int8.encode(texts, batch_size=1), "fp32": fp32.encode(texts, batch_size=1)}
     assert not np.allclose(alone["int8"], alone["fp32"], atol=1e-6)  # the two engines are told apart
-    routed = engines.open_routes(int8_bundle, [("onnxruntime-fp32", 16), ("onnxruntime-int8", None)])
+    # fp32 runs the batches nearest one 8-token text; int8 those nearest one 64-token text or 32 of 16 tokens
+    routes = [("onnxruntime-fp32", [(1, 8)]), ("onnxruntime-int8", [(1, 64), (32, 16)])]
+    routed = engines.open_routes(int8_bundle, routes)
     assert routed.variant == "int8"
-    short = np.array([len(e.ids) <= 16 for e in routed.tokenize(texts)])  # a text alone: up to 16 tokens on fp32
+    short = np.array([len(e.ids) <= 22 for e in routed.tokenize(texts)])  # nearer 8 than 64 tokens: below 8 * 64
     assert 0 < short.sum() < len(texts)
     expected = np.where(short[:, None], alone["fp32"], alone["int8"])
     assert np.allclose(routed.encode(texts, batch_size=1), expected, atol=1e-6)
-    whole = int8.encode(texts, batch_size=len(texts))  # every text in one batch: far above 16 tokens, on int8
+    whole = int8.encode(texts, batch_size=len(texts))  # every text in one batch: nearest 32 texts, on int8
     assert np.allclose(routed.encode(texts, batch_size=len(texts)), whole, atol=1e-6)
-    with pytest.raises(ValueError, match="ascending and distinct"):
-        int8.route_batches([(64, fp32), (64, int8)])
+    assert engines.open_routes(int8_bundle, [("onnxruntime-fp32", [])]).variant == "fp32"  # one route: every batch
+    with pytest.raises(ValueError, match="must be distinct"):
+        int8.route_batches([((4, 64), fp32), ((4, 64), int8)])
     with pytest.raises(ValueError, match="routes must run the same bundle"):
-        int8.route_batches([(64, runtime.OnnxBundle(copy, variant="fp32"))])
+        int8.route_batches([((4, 64), runtime.OnnxBundle(copy, variant="fp32"))])
 
 
 def test_a_pinned_engine_wins_and_others_are_not_tried(int8_bundle: Path) -> None:

@@ -16,6 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.engine_choice import shapes_text
 from core.runtime import OnnxBundle, cosines, read_probes, write_probes
 from service.app import create_app
 from service.settings import ServiceSettings
@@ -261,7 +262,7 @@ def test_the_engine_chosen_on_this_cpu_is_shown_and_serves_what_it_says(int8_reg
         assert trials[card["engine"]]["status"] == "passed" and trials[card["engine"]]["min_cosine"] >= 0.97
         assert card["quantization"] == {"int8": "int8", "bf16": "bf16"}.get(choice["precision"], "none")
         assert client.get("/info").json()["models"][1]["engine_choice"] == choice
-        assert choice["routes"][-1]["engine"] == card["engine"] and choice["routes"][-1]["max_tokens"] is None
+        assert choice["routes"][-1]["engine"] == card["engine"]
         assert all(trials[route["engine"]]["status"] == "passed" for route in choice["routes"])
         # Whichever engine ran each batch, every vector keeps the parity bar against the fp32 graph.
         vectors = client.post("/embed", json={"inputs": varied_texts, "model": "good", "truncate": True}).json()
@@ -276,5 +277,8 @@ def test_the_engine_chosen_on_this_cpu_is_shown_and_serves_what_it_says(int8_reg
         )
         routes = [s for s in families["embed_model_engine_route"].samples if s.labels["model"] == "good"]
         assert sorted(
-            (s.labels["engine"], s.labels["precision"], s.labels["max_tokens"], s.value) for s in routes
-        ) == sorted((r["engine"], r["precision"], str(r["max_tokens"] or "inf"), 1.0) for r in choice["routes"])
+            (s.labels["engine"], s.labels["precision"], s.labels["shapes"], s.value) for s in routes
+        ) == sorted(
+            (r["engine"], r["precision"], shapes_text(r["shapes"]) if len(choice["routes"]) > 1 else "all", 1.0)
+            for r in choice["routes"]
+        )
