@@ -82,7 +82,7 @@ class Trial:
 class Route:
     """The served batches nearest in shape to the timing batches ``batches`` — ``shapes``: each one's texts and
     padded length (`core.runtime.nearest_shape`) — run on ``engine``, chosen on those batches; ``reason`` gives each
-    batch's times. A lone route with no batches runs every batch."""
+    batch's times. A lone route runs every batch."""
 
     engine: str
     batches: list[str]
