@@ -62,13 +62,12 @@ def timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[l
 def time_engines(
     bundles: dict[str, OnnxBundle], texts: Sequence[str], still_in: StillIn, rounds: int = TIMING_ROUNDS
 ) -> tuple[dict[str, dict[str, float]], dict[str, Shape]]:
-    """Median seconds per engine and timing batch, and each batch's shape (texts, median padded length of its
-    runs): a warm-up pass, then ``rounds``
-    rounds, each running one batch on every candidate in turn (alternating their order from round to round) before
-    the next batch, so a drift of a shared machine hits the candidates alike where they are compared. A small
-    batch's time in a round is the best of its three runs (short enough for one scheduler hiccup to double them),
-    each one-text run after `IDLE_BEFORE_ONE` idle. An engine that cannot win after a round (``still_in`` false)
-    is timed no more and removed from ``bundles`` (memory freed)."""
+    """Median seconds per engine and timing batch, and each batch's shape (texts, median padded length of its runs): a
+    warm-up pass, then ``rounds`` rounds, each running one batch on every candidate in turn (alternating their order
+    from round to round) before the next batch, so a drift of a shared machine hits the candidates alike where they are
+    compared. A small batch's time in a round is the best of its three runs (short enough for one scheduler hiccup to
+    double them), each one-text run after `IDLE_BEFORE_ONE` idle. An engine that cannot win after a round (``still_in``
+    false) is timed no more and removed from ``bundles`` (memory freed)."""
     first = next(iter(bundles.values()))
     runs = timing_batches(first, texts)
     padded = {id(batch): first.pad(first.tokenize(batch)) for batches in runs.values() for batch in batches}
