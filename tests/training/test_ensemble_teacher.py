@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from tests.benchmark_scripts import load_script
 from training.config import load_config
 from training.encoder import Encoder
 from training.inputs import load_training_data
 from training.targets import read_vectors, text_key
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ensemble_teacher.py"
-spec = importlib.util.spec_from_file_location("ensemble_teacher", SCRIPT)
-assert spec is not None and spec.loader is not None
-ensemble_teacher = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ensemble_teacher)
+ensemble_teacher = load_script("ensemble_teacher")
 
 
 def test_ridge_recovers_a_linear_map_and_shrinks_with_strength() -> None:

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.benchmark_scripts import load_script
 from tests.training.test_trainer import tiny_config
 from training import trainer
 from training.encoder import Encoder
 from training.targets import TeacherTargets
 from training.trainer import train
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "token_distillation.py"
-spec = importlib.util.spec_from_file_location("token_distillation", SCRIPT)
-assert spec is not None and spec.loader is not None
-token_distillation = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(token_distillation)
+token_distillation = load_script("token_distillation")
 
 
 def test_relative_error_reads_real_tokens_only() -> None:
