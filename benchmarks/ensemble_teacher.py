@@ -123,7 +123,6 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
-    torch.set_num_threads(2)
     if args.command == "map":
         report = fit_map(args.out, args.documents, args.seed, args.ridge, args.max_length)
     else:
