@@ -172,9 +172,12 @@ def pick_routes(
     shape (`core.runtime.nearest_shape`): 64 short texts on the engine of 32 short ones, not of 4 long ones of as
     many padded tokens. One route, the default's, when nothing was timed against it."""
     timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
-    if default not in timed or len(timed) < 2 or not batch_shapes:
+    if default not in timed or not batch_shapes:
         return [Route(default, [], [], "")]
     tokens = {batch: math.prod(shape) for batch, shape in batch_shapes.items()}
+    if len(timed) < 2:  # the default alone (timings reused for its route only): the lone route a won race makes
+        batches = sorted(batch_shapes, key=lambda b: (tokens[b], batch_shapes[b]))
+        return [Route(default, batches, [batch_shapes[b] for b in batches], "")]
     sizes = []  # (engine, reasons, batches) of each shape, by padded tokens ascending
     for shape in sorted(set(batch_shapes.values()), key=lambda s: (math.prod(s), s)):
         group = [batch for batch, of in batch_shapes.items() if of == shape]

@@ -57,6 +57,16 @@ def test_a_challenger_takes_only_the_batch_sizes_it_is_clearly_faster_on() -> No
     assert engine_choice.describe(pick_routes(trials, BASELINE, SHAPES)) == "openvino-bf16 runs every batch"
 
 
+def test_the_default_timed_alone_holds_every_shape_as_a_won_race_does() -> None:
+    # A new version of the same graphs re-checks only the routed engines: with the default the one left, its lone
+    # route is the one the race gave it (every timing batch), not the "nothing timed" route of no shapes.
+    won = pick_routes([_passed(BASELINE, 0.040, 0.200), _passed(FALLBACK, 0.1, 0.5)], BASELINE, SHAPES)
+    alone = pick_routes([_passed(BASELINE, 0.040, 0.200)], BASELINE, SHAPES)
+    assert [(r.engine, r.batches, r.shapes) for r in alone] == [(r.engine, r.batches, r.shapes) for r in won]
+    assert alone[0].shapes == list(SHAPES.values())
+    assert pick_routes([_passed(BASELINE, 0.040, 0.200)], BASELINE, {})[0].shapes == []
+
+
 def test_an_engine_below_the_parity_bars_is_never_served_however_fast() -> None:
     failed = Trial("openvino-bf16", "failed", "openvino-bf16: min cosine to torch 0.9 < 0.97", 0.98, 0.9)
     failed.seconds = dict.fromkeys(BATCHES, 0.0001)
