@@ -170,14 +170,12 @@ def pick_routes(
     two (by padded tokens) one challenger took goes to that challenger where it is no slower there (`_island`). The
     timing batches of one engine make its route; a served batch runs on the route of the timing batch nearest its
     shape (`core.runtime.nearest_shape`): 64 short texts on the engine of 32 short ones, not of 4 long ones of as
-    many padded tokens. One route, the default's, when nothing was timed against it."""
+    many padded tokens. The default timed alone (a new version reusing the timings of its route) holds every timing
+    batch, as a race it won does; one route of no shapes when the default was not timed."""
     timed = {t.engine: t.seconds for t in trials if t.status == "passed" and t.seconds}
     if default not in timed or not batch_shapes:
         return [Route(default, [], [], "")]
     tokens = {batch: math.prod(shape) for batch, shape in batch_shapes.items()}
-    if len(timed) < 2:  # the default alone (timings reused for its route only): the lone route a won race makes
-        batches = sorted(batch_shapes, key=lambda b: (tokens[b], batch_shapes[b]))
-        return [Route(default, batches, [batch_shapes[b] for b in batches], "")]
     sizes = []  # (engine, reasons, batches) of each shape, by padded tokens ascending
     for shape in sorted(set(batch_shapes.values()), key=lambda s: (math.prod(s), s)):
         group = [batch for batch, of in batch_shapes.items() if of == shape]
