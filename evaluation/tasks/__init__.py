@@ -22,8 +22,10 @@
 | `PatentSectionClustering` | 800 WIPO IPC main-group titles, 8 sections | V-measure |
 
 `INDEPENDENT_TASKS` (not in the default suite; name them to run them): ICD-10 category names clustered by chapter,
-python-stdnum format names → descriptions, HPO term names → definitions — packages the suite does not read, used to
-check whether the suite's out-of-domain average predicts a model's share of another on unseen domains.
+python-stdnum format names → descriptions, HPO term names → definitions (the first draw, `INDEPENDENT_TASKS_V1`),
+then Ansible module summaries → descriptions, Bioregistry resource names → descriptions, D&D SRD spells clustered by
+school — packages the suite does not read, used to check whether the suite's out-of-domain average predicts a
+model's share of another on unseen domains.
 
 Every task class names the corpus its texts come from in ``source_corpus`` (`core.corpora.CORPUS_*`); its domain
 (`core.corpora.CORPUS_DOMAINS`) decides, per model, whether the task is in-domain or out-of-domain.
@@ -38,7 +40,14 @@ from evaluation.tasks.base import OfflineTask
 from evaluation.tasks.bbc import BBCNewsClassification, BBCNewsClustering, BBCNewsKNN
 from evaluation.tasks.bible import BibleParaphraseRetrieval
 from evaluation.tasks.crops import CropPairRetrieval
-from evaluation.tasks.independent import HPODefinitionRetrieval, ICD10ChapterClustering, StdnumFormatRetrieval
+from evaluation.tasks.independent import (
+    AnsibleModuleRetrieval,
+    BioregistryResourceRetrieval,
+    HPODefinitionRetrieval,
+    ICD10ChapterClustering,
+    SpellSchoolClustering,
+    StdnumFormatRetrieval,
+)
 from evaluation.tasks.lee import LeeDocSTS
 from evaluation.tasks.pydoc import PyDocModuleClustering, PyDocSummaryRetrieval
 from evaluation.tasks.reference import (
@@ -83,6 +92,7 @@ OOD_SUITE_V1 = (
     "BBCNewsClassification",
     "BBCNewsKNN",
     "BibleParaphraseRetrieval",
+    "BioregistryResourceRetrieval",
     "PyDocSummaryRetrieval",
     "PyDocModuleClustering",
 )
@@ -96,11 +106,16 @@ OOD_SUITE_V2 = (
 OOD_SUITE_V3 = (*OOD_SUITE_V2, "ElementDescriptionRetrieval")
 OOD_SUITE_V4 = (*OOD_SUITE_V3, "WordNetDefinitionRetrieval")
 OOD_SUITE = (*OOD_SUITE_V4, "OccupationDescriptionRetrieval", "FortuneSubjectClustering", "PatentSectionClustering")
-# Unseen domains of packages the suite does not read, never used to choose anything in it: the check on the suite
+# Unseen domains of packages the suite does not read, never used to choose anything in it: the check on the suite.
+# Its first draw (three tasks), then three more packages chosen and frozen before any model was scored on them
+INDEPENDENT_TASKS_V1 = ("ICD10ChapterClustering", "StdnumFormatRetrieval", "HPODefinitionRetrieval")
 INDEPENDENT_TASKS: dict[str, type[OfflineTask]] = {
     "ICD10ChapterClustering": ICD10ChapterClustering,
     "StdnumFormatRetrieval": StdnumFormatRetrieval,
     "HPODefinitionRetrieval": HPODefinitionRetrieval,
+    "AnsibleModuleRetrieval": AnsibleModuleRetrieval,
+    "BioregistryResourceRetrieval": BioregistryResourceRetrieval,
+    "SpellSchoolClustering": SpellSchoolClustering,
 }
 
 
@@ -121,6 +136,7 @@ def resolve_task(task: Any, *, fast: bool = False) -> OfflineTask:
 __all__ = [
     "DEFAULT_TASKS",
     "INDEPENDENT_TASKS",
+    "INDEPENDENT_TASKS_V1",
     "OOD_SUITE",
     "OOD_SUITE_V1",
     "OOD_SUITE_V2",
@@ -130,10 +146,12 @@ __all__ = [
     "ACLSumRetrieval",
     "AWSOperationClustering",
     "AWSServiceRetrieval",
+    "AnsibleModuleRetrieval",
     "BBCNewsClassification",
     "BBCNewsClustering",
     "BBCNewsKNN",
     "BibleParaphraseRetrieval",
+    "BioregistryResourceRetrieval",
     "CropPairRetrieval",
     "ElementDescriptionRetrieval",
     "FortuneSubjectClustering",
@@ -147,6 +165,7 @@ __all__ = [
     "PyDocSummaryRetrieval",
     "RDatasetsTitleRetrieval",
     "SimLex999STS",
+    "SpellSchoolClustering",
     "StdnumFormatRetrieval",
     "WordNetDefinitionRetrieval",
     "resolve_task",

@@ -76,10 +76,13 @@ class TitleRetrievalTask(_FrozenSelection, AbsTaskRetrieval):
     ones; one relevant document per query (titles are unique), main score nDCG@10."""
 
     max_documents: ClassVar[int | None] = None
+    per_label: ClassVar[int | None] = None  # at most this many documents of each label first (None: no such cap)
     fast_documents: ClassVar[int] = 40
 
     def full_selection(self) -> list[TitledDocument]:
         docs = self.all_documents()
+        if self.per_label is not None:
+            docs = [docs[i] for i in per_label_subset([d.label or "" for d in docs], self.per_label)]
         return [docs[i] for i in seeded_subset(len(docs), self.max_documents)]
 
     def fast_selection(self, chosen: list[TitledDocument]) -> list[TitledDocument]:
