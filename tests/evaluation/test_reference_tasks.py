@@ -14,14 +14,17 @@ from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.suite import score_task
 from evaluation.tasks import (
     INDEPENDENT_TASKS,
+    INDEPENDENT_TASKS_V1,
     OOD_SUITE,
     OOD_SUITE_V1,
     OOD_SUITE_V2,
     OOD_SUITE_V3,
     OOD_SUITE_V4,
     TASKS,
+    AnsibleModuleRetrieval,
     AWSOperationClustering,
     AWSServiceRetrieval,
+    BioregistryResourceRetrieval,
     ElementDescriptionRetrieval,
     FortuneSubjectClustering,
     HPODefinitionRetrieval,
@@ -31,6 +34,7 @@ from evaluation.tasks import (
     PatentSectionClustering,
     RDatasetsTitleRetrieval,
     SimLex999STS,
+    SpellSchoolClustering,
     StdnumFormatRetrieval,
     WordNetDefinitionRetrieval,
     resolve_task,
@@ -40,7 +44,8 @@ from evaluation.tasks.titled import per_label_subset, seeded_subset
 NEW_SUITE = [SimLex999STS, RDatasetsTitleRetrieval, AWSServiceRetrieval, AWSOperationClustering,
              ElementDescriptionRetrieval, WordNetDefinitionRetrieval, OccupationDescriptionRetrieval,
              FortuneSubjectClustering, PatentSectionClustering]  # fmt: skip
-INDEPENDENT = [ICD10ChapterClustering, StdnumFormatRetrieval, HPODefinitionRetrieval]
+INDEPENDENT = [ICD10ChapterClustering, StdnumFormatRetrieval, HPODefinitionRetrieval, AnsibleModuleRetrieval,
+               BioregistryResourceRetrieval, SpellSchoolClustering]  # fmt: skip
 # (task, full size, fast size, labels in the full task or None)
 SHAPES = [
     (SimLex999STS, 999, 100, None),
@@ -55,6 +60,9 @@ SHAPES = [
     (ICD10ChapterClustering, 1192, 218, 22),
     (StdnumFormatRetrieval, 236, 40, None),
     (HPODefinitionRetrieval, 1500, 40, None),
+    (AnsibleModuleRetrieval, 960, 40, None),
+    (BioregistryResourceRetrieval, 1065, 40, None),
+    (SpellSchoolClustering, 319, 80, 8),
 ]
 
 
@@ -92,8 +100,10 @@ def test_shapes_and_fast_mode(task_class: type[OfflineTask], full: int, fast: in
 
 
 @pytest.mark.parametrize(
-    "task_class", [RDatasetsTitleRetrieval, AWSOperationClustering, HPODefinitionRetrieval, FortuneSubjectClustering]
-)
+    "task_class",
+    [RDatasetsTitleRetrieval, AWSOperationClustering, HPODefinitionRetrieval, FortuneSubjectClustering,
+     AnsibleModuleRetrieval],
+)  # fmt: skip
 def test_selection_is_deterministic(task_class: type[Any]) -> None:
     first = loaded(task_class()).full_selection()
     assert task_class().full_selection() == first
@@ -134,7 +144,8 @@ def test_registration_and_independence() -> None:
     assert type(resolve_task("simlex999sts", fast=True)) is SimLex999STS
     suite_domains = {corpora.corpus_domain(TASKS[name].source_corpus) for name in TASKS}
     independent_domains = {corpora.corpus_domain(cls.source_corpus) for cls in INDEPENDENT}
-    assert len(independent_domains) == 3 and not independent_domains & suite_domains
+    assert len(independent_domains) == 6 and not independent_domains & suite_domains
+    assert set(INDEPENDENT_TASKS_V1) < set(INDEPENDENT_TASKS)
     suite_packages = {getattr(TASKS[name], "package", None) for name in TASKS} - {None}
     assert {cls.package for cls in INDEPENDENT}.isdisjoint(suite_packages | {"gensim"})
     from training.data import BUILTIN_CORPORA
@@ -157,6 +168,9 @@ FAST_FLOORS: dict[type[OfflineTask], float] = {
     OccupationDescriptionRetrieval: 40.0,
     FortuneSubjectClustering: 36.5,  # noise 32.8, minilm-l3 40.6: loose subjects, 22 of them
     PatentSectionClustering: 26.0,  # noise 17.9, minilm-l3 34.8: eight broad fields
+    AnsibleModuleRetrieval: 40.0,  # noise 10.2, minilm-l3 90.2
+    BioregistryResourceRetrieval: 40.0,  # noise 15.4, minilm-l3 93.5
+    SpellSchoolClustering: 25.0,  # noise 19.7, minilm-l3 30.0: 80 spells, 8 schools the text rarely names
 }
 
 
