@@ -12,8 +12,10 @@ Scores a baseline and a candidate (``run_suite``, results cached per model conte
   (`evaluation.tasks.INDEPENDENT_TASKS_V1`: ICD-10, python-stdnum, HPO), its second (Ansible, the Bioregistry, the
   D&D SRD's spells) and both together,
 
-and prints, per set, the mean score of each model and the candidate's mean as a % of the baseline's, then whether
-each suite's % is within ``--tolerance`` points of the independent set's.
+and prints, per set, the mean score of each model and the candidate's mean as a % of the baseline's with its
+standard error over the set's tasks (a seeded bootstrap: the set's tasks drawn again with replacement), then whether
+each suite's % is within ``--tolerance`` points of the independent set's, and the gap's standard error (the two sets'
+errors combined: they share no task).
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python benchmarks/ood_suite_check.py minilm-l6 \\
         runs/sct-tiny-base/best --out runs/ood_suite_check.json
@@ -22,6 +24,8 @@ each suite's % is within ``--tolerance`` points of the independent set's.
 from __future__ import annotations
 
 import argparse
+import math
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,8 +75,24 @@ def set_means(baseline: dict[str, float], candidate: dict[str, float]) -> dict[s
             continue
         base = sum(baseline[t] for t in shared) / len(shared)
         cand = sum(candidate[t] for t in shared) / len(shared)
-        out[name] = {"tasks": shared, "baseline": base, "candidate": cand, "percent": 100 * cand / base}
+        out[name] = {"tasks": shared, "baseline": base, "candidate": cand, "percent": 100 * cand / base,
+                     "percent_error": percent_error(baseline, candidate, shared)}  # fmt: skip
     return out
+
+
+BOOTSTRAP_DRAWS = 2000
+
+
+def percent_error(baseline: dict[str, float], candidate: dict[str, float], tasks: list[str], seed: int = 0) -> float:
+    """Standard error of the candidate's % of the baseline over ``tasks``: the spread of that % when the tasks are
+    drawn again with replacement (`BOOTSTRAP_DRAWS` seeded draws); 0 for a single task."""
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(BOOTSTRAP_DRAWS):
+        drawn = rng.choices(tasks, k=len(tasks))
+        draws.append(100 * sum(candidate[t] for t in drawn) / sum(baseline[t] for t in drawn))
+    mean = sum(draws) / len(draws)
+    return math.sqrt(sum((d - mean) ** 2 for d in draws) / (len(draws) - 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,17 +118,20 @@ def main(argv: list[str] | None = None) -> int:
             where = next((place for place, members in PLACES if task in members), f"independent ({draw})")
             print(f"| {task} | {where} | {base[task]:.2f} | {cand[task]:.2f} | {100 * cand[task] / base[task]:.1f} |")
     means = set_means(base, cand)
-    print("\n| set | tasks | baseline mean | candidate mean | candidate % |\n|---|---:|---:|---:|---:|")
+    print("\n| set | tasks | baseline mean | candidate mean | candidate % (± standard error over its tasks) |")
+    print("|---|---:|---:|---:|---:|")
     for name, row in means.items():
-        cells = f"{row['baseline']:.2f} | {row['candidate']:.2f} | {row['percent']:.1f}"
+        cells = f"{row['baseline']:.2f} | {row['candidate']:.2f} | {row['percent']:.1f} ± {row['percent_error']:.1f}"
         print(f"| {name} | {len(row['tasks'])} | {cells} |")
     verdict: dict[str, dict[str, Any]] = {}
     for check in (c for c in ("independent", "independent-v1") if c in means):
         for suite in (s for s in ("ood-v1", "ood-widened", "ood-v3", "ood-v4", "ood-suite") if s in means):
             gap = means[suite]["percent"] - means[check]["percent"]
-            verdict.setdefault(check, {})[suite] = {"gap_points": gap, "within_tolerance": abs(gap) <= args.tolerance}
-            where = "within" if abs(gap) <= args.tolerance else "outside"
-            print(f"{suite} % − {check} %: {gap:+.2f} points ({where} ±{args.tolerance})")
+            error = math.hypot(means[suite]["percent_error"], means[check]["percent_error"])
+            within = abs(gap) <= args.tolerance
+            verdict.setdefault(check, {})[suite] = {"gap_points": gap, "gap_error": error, "within_tolerance": within}
+            where = "within" if within else "outside"
+            print(f"{suite} % − {check} %: {gap:+.2f} ± {error:.2f} points ({where} ±{args.tolerance})")
     cpu = cpu_features()
     print(f"\nCPU: {cpu_text(cpu)}")
     models = {"baseline": args.baseline, "candidate": args.candidate}
