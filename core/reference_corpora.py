@@ -370,9 +370,8 @@ def patent_groups() -> tuple[TitledDocument, ...]:
 # --- Ansible modules (ansible) -------------------------------------------------------------------------------------
 
 _ANSIBLE_DOCUMENTATION = re.compile(r"^DOCUMENTATION\s*=\s*[rRuU]?(?P<q>'''|\"\"\")(?P<body>.*?)(?P=q)", re.S | re.M)
-_ANSIBLE_MARKUP = re.compile(
-    r"\b([A-Z])\(((?:[^()]|\([^()]*\))*)\)"
-)  # C(value), I(option), M(module), L(text,url), U(url)…
+# C(value), I(option), M(module), L(text,url), U(url)…, one level of parentheses inside
+_ANSIBLE_MARKUP = re.compile(r"\b([A-Z])\(((?:[^()]|\([^()]*\))*)\)")
 # The suite reads AWS's own API documentation (botocore): the collections that wrap it are left out
 ANSIBLE_AWS_COLLECTIONS = ("amazon.aws", "community.aws")
 
@@ -423,8 +422,8 @@ def ansible_modules() -> tuple[TitledDocument, ...]:
 @functools.cache
 def bioregistry_resources() -> tuple[TitledDocument, ...]:
     """The Bioregistry's resources with a curated name and description of their own (``data/bioregistry.json``, read
-    as JSON): title: the name ("Amphibian gross anatomy"), text: the description, whitespace folded, label: the
-    prefix ("aao"); in prefix order, descriptions of at least `MIN_DOCUMENT_CHARS`, each title and text once."""
+    as JSON): title: the name ("Antibody-Antigen Complex Database"), text: the description, whitespace folded, label:
+    the prefix ("aacdb"); in prefix order, descriptions of at least `MIN_DOCUMENT_CHARS`, each title and text once."""
     path = require_file(package_dir("bioregistry") / "data" / "bioregistry.json", "bioregistry")
     registry = json.loads(path.read_text(encoding="utf-8"))
     docs = []

@@ -116,8 +116,8 @@ class AnsibleModuleRetrieval(TitleRetrievalTask):
 
 class BioregistryResourceRetrieval(TitleRetrievalTask):
     """The Bioregistry's 1,065 described resources (ontologies, databases, identifier schemes of the life sciences):
-    a resource's name ("Amphibian gross anatomy", "National Microbiome Data Collaborative") retrieves its description;
-    main score nDCG@10."""
+    a resource's name ("Antibody-Antigen Complex Database", "National Microbiome Data Collaborative") retrieves its
+    description; main score nDCG@10."""
 
     metadata = offline_metadata(
         "BioregistryResourceRetrieval",
