@@ -122,6 +122,12 @@ def validation_message(errors: Sequence[Mapping[str, Any]], what: str = "request
         )
     parts = []
     for error in list(errors)[:limit]:
+        if error.get("type") == "json_invalid":  # FastAPI's: loc ("body", character offset), ctx {"error": why}
+            at = error.get("loc", ())[-1:]
+            where = f" at character {at[0]}" if at and type(at[0]) is int else ""
+            why = (error.get("ctx") or {}).get("error", "decode error")
+            parts.append(f"the body is not valid JSON ({why}{where})")
+            continue
         loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
         parts.append(f"{loc or 'body'}: {error.get('msg', 'invalid')}")
     return f"invalid {what}: " + "; ".join(parts)

@@ -183,6 +183,10 @@ def test_error_table_rows(make_app):
         assert "/v1" not in client.get("/nowhere").json()["error"]["message"]
         not_allowed = _error(client.get("/v1/embeddings"), 405, "method_not_allowed", "GET is not allowed")
         assert client.get("/v1/embeddings").headers["allow"] == "POST" and "allowed: POST" in not_allowed["message"]
+        # Broken JSON says so, and where, not pydantic's bare "0: JSON decode error"
+        broken = client.post("/v1/embeddings", content=b'{"input": "a",}', headers={"content-type": "application/json"})
+        _error(broken, 422, "invalid_request", "the body is not valid JSON (")
+        assert "at character 14" in broken.json()["error"]["message"]
         # Bytes that are not UTF-8 cannot be decoded as JSON at all: the same 422 as broken JSON, not a bare 400.
         _error(
             client.post("/embed", content=b'{"inputs": "\xff\xfe"}', headers={"content-type": "application/json"}),
