@@ -52,6 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("give a corpus file to submit, or --job ID to follow")
     if args.corpus is not None and not args.name:
         p.error("--name is required to submit a corpus")
+    if args.corpus is not None and not args.corpus.is_file():
+        p.error(f"{args.corpus}: {'a folder, not a file' if args.corpus.is_dir() else 'no such file'}")
     return args
 
 
