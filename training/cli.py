@@ -8,6 +8,7 @@ import logging
 import sys
 
 from core.settings import get_settings
+from core.text import CorpusError
 from training.config import RECIPES_DIR, ConfigError, load_config
 from training.trainer import train
 
@@ -47,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()  # a recipe's own device / num_threads still win
-    result = train(config, device=settings.device, threads=settings.num_threads, cache_dir=settings.cache_dir)
+    try:
+        result = train(config, device=settings.device, threads=settings.num_threads, cache_dir=settings.cache_dir)
+    except CorpusError as exc:  # a corpus that names nothing readable or holds too little: the recipe's to fix
+        print(f"embedder train: {exc}", file=sys.stderr)
+        return 2
     print(
         json.dumps(
             {

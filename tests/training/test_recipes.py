@@ -209,6 +209,17 @@ def test_cli_reports_bad_keys_with_exit_code_2(capsys: pytest.CaptureFixture[str
     assert "did you mean 'batch_size'" in capsys.readouterr().err
 
 
+def test_cli_reports_a_corpus_it_cannot_read_with_exit_code_2(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing.jsonl"
+    argv = ["crop-minilm", "-q", "--set", f"model={json.dumps(str(tiny_bert_path))}"]
+    argv += ["--set", f"corpus={json.dumps(str(missing))}", "--set", f"output_dir={json.dumps(str(tmp_path / 'out'))}"]
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("embedder train: ") and str(missing) in err and "Traceback" not in err
+
+
 def test_cli_prints_the_resolved_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert train_main(["crop-minilm", "--set", "lr=1e-4", "--print-config"]) == 0
     assert json.loads(capsys.readouterr().out)["lr"] == 1e-4
