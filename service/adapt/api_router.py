@@ -93,6 +93,8 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
                 del body
                 check_name(config, intake.request.name)
                 check_base_model(config.settings, intake.request.base_model)
+                if intake.refused is not None:  # the request's own fields first: one answer names every fix it can
+                    raise intake.refused
                 caller = api.caller(request)
                 spec = spec_for(config.settings, intake.request.job_fields(), has_labels=intake.has_labels,
                                 usable=intake.usable)  # fmt: skip

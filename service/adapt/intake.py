@@ -23,7 +23,7 @@ from fastapi import Request
 from pydantic import ValidationError
 from python_multipart.multipart import File, create_form_parser
 
-from adapt_jobs.corpus import CorpusTooLargeError, check_corpus, parse_upload
+from adapt_jobs.corpus import CorpusError, CorpusTooLargeError, check_corpus, parse_upload
 from adapt_jobs.settings import AdaptSettings
 from service.adapt.schemas import AdaptRequest
 from service.errors import ErrorKind, ServiceError, validation_message
@@ -41,22 +41,28 @@ Parsed = tuple[AdaptRequest, list[str], list[str] | None]
 
 @dataclass(frozen=True)
 class Intake:
-    """A corpus checked and saved in its job's folder, and the request without its texts."""
+    """A corpus checked and saved in its job's folder, and the request without its texts — or, in ``refused``, why
+    the corpus was refused (nothing saved), for the caller to answer once the request's other fields are checked."""
 
     request: AdaptRequest
     n_documents: int
     usable: int
     has_labels: bool
+    refused: CorpusError | None = None
 
 
 def take_in(content_type: str, body: bytes, settings: AdaptSettings, folder: Path) -> Intake:
     """Parse the body, check its corpus against ``settings`` and save it as ``folder/corpus.jsonl`` (in a thread, or
-    in the reader process for a large body)."""
+    in the reader process for a large body). A body over the upload bounds raises as it is read; a corpus that
+    parses but fails `check_corpus` comes back as ``refused``."""
     multipart = content_type.startswith("multipart/form-data")
     req, texts, labels = parse_multipart(content_type, body, settings) if multipart else parse_json(body)
-    corpus = check_corpus(texts, labels, settings)
-    corpus.save(folder)
     summary = req.model_copy(update={"texts": None, "labels": None})
+    try:
+        corpus = check_corpus(texts, labels, settings)
+    except CorpusError as err:
+        return Intake(summary, n_documents=len(texts or ()), usable=0, has_labels=labels is not None, refused=err)
+    corpus.save(folder)
     return Intake(summary, n_documents=len(corpus.texts), usable=corpus.usable, has_labels=corpus.labels is not None)
 
 

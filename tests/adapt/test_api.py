@@ -79,6 +79,14 @@ def test_corpus_too_small_is_422_with_counts(client: TestClient) -> None:
     assert error["details"] == {"documents": 4, "usable_documents": 2, "min_documents": 4}
 
 
+def test_the_request_fields_are_answered_before_the_corpus(client: TestClient) -> None:
+    """A name or base model that would be refused anyway is said first, not after the corpus has been fixed."""
+    small = [DOC, "tiny"]
+    assert "unknown base_model 'gpt-9'" in client.post("/adapt", json=_body(base_model="gpt-9", texts=small)).text
+    assert client.post("/adapt", json=_body(name="Acme", texts=small)).json()["error"]["code"] == "invalid_name"
+    assert client.post("/adapt", json=_body(texts=small)).json()["error"]["code"] == "corpus_too_small"
+
+
 @pytest.mark.parametrize(
     ("body", "status", "match"),
     [
@@ -186,6 +194,11 @@ def test_multipart_jsonl_upload(client: TestClient) -> None:
     assert job["hyperparameters"]["max_steps"] == 7 and job["base_model"] == "tiny"
     r = client.post("/adapt", data={"base_model": "tiny", "name": "up"})
     assert r.status_code == 422
+    # a file too small to adapt on, read in the reader process: the refusal keeps its code and counts across it
+    small = "\n".join(json.dumps(DOC) for _ in range(2)).encode()
+    r = client.post("/adapt", data={"base_model": "tiny", "name": "up"}, files={"file": ("small.jsonl", small)})
+    error = r.json()["error"]
+    assert r.status_code == 422 and error["code"] == "corpus_too_small" and error["details"]["documents"] == 2
 
 
 def test_cancel_list_and_404(client: TestClient, tmp_path: Path) -> None:
