@@ -6,9 +6,10 @@
 
 The corpus file goes up as the multipart ``file`` (JSONL, JSON, Parquet or text: the server reads it, docs/ADAPT.md).
 A job asking for a ``--student`` may first wait for the one-time build of its base student, a job of its own: it is
-followed too. Progress goes to stderr; the final job (JSON) to stdout with ``--json``. Exit code: 0 when the job
-succeeded and its model was promoted (or ``--promote never``), 1 when it failed or was cancelled, 3 when it
-succeeded but the gate kept the model from being promoted (the reasons are printed). HTTP only: no torch here.
+followed too. Progress goes to stderr (on a terminal the training steps rewrite one line); the final job (JSON) to
+stdout with ``--json``. Exit code: 0 when the job succeeded and its model was promoted (or ``--promote never``), 1
+when it failed or was cancelled, 3 when it succeeded but the gate kept the model from being promoted (the reasons
+are printed). HTTP only: no torch here.
 """
 
 from __future__ import annotations
@@ -76,30 +77,58 @@ def submit(client: httpx.Client, args: argparse.Namespace) -> httpx.Response:
         return client.post("/adapt", data=data, files={"file": (args.corpus.name, corpus)})
 
 
+class _Lines:
+    """Progress lines on stderr; on a terminal a run of step lines of one stage rewrites itself in place, as a
+    progress bar does, and elsewhere (a log, a pipe) every line stays."""
+
+    def __init__(self) -> None:
+        self.in_place = sys.stderr.isatty()
+        self.open_stage: str | None = None  # the stage whose step line is being rewritten, not yet ended
+
+    def say(self, text: str, stage: str | None = None) -> None:
+        """Print ``text``; ``stage``: the stage of a step line, which the next step of that stage overwrites."""
+        if self.open_stage is not None:
+            if stage == self.open_stage:
+                print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
+                return
+            print(file=sys.stderr)
+        self.open_stage = stage if self.in_place else None
+        print(text, end="" if self.open_stage is not None else "\n", file=sys.stderr, flush=True)
+
+    def end(self) -> None:
+        if self.open_stage is not None:
+            print(file=sys.stderr)
+            self.open_stage = None
+
+
 def follow(client: httpx.Client, job_id: str, label: str) -> dict[str, Any]:
     """Print the job's stage changes and training steps (stderr) until it ends; return the final job."""
     shown = None
-    with client.stream("GET", f"/adapt/{job_id}/events", timeout=None) as events:
-        kind = None
-        for line in events.iter_lines():
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-                continue
-            if not line.startswith("data: "):
-                continue
-            data = json.loads(line.removeprefix("data: "))
-            if kind == "done":
-                return data
-            if kind == "state":
-                print(f"[{label}] {data['state']}" + (f" ({data['reason']})" if data.get("reason") else ""),
-                      file=sys.stderr)  # fmt: skip
-            elif kind == "progress" and data.get("stage"):
-                step = f" {data['step']}/{data.get('total') or '?'}" if data.get("step") else ""
-                line_out = f"[{label}] {data['stage']}{step}" + (f" — {data['detail']}" if data.get("detail") else "")
-                if line_out != shown:
-                    print(line_out, file=sys.stderr)
-                    shown = line_out
-    return client.get(f"/adapt/{job_id}").json()
+    lines = _Lines()
+    try:
+        with client.stream("GET", f"/adapt/{job_id}/events", timeout=None) as events:
+            kind = None
+            for line in events.iter_lines():
+                if line.startswith("event: "):
+                    kind = line.removeprefix("event: ")
+                    continue
+                if not line.startswith("data: "):
+                    continue
+                data = json.loads(line.removeprefix("data: "))
+                if kind == "done":
+                    return data
+                if kind == "state":
+                    lines.say(f"[{label}] {data['state']}" + (f" ({data['reason']})" if data.get("reason") else ""))
+                elif kind == "progress" and data.get("stage"):
+                    step = f" {data['step']}/{data.get('total') or '?'}" if data.get("step") else ""
+                    detail = f" — {data['detail']}" if data.get("detail") else ""
+                    line_out = f"[{label}] {data['stage']}{step}{detail}"
+                    if line_out != shown:
+                        lines.say(line_out, stage=data["stage"] if step else None)
+                        shown = line_out
+        return client.get(f"/adapt/{job_id}").json()
+    finally:
+        lines.end()
 
 
 def summary(job: dict[str, Any]) -> str:

@@ -1,8 +1,13 @@
-"""`embedder adapt`'s arguments: a corpus that is not a file is refused before anything is sent."""
+"""`embedder adapt`: a corpus that is not a file is refused before anything is sent; how a job's progress is shown."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,3 +33,44 @@ def test_a_corpus_file_is_accepted(tmp_path: Path) -> None:
     corpus.write_text('"a document. Of two sentences."\n')
     args = adapt_cli.parse_args([str(corpus), "--name", "acme"])
     assert args.corpus == corpus and args.name == "acme"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class _Events:
+    """What `GET /adapt/{id}/events` streams: a few state and progress events, then the final job."""
+
+    def __init__(self, events: list[tuple[str, dict]]) -> None:
+        self.events = events
+
+    def stream(self, method: str, url: str, timeout: float | None = None) -> contextlib.AbstractContextManager:
+        lines = [part for kind, data in self.events for part in (f"event: {kind}", f"data: {json.dumps(data)}", "")]
+        return contextlib.nullcontext(SimpleNamespace(iter_lines=lambda: iter(lines)))
+
+
+EVENTS = [
+    ("state", {"state": "running"}),
+    *[("progress", {"stage": "training", "step": i, "total": 3}) for i in (1, 2, 3)],
+    ("progress", {"stage": "evaluating"}),
+    ("done", {"id": "adaptjob-x", "state": "succeeded"}),
+]
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_training_steps_rewrite_one_line_on_a_terminal_only(terminal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert adapt_cli.follow(_Events(EVENTS), "adaptjob-x", "acme") == {"id": "adaptjob-x", "state": "succeeded"}
+    out = err.getvalue()
+    if terminal:  # one line for the three steps, each step overwriting the last; every other line on its own
+        assert out == (
+            "[acme] running\n[acme] training 1/3\r\033[K[acme] training 2/3\r\033[K[acme] training 3/3\n"
+            "[acme] evaluating\n"
+        )
+    else:
+        assert out.splitlines() == [
+            "[acme] running", "[acme] training 1/3", "[acme] training 2/3", "[acme] training 3/3", "[acme] evaluating"
+        ]  # fmt: skip
