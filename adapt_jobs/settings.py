@@ -29,8 +29,11 @@ from pydantic import (
     field_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.exc import ArgumentError
 
+from adapt_jobs.jobs import JobStoreError
 from adapt_jobs.knobs import setting_fields
+from adapt_jobs.store_db import engine_url
 from core.settings import Settings
 
 STORE_FILE = "jobs.sqlite3"
@@ -173,6 +176,23 @@ class AdaptSettings(JobKnobDefaults):
                 return float(value)
             except ValueError:
                 return value
+        return value
+
+    @field_validator("store_url")
+    @classmethod
+    def _openable_store(cls, value: SecretStr | None) -> SecretStr | None:
+        """A store URL the job store can open, checked as the settings are read — not after the models have loaded,
+        when /adapt first opens the store. The message never repeats the URL: it may carry a password."""
+        if value is None or not value.get_secret_value():
+            return value
+        try:
+            engine_url(value.get_secret_value())
+        except JobStoreError as err:
+            raise ValueError(str(err)) from None
+        except ArgumentError:
+            raise ValueError(
+                "not a URL: use postgresql://user:password@host/db or sqlite:////absolute/path/jobs.sqlite3"
+            ) from None
         return value
 
     @field_serializer("store_url", when_used="json")

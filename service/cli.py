@@ -31,6 +31,7 @@ from core import registry
 from core.catalog import BUILTIN_MODELS, sha256_file
 from core.model_folder import weights_file
 from service.engine.served import models_to_serve
+from service.errors import validation_message
 from service.observability import configure_logging
 from service.settings import ServiceSettings
 
@@ -205,8 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         settings = settings_from_args(argv)
-    except (ValidationError, json.JSONDecodeError) as err:
-        print(f"embedder serve: invalid settings:\n{err}", file=sys.stderr)
+    except ValidationError as err:  # where and what, never the value sent (a key, a password in a URL)
+        print(f"embedder serve: {validation_message(err.errors(), what='settings', limit=10)}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as err:
+        print(f"embedder serve: invalid settings: {err}", file=sys.stderr)
         return 2
     refusal = settings.open_adapt_error()
     if refusal is not None:  # before the default bundle is exported: that can take minutes

@@ -194,3 +194,28 @@ def test_metrics_port_must_differ_from_the_main_port():
     with pytest.raises(ValidationError, match="give /metrics its own port"):
         ServiceSettings(port=9000, metrics_port=9000)
     assert ServiceSettings(port=0, metrics_port=0).metrics_port == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://user:hunter2@db/jobs", "unsupported adapt store URL scheme 'mysql'"),
+        ("sqlite://", "unsupported adapt store URL scheme 'sqlite'"),  # no file: an in-memory store no replica shares
+        ("hunter2 is not a url", "not a URL"),
+    ],
+)
+def test_a_job_store_url_that_cannot_open_stops_the_server_before_it_loads_and_is_never_echoed(
+    url, message, monkeypatch, capsys
+):
+    from service.cli import main
+
+    monkeypatch.setenv("EMBED_ADAPT_STORE_URL", url)
+    assert main(["--port", "0"]) == 2  # refused while the settings are read: no model was loaded
+    err = capsys.readouterr().err
+    assert err.startswith("embedder serve: invalid settings: store_url: ") and message in err and "hunter2" not in err
+
+
+def test_job_store_urls_that_open_are_kept(tmp_path):
+    for url in (f"sqlite:///{tmp_path / 'jobs.sqlite3'}", "postgresql://u:p@db/jobs", "postgres://u:p@db/jobs", ""):
+        settings = ServiceSettings.from_flat(adapt_store_url=url)
+        assert settings.adapt.store_url is not None and settings.adapt.store_url.get_secret_value() == url
