@@ -1,5 +1,5 @@
 """The command line of the in-process benchmarks of one bundle's engines (`bench_ov_int8.py`, `bench_routes.py`,
-`bench_int8_precision.py`), and the bundle's probes they check parity on."""
+`bench_int8_precision.py`, `bench_concurrent_batches.py`), and the bundle's probes they check parity on."""
 
 from __future__ import annotations
 
