@@ -4,7 +4,7 @@ each on one thread of its own engine, in process, per engine that keeps the pari
 The server's batcher runs one forward pass per model at a time with ``intra_op_threads`` threads. On a 2-core
 machine a small batch's operators may not split well over two threads; two batches at once, one thread each, would
 then carry more texts per second under load. The batches are bench_routes' (`served_batches`: 8-64 short texts, as
-many paragraphs as fit the server's token budget); each arm runs the same ``--repeats`` copies of a batch, one after
+many paragraphs as fit the server's token budget); each arm runs the same `REPEATS` copies of a batch, one after
 another or shared out between the threads, in rounds whose arm order alternates. OpenVINO engines get a third arm,
 its own way of running batches at once: one compiled model with a stream per thread (``NUM_STREAMS``), an infer
 request per stream — two compiled models of one thread each may be pinned to the same core. Printed: the CPU, and
