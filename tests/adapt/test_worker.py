@@ -187,6 +187,15 @@ def test_general_tasks_leave_out_those_the_base_model_was_trained_on() -> None:
     }
 
 
+def _environ_once_exec_done(pid: int, timeout: float = 10.0) -> bytes:
+    """``/proc/<pid>/environ`` of a process just started: ``Popen`` returns as the kernel closes the exec pipe, which
+    can be before the new program's memory is in place, and the file reads empty until it is."""
+    deadline = time.monotonic() + timeout
+    while not (raw := Path(f"/proc/{pid}/environ").read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return raw
+
+
 def test_a_supervised_worker_gets_no_api_key_nor_any_other_secret(tmp_path: Path, monkeypatch) -> None:
     """A real worker started by the service's supervisor: its environment (/proc/<pid>/environ, what the kernel gave
     the process) holds the allow-listed variables and none of the service's keys."""
@@ -208,7 +217,7 @@ def test_a_supervised_worker_gets_no_api_key_nor_any_other_secret(tmp_path: Path
     supervisor = WorkerSupervisor(config, JobStore(config.store_url))
     worker = supervisor.spawn(0)
     try:
-        raw = Path(f"/proc/{worker.process.pid}/environ").read_bytes()
+        raw = _environ_once_exec_done(worker.process.pid)
         assert worker.process.poll() is None, "the worker must be running, not have failed at start"
     finally:
         asyncio.run(supervisor.stop(grace_s=30))
