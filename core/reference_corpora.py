@@ -327,7 +327,7 @@ def food_names() -> tuple[TitledDocument, ...]:
 
 # --- pylint's messages ---------------------------------------------------------------------------------------------
 
-MIN_MESSAGE_CHARS = 40  # shorter descriptions ("Used when a name is not defined") restate the symbol
+MIN_MESSAGE_CHARS = 40  # shorter ones restate the symbol (import-self: "Used when a module is importing itself.")
 _MESSAGE_ID = re.compile(r"^[CEFIRW]\d{4}$")
 _SYMBOL = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
@@ -354,7 +354,7 @@ def _messages_of(tree: ast.AST) -> list[tuple[str, str]]:
 def pylint_messages() -> tuple[TitledDocument, ...]:
     """The messages of ``pylint``'s checkers and extensions, read from their source without importing it: title: the
     symbol with spaces for hyphens ("unused import"), text: the description ("Used when an imported module or
-    variable is not used."), label: the checker module ("imports"); by module path, then in source order, each
+    variable is not used."), label: the checker module ("variables"); by module path, then in source order, each
     description of at least `MIN_MESSAGE_CHARS`. Messages whose description is built at run time are left out."""
     folder = package_dir("pylint")
     checkers = require_file(folder / "checkers", "pylint")

@@ -308,9 +308,9 @@ class PylintMessageRetrieval(TitleRetrievalTask):
     """415 queries (a pylint message's symbol with spaces for hyphens, e.g. "consider using sys exit") over the
     messages' descriptions; main score nDCG@10.
 
-    Code-lint documentation: nearly every description opens "Used when …" and speaks of the same few things (names,
-    arguments, classes, imports), so a symbol of three or four words must find its own message among hundreds of
-    siblings from what the model makes of the words.
+    Code-lint documentation: more than half the descriptions open "Used when …", and all speak of the same few things
+    (names, arguments, classes, imports), so a symbol of about three words must find its own message among hundreds
+    of siblings from what the model makes of the words.
     """
 
     metadata = offline_metadata(
