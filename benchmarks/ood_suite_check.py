@@ -11,7 +11,8 @@ Scores a baseline and a candidate (``run_suite``, results cached per model conte
   drink names and pylint's messages);
 - the independent set (`evaluation.tasks.INDEPENDENT_TASKS`, packages the suite does not read): its first draw
   (`evaluation.tasks.INDEPENDENT_TASKS_V1`: ICD-10, python-stdnum, HPO), its second (Ansible, the Bioregistry, the
-  D&D SRD's spells) and both together,
+  D&D SRD's spells; with the first, `evaluation.tasks.INDEPENDENT_TASKS_V2`), its third (Schema.org's types, NAICS's
+  industries) and all three together,
 
 and prints, per set, the mean score of each model and the candidate's mean as a % of the baseline's with its
 standard error over the set's tasks (a seeded bootstrap: the set's tasks drawn again with replacement), then whether
@@ -40,6 +41,7 @@ from evaluation.suite import run_suite
 from evaluation.tasks import (
     INDEPENDENT_TASKS,
     INDEPENDENT_TASKS_V1,
+    INDEPENDENT_TASKS_V2,
     OOD_SUITE,
     OOD_SUITE_V1,
     OOD_SUITE_V2,
@@ -62,7 +64,9 @@ SETS = {
     "since-v4": tuple(t for t in OOD_SUITE_V5 if t not in OOD_SUITE_V4),
     "since-v5": tuple(t for t in OOD_SUITE if t not in OOD_SUITE_V5),
     "independent-v1": INDEPENDENT_TASKS_V1,
-    "independent-v2-only": tuple(t for t in INDEPENDENT_TASKS if t not in INDEPENDENT_TASKS_V1),
+    "independent-v2-only": tuple(t for t in INDEPENDENT_TASKS_V2 if t not in INDEPENDENT_TASKS_V1),
+    "independent-v2": INDEPENDENT_TASKS_V2,
+    "independent-v3-only": tuple(t for t in INDEPENDENT_TASKS if t not in INDEPENDENT_TASKS_V2),
     "independent": tuple(INDEPENDENT_TASKS),
 }
 # Where a task's row says it belongs: the first of these that holds it, else the independent set
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| task | set | baseline | candidate | % |\n|---|---|---:|---:|---:|")
     for task in tasks:
         if task in base and task in cand:
-            draw = "v1" if task in INDEPENDENT_TASKS_V1 else "v2"
+            draw = "v1" if task in INDEPENDENT_TASKS_V1 else "v2" if task in INDEPENDENT_TASKS_V2 else "v3"
             where = next((place for place, members in PLACES if task in members), f"independent ({draw})")
             print(f"| {task} | {where} | {base[task]:.2f} | {cand[task]:.2f} | {100 * cand[task] / base[task]:.1f} |")
     means = set_means(base, cand)
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = f"{row['baseline']:.2f} | {row['candidate']:.2f} | {row['percent']:.1f} ± {row['percent_error']:.1f}"
         print(f"| {name} | {len(row['tasks'])} | {cells} |")
     verdict: dict[str, dict[str, Any]] = {}
-    for check in (c for c in ("independent", "independent-v1") if c in means):
+    for check in (c for c in ("independent", "independent-v2", "independent-v1") if c in means):
         for suite in (s for s in ("ood-v1", "ood-widened", "ood-v3", "ood-v4", "ood-v5", "ood-suite") if s in means):
             gap = means[suite]["percent"] - means[check]["percent"]
             error = math.hypot(means[suite]["percent_error"], means[check]["percent_error"])

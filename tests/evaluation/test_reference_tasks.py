@@ -15,6 +15,7 @@ from evaluation.suite import score_task
 from evaluation.tasks import (
     INDEPENDENT_TASKS,
     INDEPENDENT_TASKS_V1,
+    INDEPENDENT_TASKS_V2,
     OOD_SUITE,
     OOD_SUITE_V1,
     OOD_SUITE_V2,
@@ -31,11 +32,13 @@ from evaluation.tasks import (
     FortuneSubjectClustering,
     HPODefinitionRetrieval,
     ICD10ChapterClustering,
+    NAICSSectorClustering,
     OccupationDescriptionRetrieval,
     OfflineTask,
     PatentSectionClustering,
     PylintMessageRetrieval,
     RDatasetsTitleRetrieval,
+    SchemaOrgTypeRetrieval,
     SimLex999STS,
     SpellSchoolClustering,
     StdnumFormatRetrieval,
@@ -48,7 +51,8 @@ NEW_SUITE = [SimLex999STS, RDatasetsTitleRetrieval, AWSServiceRetrieval, AWSOper
              ElementDescriptionRetrieval, WordNetDefinitionRetrieval, OccupationDescriptionRetrieval,
              FortuneSubjectClustering, PatentSectionClustering, FoodKindClustering, PylintMessageRetrieval]  # fmt: skip
 INDEPENDENT = [ICD10ChapterClustering, StdnumFormatRetrieval, HPODefinitionRetrieval, AnsibleModuleRetrieval,
-               BioregistryResourceRetrieval, SpellSchoolClustering]  # fmt: skip
+               BioregistryResourceRetrieval, SpellSchoolClustering, SchemaOrgTypeRetrieval,
+               NAICSSectorClustering]  # fmt: skip
 # (task, full size, fast size, labels in the full task or None)
 SHAPES = [
     (SimLex999STS, 999, 100, None),
@@ -68,6 +72,8 @@ SHAPES = [
     (AnsibleModuleRetrieval, 960, 40, None),
     (BioregistryResourceRetrieval, 1065, 40, None),
     (SpellSchoolClustering, 319, 80, 8),
+    (SchemaOrgTypeRetrieval, 569, 40, None),
+    (NAICSSectorClustering, 713, 193, 20),
 ]
 
 
@@ -150,8 +156,8 @@ def test_registration_and_independence() -> None:
     assert type(resolve_task("simlex999sts", fast=True)) is SimLex999STS
     suite_domains = {corpora.corpus_domain(TASKS[name].source_corpus) for name in TASKS}
     independent_domains = {corpora.corpus_domain(cls.source_corpus) for cls in INDEPENDENT}
-    assert len(independent_domains) == 6 and not independent_domains & suite_domains
-    assert set(INDEPENDENT_TASKS_V1) < set(INDEPENDENT_TASKS)
+    assert len(independent_domains) == 8 and not independent_domains & suite_domains
+    assert set(INDEPENDENT_TASKS_V1) < set(INDEPENDENT_TASKS_V2) < set(INDEPENDENT_TASKS)
     suite_packages = {getattr(TASKS[name], "package", None) for name in TASKS} - {None}
     assert {cls.package for cls in INDEPENDENT}.isdisjoint(suite_packages | {"gensim"})
     from training.data import BUILTIN_CORPORA
@@ -179,6 +185,8 @@ FAST_FLOORS: dict[type[OfflineTask], float] = {
     AnsibleModuleRetrieval: 40.0,  # noise 10.2, minilm-l3 90.2
     BioregistryResourceRetrieval: 40.0,  # noise 15.4, minilm-l3 93.5
     SpellSchoolClustering: 25.0,  # noise 19.7, minilm-l3 30.0: 80 spells, 8 schools the text rarely names
+    SchemaOrgTypeRetrieval: 40.0,  # noise 10.8, minilm-l3 86.3
+    NAICSSectorClustering: 45.0,  # noise 32.3, minilm-l3 62.2: 193 industry titles, 20 sectors
 }
 
 
