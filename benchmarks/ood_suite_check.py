@@ -17,7 +17,9 @@ Scores a baseline and a candidate (``run_suite``, results cached per model conte
 and prints, per set, the mean score of each model and the candidate's mean as a % of the baseline's with its
 standard error over the set's tasks (a seeded bootstrap: the set's tasks drawn again with replacement), then whether
 each suite's % is within ``--tolerance`` points of the independent set's, and the gap's standard error (the two sets'
-errors combined: they share no task).
+errors combined: they share no task). With ``--rival`` (a second candidate), also per set by how many points of the
+baseline's % the candidate leads the rival, with the standard error of that lead over the set's tasks (both drawn on
+the same tasks), and on how many tasks it leads: whether a suite and the independent set rank two models alike.
 
     HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python benchmarks/ood_suite_check.py minilm-l6 \\
         runs/sct-tiny-base/best --out runs/ood_suite_check.json
@@ -29,6 +31,7 @@ import argparse
 import math
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,21 +96,50 @@ BOOTSTRAP_DRAWS = 2000
 
 
 def percent_error(baseline: dict[str, float], candidate: dict[str, float], tasks: list[str], seed: int = 0) -> float:
-    """Standard error of the candidate's % of the baseline over ``tasks``: the spread of that % when the tasks are
-    drawn again with replacement (`BOOTSTRAP_DRAWS` seeded draws); 0 for a single task."""
+    """Standard error of the candidate's % of the baseline over ``tasks`` (`bootstrap_error`); 0 for a single task."""
+
+    def percent(drawn: list[str]) -> float:
+        return 100 * sum(candidate[t] for t in drawn) / sum(baseline[t] for t in drawn)
+
+    return bootstrap_error(tasks, percent, seed)
+
+
+def bootstrap_error(tasks: list[str], statistic: Callable[[list[str]], float], seed: int = 0) -> float:
+    """The spread of ``statistic`` when ``tasks`` are drawn again with replacement (`BOOTSTRAP_DRAWS` seeded
+    draws): its standard error over the tasks."""
     rng = random.Random(seed)
-    draws = []
-    for _ in range(BOOTSTRAP_DRAWS):
-        drawn = rng.choices(tasks, k=len(tasks))
-        draws.append(100 * sum(candidate[t] for t in drawn) / sum(baseline[t] for t in drawn))
+    draws = [statistic(rng.choices(tasks, k=len(tasks))) for _ in range(BOOTSTRAP_DRAWS)]
     mean = sum(draws) / len(draws)
     return math.sqrt(sum((d - mean) ** 2 for d in draws) / (len(draws) - 1))
+
+
+def set_leads(baseline: dict[str, float], candidate: dict[str, float], rival: dict[str, float]) -> dict[str, Any]:
+    """Per set: the candidate's % of the baseline minus the rival's (points), its standard error over the set's
+    tasks (both models drawn on the same tasks: a paired comparison) and on how many tasks the candidate scores
+    higher."""
+    out = {}
+    for name, tasks in SETS.items():
+        shared = [t for t in tasks if t in baseline and t in candidate and t in rival]
+        if not shared:
+            continue
+
+        def lead(drawn: list[str]) -> float:
+            return 100 * sum(candidate[t] - rival[t] for t in drawn) / sum(baseline[t] for t in drawn)
+
+        ahead = sum(candidate[t] > rival[t] for t in shared)
+        out[name] = {"tasks": shared, "points": lead(shared), "error": bootstrap_error(shared, lead), "ahead": ahead}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("baseline", help="e.g. minilm-l6")
     parser.add_argument("candidate", help="e.g. a student checkpoint folder")
+    parser.add_argument(
+        "--rival",
+        default=None,
+        help="a second candidate (e.g. minilm-l3): per set, does the candidate lead it, on the same tasks?",
+    )
     parser.add_argument("--tolerance", type=float, default=1.0, help="points of %% (default 1)")
     parser.add_argument("--no-cache", action="store_true")
     parser.add_argument("--fast", action="store_true", help="smoke run: a few documents per task (not comparable)")
@@ -116,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks = list(dict.fromkeys([*FORMER_DEFAULT, *OOD_SUITE, *INDEPENDENT_TASKS]))
     cache = None if args.no_cache else get_settings().cache_dir
     reports = {}
-    for role, spec in (("baseline", args.baseline), ("candidate", args.candidate)):
+    roles = [("baseline", args.baseline), ("candidate", args.candidate)]
+    for role, spec in [*roles, *([("rival", args.rival)] if args.rival else [])]:
         reports[role] = run_suite(open_model(spec), tasks, fast=args.fast, progress=False, cache=cache)
         print(f"{role} {spec}: {reports[role]['seconds']} s; skipped: {reports[role]['skipped'] or 'none'}", flush=True)
     base, cand = reports["baseline"]["scores"], reports["candidate"]["scores"]
@@ -141,13 +174,20 @@ def main(argv: list[str] | None = None) -> int:
             verdict.setdefault(check, {})[suite] = {"gap_points": gap, "gap_error": error, "within_tolerance": within}
             where = "within" if within else "outside"
             print(f"{suite} % − {check} %: {gap:+.2f} ± {error:.2f} points ({where} ±{args.tolerance})")
+    leads = set_leads(base, cand, reports["rival"]["scores"]) if args.rival else {}
+    if leads:
+        lead = f"candidate − {args.rival} (points of the baseline's %, ± standard error)"
+        print(f"\n| set | tasks | {lead} | tasks it leads |")
+        print("|---|---:|---:|---:|")
+        for name, row in leads.items():
+            print(f"| {name} | {len(row['tasks'])} | {row['points']:+.2f} ± {row['error']:.2f} | {row['ahead']} |")
     cpu = cpu_features()
     print(f"\nCPU: {cpu_text(cpu)}")
-    models = {"baseline": args.baseline, "candidate": args.candidate}
+    models = {"baseline": args.baseline, "candidate": args.candidate, "rival": args.rival}
     seconds = {role: report["seconds"] for role, report in reports.items()}
-    scores = {"baseline": base, "candidate": cand}
+    scores = {role: report["scores"] for role, report in reports.items()}
     write_report(args.out, {"cpu": cpu, "models": models, "fast": args.fast, "scores": scores, "sets": means,
-                            "verdict": verdict, "seconds": seconds})  # fmt: skip
+                            "verdict": verdict, "leads": leads, "seconds": seconds})  # fmt: skip
     return 0
 
 

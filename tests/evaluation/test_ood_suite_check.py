@@ -38,3 +38,16 @@ def test_set_means_carry_each_sets_error() -> None:
     assert means["independent"]["percent"] == pytest.approx(96.25) and means["independent"]["percent_error"] > 1.0
     assert len(means["independent-v2-only"]["tasks"]) == 3 and len(means["independent-v3-only"]["tasks"]) == 2
     assert len(means["independent"]["tasks"]) == 8
+
+
+def test_a_rivals_lead_is_paired_over_the_same_tasks() -> None:
+    tasks = [*check.SETS["ood-suite"], *check.SETS["independent"]]
+    baseline = {t: 40.0 + i for i, t in enumerate(tasks)}
+    rival = {t: 0.8 * v for t, v in baseline.items()}
+    candidate = {t: rival[t] + 0.05 * baseline[t] for t in tasks}  # five points of the baseline's % ahead on each
+    leads = check.set_leads(baseline, candidate, rival)
+    assert leads["ood-suite"]["points"] == pytest.approx(5.0) and leads["ood-suite"]["error"] == pytest.approx(0.0)
+    assert leads["independent"]["ahead"] == len(check.SETS["independent"])
+    behind = {t: rival[t] - (0.1 * baseline[t] if t in check.SETS["independent-v1"] else 0.0) for t in tasks}
+    split = check.set_leads(baseline, behind, rival)["independent"]
+    assert split["points"] < 0 < split["error"] and split["ahead"] == 0
