@@ -28,9 +28,11 @@ class AdaptRequestFields(BaseModel):
     promote: PromotePolicy = "auto"
     student: str | None = Field(
         default=None,
-        description="a student recipe (sct-tiny, distil-tiny, distil-tiny-pca): after adapting base_model, distil it "
-        "into that compact student and publish the student as `name`. The base student is built once per base model "
-        "and recipe, as a job of its own that this job waits for (`after_job`).",
+        description="a student recipe (sct-tiny, distil-tiny: 2 x 384, about 2.9x minilm-l6's texts/s in fp32; "
+        "distil-tiny-pca: 2 x 128; sct-small: 3 x 384, minilm-l3's shape, about 1.85x, keeps more of the teacher on "
+        "new domains): "
+        "after adapting base_model, distil it into that compact student and publish the student as `name`. The base "
+        "student is built once per base model and recipe, as a job of its own that this job waits for (`after_job`).",
     )
 
     @field_validator("student")

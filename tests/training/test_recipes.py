@@ -22,7 +22,7 @@ from training.encoder import Encoder
 from training.trainer import train
 
 BUILTIN_RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
-SHIPPED = ("sct-tiny", "distil-tiny", "distil-tiny-pca", "tmft", "crop-mpnet", "crop-minilm")
+SHIPPED = ("sct-tiny", "sct-small", "distil-tiny", "distil-tiny-pca", "tmft", "crop-mpnet", "crop-minilm")
 
 
 def tiny_corpus(n: int = 24) -> list[str]:
@@ -108,6 +108,10 @@ def test_student_recipes_are_named_for_their_objectives() -> None:
     assert differ == {"name", "objective", "objective_params"}
     assert pca.student_output_dim == "teacher"  # the 128 → 384 output layer stays in the saved model
     assert sct.student == "layer_subset" and sct.student_layers == (0, 5)
+    # sct-small is sct-tiny with the third layer the 3 x 384 builds of docs/RESULTS.md kept: nothing else differs
+    small = load_config("sct-small")
+    assert {f for f in sct.__dataclass_fields__ if getattr(sct, f) != getattr(small, f)} == {"name", "student_layers"}
+    assert small.student_layers == (0, 3, 5)
     assert pca.student == "tiny_bert" and (pca.student_num_layers, pca.student_hidden_size) == (2, 128)
 
 
