@@ -131,10 +131,16 @@ async def read_body(request: Request, settings: AdaptSettings) -> tuple[str, byt
 
 
 def parse_json(body: bytes) -> Parsed:
+    """The request and its corpus from a JSON body; a body that is not UTF-8 JSON is an invalid request (422), as
+    for every other JSON route."""
     try:
         payload = json.loads(body or b"null")
     except json.JSONDecodeError as err:
         raise _invalid(f"the body is not valid JSON ({err.msg}); send JSON or a multipart upload") from err
+    except UnicodeDecodeError as err:  # json.loads decodes bytes itself, and raises this rather than JSONDecodeError
+        raise _invalid(
+            f"the body is not valid JSON (not UTF-8 text: {err.reason} at byte {err.start}); send UTF-8 JSON"
+        ) from err
     if not isinstance(payload, dict):
         raise _invalid("the body must be a JSON object with base_model, name and texts")
     try:

@@ -314,3 +314,10 @@ def test_a_form_with_two_files_or_too_many_fields_is_refused(client: TestClient)
     many = {**fields, **{f"x{i}": "1" for i in range(40)}}
     r = client.post("/adapt", data=many, files={"file": ("a.jsonl", lines)})
     assert r.status_code == 422 and "more than 32 fields" in r.json()["error"]["message"]
+
+
+def test_a_json_body_that_is_not_utf8_is_an_invalid_request(client: TestClient) -> None:
+    r = client.post("/adapt", content=b'{"name":"a","texts":["\xff"]}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_request" and "not UTF-8" in error["message"]
