@@ -117,6 +117,8 @@ def _parse(data: bytes, filename: str, *, where: str | None, limits: ReadLimits 
                 f"{label} is not valid JSON ({err.msg} at line {err.lineno}); a file with one record per line "
                 "must be named .jsonl"
             ) from err
+        except RecursionError as err:
+            raise _too_deep(label, "send one array of strings or {'text', 'label'} objects") from err
         if not isinstance(records, list):
             raise CorpusError(f"{label} must hold one JSON array of strings or {{'text', 'label'}} objects")
         return _from_records(((i, r) for i, r in enumerate(records, start=1)), label, unit="record")
@@ -140,6 +142,14 @@ def _jsonl_records(content: str, label: str) -> Any:
             raise CorpusError(
                 f"line {number} of {label} is not valid JSON: {err.msg}; each line must be one JSON string or object"
             ) from err
+        except RecursionError as err:
+            raise _too_deep(f"line {number} of {label}", "each line must be one JSON string or object") from err
+
+
+def _too_deep(what: str, fix: str) -> CorpusError:
+    """The JSON parser recurses once per nesting level, so thousands of ``[`` exhaust the stack (RecursionError):
+    such a file is refused as a corpus error like any other unreadable one."""
+    return CorpusError(f"{what} is nested too deeply to read as JSON: {fix}")
 
 
 def _from_records(records: Any, label: str, *, unit: str) -> CorpusFile:

@@ -141,6 +141,10 @@ def parse_json(body: bytes) -> Parsed:
         raise _invalid(
             f"the body is not valid JSON (not UTF-8 text: {err.reason} at byte {err.start}); send UTF-8 JSON"
         ) from err
+    except RecursionError as err:  # the parser recurses once per level: thousands of "[" exhaust the stack
+        raise _invalid(
+            "the body's JSON is nested too deeply to read; send an object with base_model, name and texts"
+        ) from err
     if not isinstance(payload, dict):
         raise _invalid("the body must be a JSON object with base_model, name and texts")
     try:

@@ -321,3 +321,22 @@ def test_a_json_body_that_is_not_utf8_is_an_invalid_request(client: TestClient) 
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["code"] == "invalid_request" and "not UTF-8" in error["message"]
+
+
+DEEP = b"[" * 15_000
+
+
+@pytest.mark.parametrize("body", [DEEP, b'{"texts": ' + DEEP + b"}"], ids=["body", "texts"])
+def test_json_nested_too_deeply_is_an_invalid_request(client: TestClient, body: bytes) -> None:
+    r = client.post("/adapt", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_request" and "nested too deeply" in error["message"]
+
+
+@pytest.mark.parametrize("filename", ["c.jsonl", "c.json"])
+def test_an_uploaded_file_nested_too_deeply_is_an_invalid_corpus(client: TestClient, filename: str) -> None:
+    r = client.post("/adapt", data={"base_model": "tiny", "name": "up"}, files={"file": (filename, DEEP)})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_corpus" and "nested too deeply" in error["message"]

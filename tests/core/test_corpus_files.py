@@ -151,3 +151,14 @@ def test_a_file_within_the_limits_reads_whole() -> None:
     # a document padded past the limit with spaces is measured as it is kept: stripped
     padded = _parquet(pa.table({"text": ["  " * 20_000 + "short. text."]}))
     assert read_corpus_bytes(padded, "padded.parquet", LIMITS).texts == ["short. text."]
+
+
+def test_json_nested_too_deeply_is_a_corpus_error() -> None:
+    deep = b"[" * 15_000
+    with pytest.raises(CorpusError, match=r"line 2 of the uploaded JSONL is nested too deeply"):
+        read_corpus_bytes(b'"fine"\n' + deep, "c.jsonl")
+    with pytest.raises(CorpusError, match=r"the uploaded JSON is nested too deeply"):
+        read_corpus_bytes(deep, "c.json")
+    with pytest.raises(CorpusError, match=r"the uploaded JSONL is nested too deeply"):  # sniffed: no file name
+        read_corpus_bytes(b'"fine"\n' + deep)
+
