@@ -18,6 +18,7 @@ for every job: they all read one store.
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,9 +28,12 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adapt_jobs.corpus import CorpusError, CorpusTooLargeError
-from adapt_jobs.jobs import new_job_id
+from adapt_jobs.jobs import Job, new_job_id
 from adapt_jobs.queueing import JobRefused, audit, check_base_model, check_name, queue_job, spec_for
 from adapt_jobs.settings import AdaptConfig
+from adapt_jobs.spec import JobSpec
+from adapt_jobs.store import JobStore
+from adapt_jobs.store_core import CommitUnknown
 from service.adapt.api_state import CORPUS_ERRORS, AdaptAPI, AdaptCollector, get_or_404, refusal, stream_events
 from service.adapt.intake import read_body
 from service.adapt.schemas import AdaptJob, AdaptJobList
@@ -48,6 +52,23 @@ _ERROR_DESCRIPTIONS = {
     429: "adapt_max_pending_jobs jobs queued; retry after Retry-After seconds",
     503: "/adapt disabled, or the job store not open yet",
 }
+
+
+# Event ids are the store's per-job sequence numbers: positive and within a 64-bit signed integer.
+MAX_EVENT_ID = 2**63 - 1
+_EVENT_ID = re.compile(r"[0-9]{1,19}", re.ASCII)
+
+
+def last_event_id(header: str | None) -> int:
+    """The event id a ``Last-Event-ID`` header resumes after, or 0 (the stream from its first event) when the header
+    is absent or is not one of the ids this stream sends: ASCII decimal digits only, at most ``MAX_EVENT_ID``.
+    ``str.isdigit`` would pass digits ``int`` refuses (``"\xb2"``) and ids the store cannot compare; a browser's
+    EventSource resends whatever id it saw last and cannot be told to send another, so an id that is not ours is
+    ignored, as if absent, rather than refused."""
+    if header is None or not _EVENT_ID.fullmatch(header):
+        return 0
+    value = int(header)
+    return value if value <= MAX_EVENT_ID else 0
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -98,12 +119,10 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
                 caller = api.caller(request)
                 spec = spec_for(config.settings, intake.request.job_fields(), has_labels=intake.has_labels,
                                 usable=intake.usable)  # fmt: skip
-                job = await api.call(
-                    queue_job, config, store, spec, job_id=job_id, n_documents=intake.n_documents, created_by=caller
-                )
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)  # whatever was saved of a job that was not queued
                 raise
+            job = await _queue(store, spec, job_id, intake.n_documents, caller)
             audit(job, "created", caller)
         except JobRefused as err:
             return api.fail(request, refusal(err))
@@ -115,6 +134,31 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         except ServiceError as err:
             return api.fail(request, err)
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"), status_code=202)
+
+    async def _queue(store: JobStore, spec: JobSpec, job_id: str, n_documents: int, caller: str | None) -> Job:
+        """Queue the job whose corpus is saved in its folder. The folder is deleted only when the job is known not to
+        be queued (refused, or its transaction rolled back before its commit). A store lost during the commit
+        (`CommitUnknown`) leaves it unknown whether the job is queued: its corpus stays — a folder no job names is
+        deleted past the retention (`adapt_jobs.retention.prune_job_folders`) — and the 503 names the job to look
+        up before asking again, so a retry does not queue it twice."""
+        try:
+            return await api.call(
+                queue_job, config, store, spec, job_id=job_id, n_documents=n_documents, created_by=caller
+            )
+        except ServiceError as err:
+            if isinstance(err.__cause__, CommitUnknown):
+                raise ServiceError(
+                    ErrorKind.adapt_not_ready,
+                    f"the adapt job store was lost while job {job_id} was being queued, so it may be queued: "
+                    f"GET /adapt/{job_id} before asking again",
+                    headers=err.headers,
+                    details={"job_id": job_id},
+                ) from err.__cause__
+            shutil.rmtree(config.jobs_dir / job_id, ignore_errors=True)  # the store never committed the job
+            raise
+        except Exception:
+            shutil.rmtree(config.jobs_dir / job_id, ignore_errors=True)  # refused, or rolled back: not queued
+            raise
 
     @router.get("/adapt", response_model=AdaptJobList, responses=_errors(422))
     async def list_jobs(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> Response:
@@ -161,8 +205,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             await api.call(get_or_404, store, job_id)
         except ServiceError as err:
             return api.fail(request, err)
-        last = request.headers.get("last-event-id", "0")
-        after_id = int(last) if last.isdigit() else 0
+        after_id = last_event_id(request.headers.get("last-event-id"))
         return StreamingResponse(
             stream_events(request, store, job_id, after_id, config.settings.poll_seconds),
             media_type="text/event-stream",

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from adapt_jobs.jobs import RUNNING, SUCCEEDED
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.store import JobStore
-from service.adapt.api_router import build_adapt_router
+from service.adapt.api_router import build_adapt_router, last_event_id
 from service.adapt.intake import INLINE_BYTES
 from service.auth import ApiKeys
 
@@ -340,3 +340,33 @@ def test_an_uploaded_file_nested_too_deeply_is_an_invalid_corpus(client: TestCli
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["code"] == "invalid_corpus" and "nested too deeply" in error["message"]
+
+
+def _finished_job(client: TestClient, tmp_path: Path) -> str:
+    """A job that ran and succeeded: its event stream ends by itself."""
+    job_id = client.post("/adapt", json=_body()).json()["id"]
+    store = JobStore(_config(tmp_path).store_url)
+    claimed = store.claim_next("w", max_running=1, lease_s=30)
+    store.finish(claimed.lease, SUCCEEDED)
+    return job_id
+
+
+@pytest.mark.parametrize("header", [b"\xb2", b"9" * 25, b"9223372036854775808", b"-1", b"+2", b"2.0"])
+def test_a_last_event_id_that_is_not_one_of_ours_replays_the_stream_from_the_start(
+    client: TestClient, tmp_path: Path, header: bytes
+) -> None:
+    job_id = _finished_job(client, tmp_path)
+    with client.stream("GET", f"/adapt/{job_id}/events") as r:
+        whole = "".join(r.iter_text())
+    with client.stream("GET", f"/adapt/{job_id}/events", headers={"Last-Event-ID": header}) as r:
+        assert r.status_code == 200
+        replayed = "".join(r.iter_text())
+    strip = [line for line in whole.splitlines() if not line.startswith("data: ")]
+    assert [line for line in replayed.splitlines() if not line.startswith("data: ")] == strip
+    assert whole.count("event: ") == 5  # state, audit, state, state, done
+
+
+def test_last_event_id_is_parsed_strictly() -> None:
+    assert last_event_id("3") == 3 and last_event_id("007") == 7 and last_event_id(str(2**63 - 1)) == 2**63 - 1
+    for value in (None, "", "\xb2", "\u0663", str(2**63), "9" * 25, "-1", "+2", " 2", "2.0", "0x10"):
+        assert last_event_id(value) == 0, value
