@@ -73,7 +73,9 @@ class JobStore(StoreUpkeep):
         reuse_active: bool = False,
         created_by: str | None = None,
     ) -> Job:
-        """Queue a job, or raise :class:`QueueFullError` when ``max_pending`` jobs already wait.
+        """Queue a job, or raise :class:`QueueFullError` when ``max_pending`` jobs already wait. Returns the job as
+        stored, read in the transaction that queued it: once this returns, the job is committed and needs no second
+        read (which could fail on its own and make a queued job look refused).
 
         ``after_job``: the job is claimed only once that job succeeded, and fails (reason ``dependency``) when it
         failed or was cancelled. ``reuse_active`` (student builds only): if a queued or running build of the same
@@ -103,7 +105,7 @@ class JobStore(StoreUpkeep):
             self._add_event(conn, job_id, "state", {"state": QUEUED}, now)
             self._add_event(conn, job_id, AUDIT_EVENT, audit_record("created", created_by, params), now)
             self._notify(conn, CLAIMABLE_CHANNEL)
-        return self.get(job_id)
+            return row_to_job(self._row(conn, job_id))
 
     @staticmethod
     def _active(conn: Connection, kind: str, name: Any) -> Job | None:

@@ -53,6 +53,11 @@ _DEPENDANT_CORPUS = (
 )
 
 
+class CommitUnknown(StoreUnavailable):
+    """The store was lost while a transaction committed: its writes may or may not have been applied (a caller that
+    queued a job must not act as if it was refused)."""
+
+
 class StoreCore:
     """The engine and the helpers every store method uses."""
 
@@ -105,6 +110,7 @@ class StoreCore:
     @contextmanager
     def _transaction(self, *, write: bool = False) -> Iterator[Connection]:
         ended: list[Ended] = []
+        committing = False
         try:
             with self.engine.connect() as conn:
                 conn.execution_options(write=write)
@@ -112,13 +118,16 @@ class StoreCore:
                 try:
                     with conn.begin():
                         yield conn
+                        committing = True  # the body is done: only the commit is left
                 finally:
                     conn.info.pop(_ENDED, None)
         except (OperationalError, sa.exc.InterfaceError) as err:
-            raise StoreUnavailable(f"the adapt job store is unavailable: {err.orig or err}") from err
+            unavailable = CommitUnknown if committing else StoreUnavailable
+            raise unavailable(f"the adapt job store is unavailable: {err.orig or err}") from err
         except DBAPIError as err:
             if err.connection_invalidated:
-                raise StoreUnavailable(f"the adapt job store connection was lost: {err.orig or err}") from err
+                unavailable = CommitUnknown if committing else StoreUnavailable
+                raise unavailable(f"the adapt job store connection was lost: {err.orig or err}") from err
             raise
         self._free(ended)  # committed: the jobs' folders are no one's any more
 

@@ -297,6 +297,30 @@ def test_a_job_whose_dependency_failed_fails_with_the_reason(store_url: str) -> 
     assert [e.data["state"] for e in store.events(waiting.id) if e.type == "state"] == [QUEUED, FAILED]
 
 
+def test_a_store_lost_during_the_commit_says_the_outcome_is_unknown(store_url: str) -> None:
+    """A connection lost before the commit rolls the transaction back (`StoreUnavailable`); one lost during the
+    commit may have applied it (`CommitUnknown`), which a caller that queued a job must not take for a refusal."""
+    import sqlalchemy as sa
+
+    from adapt_jobs.store_core import CommitUnknown
+
+    store = JobStore(store_url)
+
+    def lost(*args: object) -> None:
+        raise sa.exc.OperationalError("COMMIT", {}, ConnectionResetError("server closed the connection"))
+
+    sa.event.listen(store.engine, "commit", lost)
+    with pytest.raises(CommitUnknown, match="server closed the connection"):
+        _create(store)
+    sa.event.remove(store.engine, "commit", lost)
+    sa.event.listen(store.engine, "before_execute", lost)
+    with pytest.raises(StoreUnavailable) as raised:
+        _create(store)
+    assert not isinstance(raised.value, CommitUnknown)
+    sa.event.remove(store.engine, "before_execute", lost)
+    assert _create(store).state == QUEUED and len(store.list_jobs()) == 1  # the failed commits applied nothing here
+
+
 def test_a_database_restart_is_unavailable_then_usable_again(postgres) -> None:
     store = JobStore(postgres.new_database(), timeout_s=2)
     job = _create(store)
