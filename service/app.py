@@ -87,19 +87,24 @@ class GuardMiddleware:
 
     1. **identity** — a request id (`service.observability.request_id`) and the caller (`ApiKeys.identify`),
        set as the log context and answered in ``x-request-id``;
-    2. **draining** — 503 while the server shuts down (probes and scrapes stay open);
-    3. **the key** — a client route (embeddings, /tokenize, /v1/models and each model's card, /info) without a
+    2. **the browser's bounds** — a Host header that names none of ``allowed_hosts`` (by default, on loopback,
+       this machine's names) gets 400, and a request other than GET/HEAD/OPTIONS from a web page of an origin
+       neither the server's own nor listed in ``cors_allow_origins`` gets 403: a page the user visits cannot drive
+       a keyless server on loopback (DNS rebinding, a cross-site form post);
+    3. **draining** — 503 while the server shuts down (probes and scrapes stay open);
+    4. **the key** — a client route (embeddings, /tokenize, /v1/models and each model's card, /info) without a
        valid key, when keys are set, is answered 401 here: before it takes an admission slot or a byte of its body
        is read, so a stranger cannot hold capacity a keyed client needs;
-    4. **size** — a body over ``max_body_bytes`` (``POST /adapt``: the upload limit plus framing) gets 413, by
-       Content-Length or while a chunked body streams in; a compressed body (``Content-Encoding``) gets 415;
-    5. **admission** — an embedding request meets the admission (`service.engine.admission`) as its caller's
+    5. **size** — a body over ``max_body_bytes`` (``POST /adapt``: the upload limit plus framing) gets 413, by
+       Content-Length or while a chunked body streams in; a compressed body (``Content-Encoding``) gets 415, and
+       so does an embedding or /tokenize body not declared JSON (``Content-Type``);
+    6. **admission** — an embedding request meets the admission (`service.engine.admission`) as its caller's
        key: over the bound it waits in line or is refused with 429 before its body is read, parsed or validated,
        so a retry storm costs a header parse and a short answer per request, not a JSON decode;
-    6. **the body's pace** — the body must arrive within ``body_timeout_seconds`` plus one second per
+    7. **the body's pace** — the body must arrive within ``body_timeout_seconds`` plus one second per
        ``body_min_bytes_per_second`` received (Apache mod_reqtimeout's rule), or the request is answered 408 and
        its slot freed: a client that sends slowly cannot hold a slot for as long as it likes;
-    7. **the route** — an embedding ``POST`` with a JSON body that validates runs its route function directly
+    8. **the route** — an embedding ``POST`` with a JSON body that validates runs its route function directly
        (`service.api.direct`); everything else, and every body that does not validate, goes through FastAPI.
 
     An admitted request carries its `RequestContext` in ``scope["state"]``; its clock starts at its arrival here,
@@ -124,6 +129,8 @@ class GuardMiddleware:
         self.body_timeout = settings.body_timeout_seconds
         self.body_min_rate = settings.body_min_bytes_per_second
         self.access_log = settings.access_log
+        self.host_names = settings.host_names()
+        self.origins = frozenset(settings.cors_allow_origins)
         self.direct = True  # embedding requests skip FastAPI's routing when their body validates (service.api.direct)
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
@@ -179,6 +186,11 @@ class GuardMiddleware:
         self, scope: Scope, receive: Receive, send: Send, context: RequestContext, route: str | None,
         svc: RouteMetrics,
     ) -> None:  # fmt: skip
+        headers = dict(scope.get("headers", ()))
+        refusal = _foreign_host(headers, self.host_names) or _foreign_origin(scope["method"], headers, self.origins)
+        if refusal is not None:
+            await self._refuse(route, svc, scope, receive, send, refusal)
+            return
         if self.state.draining:
             if route:
                 svc.count_failure(route, NO_MODEL, ErrorKind.shutting_down)
@@ -201,6 +213,11 @@ class GuardMiddleware:
                 return
             if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
                 await self._refuse(route, svc, scope, receive, send, _encoded(value))
+                return
+        if scope["method"] == "POST" and (route is not None or scope["path"] == TOKENIZE_ROUTE):
+            media_type = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+            if media_type != b"application/json" and not media_type.endswith(b"+json"):
+                await self._refuse(route, svc, scope, receive, send, _not_json(media_type))
                 return
         if route is not None and scope["method"] == "POST":
             admitted = await self.state.engine.admission.enter(context.caller.key_id)
@@ -268,6 +285,63 @@ def _encoded(encoding: bytes) -> _BodyRefused:
         ErrorKind.unsupported_encoding,
         f"Content-Encoding {encoding.decode('latin-1')!r} is not accepted (the body's bounds hold for what is sent, "
         "not what it would inflate to): send the body uncompressed",
+    )
+
+
+def _not_json(media_type: bytes) -> _BodyRefused:
+    sent = f"Content-Type {media_type.decode('latin-1')!r}" if media_type else "no Content-Type"
+    return _BodyRefused(
+        ErrorKind.unsupported_media_type,
+        f"the body must be JSON and the request says {sent}: send 'Content-Type: application/json' (curl: "
+        "-H 'Content-Type: application/json', or --json)",
+    )
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def host_name(host: bytes) -> str:
+    """The name of a Host header, lower-cased, without its port (``[::1]:8080`` → ``::1``)."""
+    text = host.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1 : text.find("]")] if "]" in text else text
+    return text.rpartition(":")[0] if text.count(":") == 1 else text
+
+
+def _foreign_host(headers: dict[bytes, bytes], names: frozenset[str] | None) -> _BodyRefused | None:
+    """400 for a Host header that names none of ``names`` (`ServiceSettings.host_names`; None: any name)."""
+    host = headers.get(b"host")
+    if names is None or host is None:
+        return None
+    name = host_name(host)
+    if name in names or (name.endswith(".localhost") and "localhost" in names):
+        return None
+    return _BodyRefused(
+        ErrorKind.host_not_allowed,
+        f"this server does not answer to the host name {name!r}; call it by one of {', '.join(sorted(names))}, or "
+        "list the name in allowed_hosts (EMBED_ALLOWED_HOSTS)",
+    )
+
+
+def _foreign_origin(method: str, headers: dict[bytes, bytes], origins: frozenset[str]) -> _BodyRefused | None:
+    """403 for a request other than GET/HEAD/OPTIONS sent by a web page of another origin than this server's that
+    ``cors_allow_origins`` does not list. A browser sends such a request — a form post, or a fetch with a plain
+    text or multipart body — without asking first, and a keyless server on loopback would act on it: this is what
+    keeps a page the user merely visits from starting /adapt jobs or spending the CPU. Clients outside a browser
+    send no Origin header and are not affected."""
+    origin = headers.get(b"origin")
+    if method in SAFE_METHODS or origin is None:
+        return None
+    text = origin.decode("latin-1").strip()
+    if "*" in origins or text in origins:
+        return None
+    _, scheme_sep, authority = text.lower().partition("://")
+    if scheme_sep and authority == headers.get(b"host", b"").decode("latin-1").strip().lower():
+        return None  # the server's own origin: a page it served, or a same-origin proxy
+    return _BodyRefused(
+        ErrorKind.cross_origin,
+        f"a web page of origin {text!r} may not send {method} requests to this server; list the origin in "
+        "cors_allow_origins (EMBED_CORS_ALLOW_ORIGINS) to let it",
     )
 
 

@@ -228,6 +228,16 @@ class ServiceSettings(BaseSettings):
         "headers, so browsers keep pages of other origins from reading any response. Keys are still checked.",
     )
 
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names a request's Host header may carry besides this machine's own (localhost, "
+        "127.0.0.1, ::1, *.localhost); comma-separated, * for any. Empty = this machine's names only while the "
+        "server is bound to loopback, any name otherwise. Other names are answered 400, so a web page whose own "
+        "name was made to resolve to 127.0.0.1 (DNS rebinding) cannot use a loopback server as its own origin; "
+        "behind a proxy that keeps the client's Host, list the names it serves. /health, /ready and /metrics "
+        "answer any name (probes call the pod by its address).",
+    )
+
     body_timeout_seconds: float = Field(
         default=10.0,
         gt=0.0,
@@ -303,7 +313,7 @@ class ServiceSettings(BaseSettings):
             values = {**values, "otel_exporter_otlp_endpoint": os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")}
         return values
 
-    @field_validator("models", "api_keys", "admin_api_keys", "cors_allow_origins", mode="before")
+    @field_validator("models", "api_keys", "admin_api_keys", "cors_allow_origins", "allowed_hosts", mode="before")
     @classmethod
     def _lists_from_csv(cls, value: object) -> object:
         return split_csv(value)
@@ -376,6 +386,18 @@ class ServiceSettings(BaseSettings):
     def admin_key_values(self) -> list[str]:
         """Keys for admin routes (no fallback to the client keys: see ``AdaptSettings.allow_client_keys``)."""
         return [key.get_secret_value() for key in self.admin_api_keys]
+
+
+    def host_names(self) -> frozenset[str] | None:
+        """The names `allowed_hosts` lets a Host header carry, lower-cased (None: any)."""
+        names = {name.strip().lower().strip("[]") for name in self.allowed_hosts}
+        if "*" in names or (not names and not is_loopback(self.host)):
+            return None
+        return LOOPBACK_NAMES | names
+
+
+# and every *.localhost, which RFC 6761 keeps on this machine
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def is_loopback(host: str) -> bool:

@@ -35,6 +35,16 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("EMBED_CACHE_DIR", str(tmp_path_factory.mktemp("embed-cache")))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _test_host_names() -> None:
+    """The host names the tests call the server by besides this machine's own: Starlette's test client sends
+    ``Host: testserver`` and the raw-socket tests ``Host: x`` (`tests/service/test_browser_bounds.py` checks the
+    names a server answers to with settings of its own)."""
+    import os
+
+    os.environ.setdefault("EMBED_ALLOWED_HOSTS", "testserver,x")
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """A real PostgreSQL server for the whole session (started on first use)."""

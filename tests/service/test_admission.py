@@ -116,7 +116,9 @@ def test_over_the_bound_a_request_is_refused_before_its_body_is_read(make_app, s
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             # headers promising a body that never comes: answered anyway, so the body was never waited for
-            conn.sendall(b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n")
+            conn.sendall(
+                b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+            )
             head = conn.recv(4096).decode()
         batcher._queued = 0
         batcher._queued_by.clear()

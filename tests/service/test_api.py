@@ -457,4 +457,4 @@ def test_embedding_routes_answer_alike_with_and_without_fastapis_routing(make_ap
     for request, (direct, framework) in answers.items():
         assert direct == framework, request
     statuses = [answers[k][0][0] for k in answers]
-    assert statuses == [200, 200, 200, 200, 200, 404, 422, 422, 422, 422, 422, 422, 422]
+    assert statuses == [200, 200, 200, 200, 200, 404, 422, 422, 422, 422, 422, 422, 415]

@@ -13,8 +13,13 @@ def test_no_cors_headers_by_default(make_app) -> None:
     with TestClient(make_app(models=["fake-a"])) as client:
         preflight = client.options("/v1/embeddings", headers={"Origin": APP_ORIGIN, **PREFLIGHT})
         assert "access-control-allow-origin" not in preflight.headers
-        answered = client.post("/v1/embeddings", json={"input": "hi"}, headers={"Origin": APP_ORIGIN})
-        assert answered.status_code == 200 and "access-control-allow-origin" not in answered.headers
+        # a page of another origin may not post (a plain form post needs no preflight), and cannot read why
+        refused = client.post("/v1/embeddings", json={"input": "hi"}, headers={"Origin": APP_ORIGIN})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "cross_origin"
+        assert "access-control-allow-origin" not in refused.headers
+        assert client.get("/v1/models", headers={"Origin": APP_ORIGIN}).status_code == 200  # reads are not refused
+        own = client.post("/v1/embeddings", json={"input": "hi"}, headers={"Origin": "http://testserver"})
+        assert own.status_code == 200  # the server's own origin
 
 
 def test_an_allowed_origin_gets_preflight_and_readable_answers_and_errors(make_app) -> None:

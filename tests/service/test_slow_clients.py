@@ -48,7 +48,7 @@ def _open_slow_connections(port: int) -> list[socket.socket]:
     conns = []
     for _ in range(SLOW_CONNECTIONS):
         conn = socket.create_connection(("127.0.0.1", port), timeout=5)
-        conn.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        conn.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                      b"content-length: 4000\r\n\r\n{")  # fmt: skip
         conns.append(conn)
     return conns
