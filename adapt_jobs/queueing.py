@@ -1,5 +1,6 @@
 """Queueing a job: whether a request may be queued (its name, its base model), its typed spec, and the jobs it puts
-in the store — the job itself, after the one-time build of its base student when it asks for a student.
+in the store — the job itself and, in the same transaction, the one-time build of its base student when it asks for
+a student not built yet.
 
 A request refused here raises `JobRefused` with a stable ``code``; the API answers each code with its own status
 (`service.adapt.api_state.REFUSALS`), the way `core.text.CorpusError.code` is answered. Torch-free and free of HTTP:
@@ -14,10 +15,11 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
-from adapt_jobs.jobs import JOB_KIND_STUDENT_BUILD, Job, QueueFullError, audit_record, new_job_id
+from adapt_jobs.jobs import Job, QueueFullError, audit_record, new_job_id
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.spec import ADAPT_METHOD, JobSpec, StudentBuildSpec, student_recipes
 from adapt_jobs.store import JobStore
+from adapt_jobs.store_core import CommitUnknown
 from core import registry
 from core.catalog import BUILTIN_MODELS
 
@@ -106,12 +108,14 @@ def queue_job(
     n_documents: int,
     created_by: str | None = None,
 ) -> Job:
-    """Queue the job whose corpus was saved in its folder (``config.jobs_dir / job_id``), after its base student's
-    build when it asks for a student; ``created_by``: the caller's key id, for the audit record. The caller deletes
-    the folder on failure."""
+    """Queue the job whose corpus was saved in its folder (``config.jobs_dir / job_id``) — with the build of its base
+    student, in the same transaction, when it asks for a student the registry does not have yet; ``created_by``: the
+    caller's key id, for the audit record. The caller deletes the folder when the job was not queued."""
     settings = config.settings
+    build = student_build(config, spec) if spec.student is not None else None
     try:
-        after = queue_student_build(config, store, spec, created_by) if spec.student is not None else None
+        if build is not None:
+            return _queue_after_build(config, store, spec, build, job_id, n_documents, created_by)
         return store.create(
             spec.to_params(),
             corpus_dir=config.jobs_dir / job_id,
@@ -119,44 +123,66 @@ def queue_job(
             max_pending=settings.max_pending_jobs,
             max_attempts=settings.max_attempts,
             job_id=job_id,
-            after_job=after,
             created_by=created_by,
         )
     except QueueFullError as err:
-        raise JobRefused(QUEUE_FULL, str(err), retry_after_s=QUEUE_FULL_RETRY_S) from err
+        raise _queue_full(err, build) from err
 
 
-def queue_student_build(
-    config: AdaptConfig, store: JobStore, spec: JobSpec, created_by: str | None = None
-) -> str | None:
-    """The id of the job that builds the base student ``spec`` starts from — queued now unless one is already
-    queued or running (one build per student, however many replicas ask) — or None when the registry has it."""
+def student_build(config: AdaptConfig, spec: JobSpec) -> StudentBuildSpec | None:
+    """The one-time build of the base student ``spec`` starts from, or None when the registry has that student."""
     if spec.student is None:
-        raise ValueError("queue_student_build needs a job spec with a student")
+        raise ValueError("student_build needs a job spec with a student")
+    build = StudentBuildSpec.build(config.settings, base_model=spec.base_model, recipe=spec.student.recipe)
+    return None if registry.current_version(config.registry_dir, build.name) is not None else build
+
+
+def _queue_after_build(
+    config: AdaptConfig, store: JobStore, spec: JobSpec, build: StudentBuildSpec, job_id: str, n_documents: int,
+    created_by: str | None,
+) -> Job:  # fmt: skip
+    """The job, waiting for the build of its base student: a build queued now, in the job's transaction, unless one is
+    already queued or running (one build per student, however many replicas ask)."""
     settings = config.settings
-    build = StudentBuildSpec.build(settings, base_model=spec.base_model, recipe=spec.student.recipe)
-    if registry.current_version(config.registry_dir, build.name) is not None:
-        return None
     build_id = new_job_id()
     folder = config.jobs_dir / build_id
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        job = store.create(
+        built, job = store.create_after_build(
             build.to_params(),
-            corpus_dir=folder,
-            n_documents=0,
+            spec.to_params(),
+            build_dir=folder,
+            corpus_dir=config.jobs_dir / job_id,
+            n_documents=n_documents,
             max_pending=settings.max_pending_jobs,
             max_attempts=settings.max_attempts,
-            job_id=build_id,
-            kind=JOB_KIND_STUDENT_BUILD,
-            reuse_active=True,
+            build_id=build_id,
+            job_id=job_id,
             created_by=created_by,
         )
+    except CommitUnknown:
+        raise  # the build may be queued: its folder stays (one that no job names is swept past the retention)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    if job.id != build_id:  # another request queued it first
+    if built.id != build_id:  # another request queued it first
         shutil.rmtree(folder, ignore_errors=True)
     else:
-        audit(job, "created", created_by)
-    return job.id
+        audit(built, "created", created_by)
+    return job
+
+
+def _queue_full(err: QueueFullError, build: StudentBuildSpec | None) -> JobRefused:
+    """The refusal of a job the queue had no room for. A job whose student must be built first takes two places (the
+    build and the job; refused with room for one, the build was new): when the queue holds fewer than two, asking
+    again cannot help until the limit is raised, so the answer says so and gives no Retry-After."""
+    if build is None or err.pending >= err.limit:
+        return JobRefused(QUEUE_FULL, str(err), retry_after_s=QUEUE_FULL_RETRY_S)
+    message = (
+        f"the adapt queue has room for {err.limit - err.pending} more job(s) ({err.pending} pending, limit "
+        f"{err.limit}) and this request needs 2: the job and the one-time build of its base student {build.name!r}"
+    )
+    if err.limit < 2:
+        return JobRefused(QUEUE_FULL, f"{message}; raise EMBED_ADAPT_MAX_PENDING_JOBS to at least 2 to ask for a "
+                          "student that is not built yet")  # fmt: skip
+    return JobRefused(QUEUE_FULL, f"{message}; retry when a job has started", retry_after_s=QUEUE_FULL_RETRY_S)

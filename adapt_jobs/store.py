@@ -85,27 +85,74 @@ class JobStore(StoreUpkeep):
         its ``audit`` event (action ``created``)."""
         if reuse_active and kind != JOB_KIND_STUDENT_BUILD:
             raise JobStoreError(f"reuse_active needs kind {JOB_KIND_STUDENT_BUILD!r} (one active build per name)")
-        job_id = job_id or new_job_id()
         with self._transaction(write=True) as conn:
-            self._serialize(conn, CREATE_LOCK)
-            pending = conn.execute(
-                sa.select(sa.func.count()).select_from(jobs_table).where(jobs_table.c.state == QUEUED)
-            ).scalar_one()
-            now = self._now(conn)
-            try:
-                with conn.begin_nested():  # the unique index adapt_jobs_one_active_build: one active build per name
-                    self._insert(conn, job_id, params, corpus_dir, n_documents, max_attempts, kind, after_job,
-                                 created_by, now)  # fmt: skip
-            except IntegrityError:
-                if reuse_active and (existing := self._active(conn, kind, params.get("name"))) is not None:
-                    return existing  # the build asked for exists: depend on it, even when the queue is full
-                raise
-            if pending >= max_pending:  # the insert is rolled back with the transaction
+            pending, now = self._creating(conn)
+            job, queued = self._queue(conn, job_id or new_job_id(), params, corpus_dir, n_documents, max_attempts,
+                                      kind, after_job, created_by, now, reuse_active=reuse_active)  # fmt: skip
+            if queued and pending >= max_pending:  # the insert is rolled back with the transaction
                 raise QueueFullError(pending, max_pending)
-            self._add_event(conn, job_id, "state", {"state": QUEUED}, now)
-            self._add_event(conn, job_id, AUDIT_EVENT, audit_record("created", created_by, params), now)
-            self._notify(conn, CLAIMABLE_CHANNEL)
-            return row_to_job(self._row(conn, job_id))
+            return job  # a build that exists is returned even when the queue is full: depending on it adds nothing
+
+    def create_after_build(
+        self,
+        build_params: dict[str, Any],
+        params: dict[str, Any],
+        *,
+        build_dir: Path | str,
+        corpus_dir: Path | str,
+        n_documents: int,
+        max_pending: int,
+        max_attempts: int,
+        build_id: str | None = None,
+        job_id: str | None = None,
+        created_by: str | None = None,
+    ) -> tuple[Job, Job]:
+        """Queue a job and the one-time build of its base student it waits for, in one transaction: both or neither.
+
+        The build (``build_params``, kind student-build, its scratch in ``build_dir``) is the queued or running build
+        of the same ``build_params["name"]`` when there is one (as `create` with ``reuse_active``), else a new one.
+        Raises :class:`QueueFullError` when the queue has no room for what the request adds — the job, and the build
+        when it is new — so a refused job leaves behind no build that nothing waits for. Returns (build, job), each
+        as stored; the build's id differs from ``build_id`` when an existing build was reused."""
+        with self._transaction(write=True) as conn:
+            pending, now = self._creating(conn)
+            build_id = build_id or new_job_id()
+            build, new_build = self._queue(conn, build_id, build_params, build_dir, 0, max_attempts,
+                                           JOB_KIND_STUDENT_BUILD, None, created_by, now,
+                                           reuse_active=True)  # fmt: skip
+            if pending + 1 + new_build > max_pending:  # both inserts are rolled back with the transaction
+                raise QueueFullError(pending, max_pending)
+            job, _ = self._queue(conn, job_id or new_job_id(), params, corpus_dir, n_documents, max_attempts,
+                                 JOB_KIND_ADAPT, build.id, created_by, now)  # fmt: skip
+            return build, job
+
+    def _creating(self, conn: Connection) -> tuple[int, float]:
+        """Begin queueing (one creating transaction at a time): the jobs queued now, and the database's clock."""
+        self._serialize(conn, CREATE_LOCK)
+        pending = conn.execute(
+            sa.select(sa.func.count()).select_from(jobs_table).where(jobs_table.c.state == QUEUED)
+        ).scalar_one()
+        return pending, self._now(conn)
+
+    def _queue(
+        self, conn: Connection, job_id: str, params: dict[str, Any], corpus_dir: Path | str, n_documents: int,
+        max_attempts: int, kind: str, after_job: str | None, created_by: str | None, now: float, *,
+        reuse_active: bool = False,
+    ) -> tuple[Job, bool]:  # fmt: skip
+        """Insert a queued job with its ``state`` and ``audit`` events; returns it as stored and True, or — with
+        ``reuse_active``, when an active job of the kind and name exists — that job and False."""
+        try:
+            with conn.begin_nested():  # the unique index adapt_jobs_one_active_build: one active build per name
+                self._insert(conn, job_id, params, corpus_dir, n_documents, max_attempts, kind, after_job, created_by,
+                             now)  # fmt: skip
+        except IntegrityError:
+            if reuse_active and (existing := self._active(conn, kind, params.get("name"))) is not None:
+                return existing, False
+            raise
+        self._add_event(conn, job_id, "state", {"state": QUEUED}, now)
+        self._add_event(conn, job_id, AUDIT_EVENT, audit_record("created", created_by, params), now)
+        self._notify(conn, CLAIMABLE_CHANNEL)
+        return row_to_job(self._row(conn, job_id)), True
 
     @staticmethod
     def _active(conn: Connection, kind: str, name: Any) -> Job | None:

@@ -49,7 +49,8 @@ _ERROR_DESCRIPTIONS = {
     413: "body or upload over adapt_max_upload_bytes, or a file that decodes to more text than that",
     415: "a compressed body (Content-Encoding other than identity)",
     422: "invalid body, name, query or corpus",
-    429: "adapt_max_pending_jobs jobs queued; retry after Retry-After seconds",
+    429: "adapt_max_pending_jobs jobs queued; retry after Retry-After seconds (none when the limit is below the two "
+    "places a job and the build of its student take)",
     503: "/adapt disabled, or the job store not open yet",
 }
 

@@ -1,5 +1,5 @@
 """/adapt routes against each job store backend (SQLite file, real PostgreSQL): what a request leaves behind when the
-store fails while queueing it."""
+store fails while queueing it or the queue has no room for it and its student's build."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from adapt_jobs.jobs import QUEUED, StoreUnavailable
+from adapt_jobs.jobs import JOB_KIND_STUDENT_BUILD, QUEUED, StoreUnavailable
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.store import JobStore
 from adapt_jobs.store_core import CommitUnknown
@@ -97,3 +97,45 @@ def test_a_store_lost_before_the_commit_frees_the_corpus(
     r = client.post("/adapt", json=_body())
     assert r.status_code == 503 and "retry shortly" in r.json()["error"]["message"]
     assert _folders(tmp_path) == set() and _store(client).list_jobs() == []
+
+
+def _student_body(name: str = "acme") -> dict:
+    return _body(name=name, student="sct-tiny")
+
+
+def test_a_student_job_refused_for_want_of_room_leaves_no_build_behind(tmp_path: Path, store_url: str) -> None:
+    """A job whose base student is not built needs two places (the build and the job): with one, it is refused
+    whole — no build queued for nobody — and the answer says that asking again cannot help."""
+    with _client(tmp_path, store_url, max_pending_jobs=1) as client:
+        for _ in range(2):
+            r = client.post("/adapt", json=_student_body())
+            assert r.status_code == 429, r.text
+            message = r.json()["error"]["message"]
+            assert "needs 2" in message and "EMBED_ADAPT_MAX_PENDING_JOBS" in message
+            assert "retry-after" not in r.headers
+        assert _store(client).list_jobs() == [] and _folders(tmp_path) == set()
+
+
+def test_a_student_job_and_its_build_take_two_places_or_none(tmp_path: Path, store_url: str) -> None:
+    with _client(tmp_path, store_url, max_pending_jobs=3) as client:
+        store = _store(client)
+        first = client.post("/adapt", json=_body(name="plain")).json()
+        second = client.post("/adapt", json=_body(name="plain2")).json()
+        r = client.post("/adapt", json=_student_body())  # room for one: the build and the job need two
+        assert r.status_code == 429 and r.headers["retry-after"] == "60" and "needs 2" in r.json()["error"]["message"]
+        assert len(store.list_jobs()) == 2 and len(_folders(tmp_path)) == 2
+        client.post(f"/adapt/{first['id']}/cancel")
+        r = client.post("/adapt", json=_student_body())
+        assert r.status_code == 202, r.text
+        job = r.json()
+        build = store.get(store.get(job["id"]).after_job)
+        assert build.kind == JOB_KIND_STUDENT_BUILD and build.state == QUEUED
+        assert build.params["name"] == "minilm-l6--sct-tiny" and build.id in _folders(tmp_path)
+        assert client.post("/adapt", json=_student_body("other")).status_code == 429  # full: 3 queued
+        claimed = [store.claim_next(w, max_running=2, lease_s=30) for w in ("w1", "w2")]
+        assert [j.id if j else None for j in claimed] == [second["id"], build.id]  # both run: places are free
+        r = client.post("/adapt", json=_student_body("other"))  # the running build is reused: one place is enough
+        assert r.status_code == 202, r.text
+        assert store.get(r.json()["id"]).after_job == build.id
+        assert [j.id for j in store.list_jobs() if j.kind == JOB_KIND_STUDENT_BUILD] == [build.id]
+        assert len(_folders(tmp_path)) == 4  # plain2, the build, and the two student jobs

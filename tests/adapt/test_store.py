@@ -282,6 +282,28 @@ def test_a_unique_index_holds_one_active_build_per_name(store_url: str) -> None:
     assert [j.id for j in store.list_jobs()] == [build.id]
 
 
+def _after_build(store: JobStore, name: str = "a", *, max_pending: int = 100):
+    return store.create_after_build(_params("base--sct-tiny"), _params(name), build_dir="/b", corpus_dir="/c",
+                                    n_documents=1, max_pending=max_pending, max_attempts=2)  # fmt: skip
+
+
+def test_a_job_and_the_build_it_waits_for_are_queued_together_or_not_at_all(store_url: str) -> None:
+    store = JobStore(store_url)
+    _create(store, "x")
+    with pytest.raises(QueueFullError):  # room for one: the build and the job need two
+        _after_build(store, max_pending=2)
+    assert [j.params["name"] for j in store.list_jobs()] == ["x"]
+    build, job = _after_build(store, max_pending=3)
+    assert build.kind == JOB_KIND_STUDENT_BUILD and build.state == QUEUED and build.corpus_dir == "/b"
+    assert job.kind == JOB_KIND_ADAPT and job.after_job == build.id and job.state == QUEUED
+    assert [e.type for e in store.events(build.id)] == [e.type for e in store.events(job.id)] == ["state", "audit"]
+    with pytest.raises(QueueFullError):  # the build is reused, and the job alone has no room
+        _after_build(store, "b", max_pending=3)
+    again, other = _after_build(store, "b", max_pending=4)  # room for the job: it waits for the same build
+    assert again.id == build.id and other.after_job == build.id
+    assert [j.params["name"] for j in store.list_jobs()] == ["b", "a", "base--sct-tiny", "x"]
+
+
 def test_a_job_whose_dependency_failed_fails_with_the_reason(store_url: str) -> None:
     store = JobStore(store_url)
     build = _build(store)
