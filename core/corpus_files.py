@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,14 +40,21 @@ JSON_SUFFIXES = (".json",)
 PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED = ".txt, .jsonl, .ndjson, .json, .parquet or a folder of .txt files"
 _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+_NEWLINE = re.compile(r"\n")
+# Where str.splitlines ends a line: JSONL lines are cut one at a time with the same rule.
+_LINE_END = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
 _KIND_NAMES = {"text": "text", "jsonl": "JSONL", "json": "JSON", "parquet": "Parquet"}
 
 
 @dataclass(frozen=True)
 class ReadLimits:
     """Limits checked while a file is read (an upload's: `AdaptSettings`), before what breaks them is
-    decoded: most documents (rows, counted before empty ones are dropped, as in a JSON body), longest document in
-    characters, most bytes of decoded text. Only compressed formats (Parquet) can decode to more than their size."""
+    decoded: most documents, longest document in characters, most bytes of decoded text. Parquet's rows are counted
+    from its footer, before empty ones are dropped (as in a JSON body); the documents of a text, JSONL or JSON file are
+    counted as they are read, and the reader stops at the first one past the limit, so a long file of short
+    documents is not turned into millions of strings before it is refused. Only compressed formats (Parquet) can
+    decode to more than their size."""
 
     max_documents: int
     max_document_chars: int
@@ -80,9 +88,21 @@ def read_corpus_bytes(data: bytes, filename: str | None = None, limits: ReadLimi
 def split_text_documents(content: str) -> list[str]:
     """The ``.txt`` rule: documents are separated by blank lines; with no blank line between two lines of text, each
     line is one document."""
+    return list(iter_text_documents(content))
+
+
+def iter_text_documents(content: str) -> Iterator[str]:
+    """The documents of `split_text_documents`, cut out one at a time: a reader that stops at a document limit
+    never holds the rest."""
     content = content.replace("\r\n", "\n").replace("\r", "\n").strip()  # blank lines at either end separate nothing
-    parts = _BLANK_LINE.split(content) if _BLANK_LINE.search(content) else content.split("\n")
-    return [part.strip() for part in parts if part.strip()]
+    separator = _BLANK_LINE if _BLANK_LINE.search(content) else _NEWLINE
+    start = 0
+    for end in separator.finditer(content):
+        if part := content[start : end.start()].strip():
+            yield part
+        start = end.end()
+    if part := content[start:].strip():
+        yield part
 
 
 def _format(data: bytes, filename: str) -> str:
@@ -108,21 +128,10 @@ def _parse(data: bytes, filename: str, *, where: str | None, limits: ReadLimits 
         return _parse_parquet(data, label, limits)
     content = _decode(data, label)
     if kind == "text":
-        return CorpusFile(split_text_documents(content), None)
+        return CorpusFile(_within(iter_text_documents(content), label, limits), None)
     if kind == "json":
-        try:
-            records = json.loads(content)
-        except json.JSONDecodeError as err:
-            raise CorpusError(
-                f"{label} is not valid JSON ({err.msg} at line {err.lineno}); a file with one record per line "
-                "must be named .jsonl"
-            ) from err
-        except RecursionError as err:
-            raise _too_deep(label, "send one array of strings or {'text', 'label'} objects") from err
-        if not isinstance(records, list):
-            raise CorpusError(f"{label} must hold one JSON array of strings or {{'text', 'label'}} objects")
-        return _from_records(((i, r) for i, r in enumerate(records, start=1)), label, unit="record")
-    return _from_records(_jsonl_records(content, label), label, unit="line")
+        return _from_records(_json_array_records(content, label), label, unit="record", limits=limits)
+    return _from_records(_jsonl_records(content, label), label, unit="line", limits=limits)
 
 
 def _decode(data: bytes, label: str) -> str:
@@ -132,8 +141,68 @@ def _decode(data: bytes, label: str) -> str:
         raise CorpusError(f"{label} is not UTF-8 text ({err}); re-encode it as UTF-8") from err
 
 
-def _jsonl_records(content: str, label: str) -> Any:
-    for number, line in enumerate(content.splitlines(), start=1):
+def _within(documents: Iterable[str], label: str, limits: ReadLimits | None) -> list[str]:
+    """The documents, read until one is past ``limits.max_documents`` (refused then)."""
+    kept: list[str] = []
+    for document in documents:
+        kept.append(document)
+        if limits is not None and len(kept) > limits.max_documents:
+            raise _more_than(label, limits)
+    return kept
+
+
+def _lines(content: str) -> Iterator[str]:
+    """``content.splitlines()`` one line at a time: a list of every line of a 50 MB file costs several times its
+    size, and a reader stopped at the document limit never needs the rest."""
+    start = 0
+    for end in _LINE_END.finditer(content):
+        yield content[start : end.start()]
+        start = end.end()
+    if start < len(content):
+        yield content[start:]
+
+
+def _json_array_records(content: str, label: str) -> Iterator[tuple[int, Any]]:
+    """The numbered records of a file holding one JSON array, decoded one element at a time (json.loads would
+    build every record before the first could be counted); what follows a record is read only when the caller asks
+    for the next one."""
+    decoder = json.JSONDecoder()
+    try:
+        pos = _skip_space(content, 0)
+        if not content.startswith("[", pos):
+            json.loads(content)  # not an array: the parser's own error, or a value of another type
+            raise CorpusError(f"{label} must hold one JSON array of strings or {{'text', 'label'}} objects")
+        pos = _skip_space(content, pos + 1)
+        number = 0
+        while not content.startswith("]", pos):
+            if number:
+                if not content.startswith(",", pos):
+                    raise json.JSONDecodeError("Expecting ',' delimiter", content, pos)
+                pos = _skip_space(content, pos + 1)
+            record, pos = decoder.raw_decode(content, pos)
+            number += 1
+            yield number, record
+            pos = _skip_space(content, pos)
+        end = _skip_space(content, pos + 1)
+        if end != len(content):
+            raise json.JSONDecodeError("Extra data", content, end)
+    except json.JSONDecodeError as err:
+        raise CorpusError(
+            f"{label} is not valid JSON ({err.msg} at line {err.lineno}); a file with one record per line "
+            "must be named .jsonl"
+        ) from err
+    except RecursionError as err:
+        raise _too_deep(label, "send one array of strings or {'text', 'label'} objects") from err
+
+
+def _skip_space(content: str, pos: int) -> int:
+    """The position of the first character at or after ``pos`` that is not JSON whitespace."""
+    space = _JSON_SPACE.match(content, pos)
+    return space.end() if space else pos
+
+
+def _jsonl_records(content: str, label: str) -> Iterator[tuple[int, Any]]:
+    for number, line in enumerate(_lines(content), start=1):
         if not line.strip():
             continue
         try:
@@ -152,7 +221,11 @@ def _too_deep(what: str, fix: str) -> CorpusError:
     return CorpusError(f"{what} is nested too deeply to read as JSON: {fix}")
 
 
-def _from_records(records: Any, label: str, *, unit: str) -> CorpusFile:
+def _from_records(
+    records: Iterable[tuple[int, Any]], label: str, *, unit: str, limits: ReadLimits | None = None
+) -> CorpusFile:
+    """The documents and labels of numbered records (strings, or objects with a "text" string), read until one
+    document is past ``limits.max_documents``."""
     texts: list[str] = []
     labels: list[str] = []
     for number, record in records:
@@ -173,6 +246,8 @@ def _from_records(records: Any, label: str, *, unit: str) -> CorpusFile:
         texts.append(text.strip())
         if tag is not None:
             labels.append(str(tag))
+        if limits is not None and len(texts) > limits.max_documents:
+            raise _more_than(label, limits)
     if labels and len(labels) != len(texts):
         kind = "JSONL records" if unit == "line" else "records"
         raise CorpusError(f"{len(labels)} of {len(texts)} {kind} have a label: give every record a label, or none")
@@ -219,7 +294,7 @@ def _parse_parquet(data: bytes, label: str, limits: ReadLimits | None) -> Corpus
         for i, t in enumerate(texts, start=1)
         if t is not None
     )
-    return _from_records(records, label, unit="row")
+    return _from_records(records, label, unit="row", limits=limits)
 
 
 def _strings(column: Any) -> list[Any]:
@@ -296,6 +371,16 @@ def _too_many(label: str, rows: int, limits: ReadLimits) -> CorpusError:
         f"{label} has {rows} rows; the limit is {limits.max_documents} documents (adapt_max_documents): send a sample",
         code="too_many_documents",
         details={"documents": rows, "max_documents": limits.max_documents},
+    )
+
+
+def _more_than(label: str, limits: ReadLimits) -> CorpusError:
+    """Refused at the first document past the limit: how many more the file holds is never read."""
+    return CorpusError(
+        f"{label} has more than {limits.max_documents} documents; the limit is {limits.max_documents} "
+        "(adapt_max_documents): send a sample",
+        code="too_many_documents",
+        details={"documents": limits.max_documents + 1, "max_documents": limits.max_documents},
     )
 
 

@@ -370,3 +370,13 @@ def test_last_event_id_is_parsed_strictly() -> None:
     assert last_event_id("3") == 3 and last_event_id("007") == 7 and last_event_id(str(2**63 - 1)) == 2**63 - 1
     for value in (None, "", "\xb2", "\u0663", str(2**63), "9" * 25, "-1", "+2", " 2", "2.0", "0x10"):
         assert last_event_id(value) == 0, value
+
+
+@pytest.mark.parametrize("filename", ["c.txt", "c.jsonl", "c.json"])
+def test_an_upload_past_max_documents_is_refused_with_the_document_limit(client: TestClient, filename: str) -> None:
+    docs = [f"Document {i} has two sentences. This is its second." for i in range(51)]  # max_documents is 50
+    data = {"c.txt": "\n".join(docs), "c.jsonl": "\n".join(map(json.dumps, docs)), "c.json": json.dumps(docs)}
+    r = client.post("/adapt", data={"base_model": "tiny", "name": "up"}, files={"file": (filename, data[filename])})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "too_many_documents" and error["details"] == {"documents": 51, "max_documents": 50}

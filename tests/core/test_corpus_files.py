@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from core.corpus_files import CorpusFile, ReadLimits, read_corpus_bytes, read_corpus_file, split_text_documents
+from core.corpus_files import (
+    CorpusFile,
+    ReadLimits,
+    iter_text_documents,
+    read_corpus_bytes,
+    read_corpus_file,
+    split_text_documents,
+)
 from core.text import CorpusError
 from tests.parquet_bombs import dictionary_bomb, plain_bomb
 
@@ -162,3 +169,85 @@ def test_json_nested_too_deeply_is_a_corpus_error() -> None:
     with pytest.raises(CorpusError, match=r"the uploaded JSONL is nested too deeply"):  # sniffed: no file name
         read_corpus_bytes(b'"fine"\n' + deep)
 
+
+
+# --- the document limit: checked as documents are read, so a long upload is not decoded whole first -----------------
+
+FEW = ReadLimits(max_documents=3, max_document_chars=100, max_decoded_bytes=10_000)
+FOUR = {
+    "c.txt": b"one.\ntwo.\nthree.\nfour.\n",
+    "d.txt": b"one.\n\ntwo.\n\nthree.\n\nfour.",
+    "c.jsonl": b'"one."\n"two."\n\n"three."\n{"text": "four."}\n',
+    "c.json": b'["one.", "two.", "three.", {"text": "four."}]',
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUR))
+def test_one_document_past_the_limit_is_refused_and_the_limit_itself_is_read(name: str) -> None:
+    with pytest.raises(CorpusError, match=r"has more than 3 documents; the limit is 3 \(adapt_max_documents\)") as err:
+        read_corpus_bytes(FOUR[name], name, FEW)
+    assert err.value.code == "too_many_documents"
+    assert err.value.details == {"documents": 4, "max_documents": 3}
+    limits = ReadLimits(max_documents=4, max_document_chars=100, max_decoded_bytes=10_000)
+    assert read_corpus_bytes(FOUR[name], name, limits).texts == ["one.", "two.", "three.", "four."]
+    assert read_corpus_bytes(FOUR[name], name).texts == ["one.", "two.", "three.", "four."]  # no limits: no bound
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("c.jsonl", b'"one."\n"two."\n"three."\n"four."\n{"text": \n' + b'"more."\n' * 1000),
+        ("c.json", b'["one.", "two.", "three.", "four.", {"text": ' + b'"more.", ' * 1000),
+    ],
+)
+def test_records_past_the_limit_are_never_parsed(name: str, data: bytes) -> None:
+    """What follows the first document past the limit is not read: here it is not even valid JSON."""
+    with pytest.raises(CorpusError) as err:
+        read_corpus_bytes(data, name, FEW)
+    assert err.value.code == "too_many_documents"
+
+
+def test_text_documents_past_the_limit_are_never_cut_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = []
+
+    def counted(content: str):
+        for document in iter_text_documents(content):
+            taken.append(document)
+            yield document
+
+    monkeypatch.setattr("core.corpus_files.iter_text_documents", counted)
+    with pytest.raises(CorpusError) as err:
+        read_corpus_bytes(b"a line.\n" * 10_000, "c.txt", FEW)
+    assert err.value.code == "too_many_documents" and len(taken) == 4
+
+
+def test_the_lazy_text_split_is_the_list_split() -> None:
+    for content in (ARTICLE, "one.\ntwo.\r\nthree.\n", "\n\none.\ntwo.\n\n\n", "a\r\rb\r\n \r\nc", " \n\n ", ""):
+        assert list(iter_text_documents(content)) == split_text_documents(content)
+    assert split_text_documents("a\r\rb\r\n \r\nc") == ["a", "b", "c"]
+
+
+def test_jsonl_lines_end_where_str_splitlines_ends_them() -> None:
+    data = '"a"\u2028"b"\r\n"c"\r"d"\x85"e"\n\n'.encode()
+    assert read_corpus_bytes(data, "c.jsonl").texts == ["a", "b", "c", "d", "e"]
+    with pytest.raises(CorpusError, match="line 4 of the uploaded JSONL is not valid JSON"):
+        read_corpus_bytes(b'"a"\v"b"\f\x1c{', "c.jsonl")
+
+
+def test_a_json_array_read_record_by_record_reads_as_json_loads_does() -> None:
+    for data in (b"[]", b" [ ] \n", b'[\n "a" ,\n\t{"text": "b"}\n]\n', b'["x", "", {"text": " y "}]'):
+        records = json.loads(data)
+        expected = [r if isinstance(r, str) else r["text"] for r in records]
+        assert read_corpus_bytes(data, "c.json").texts == [t.strip() for t in expected if t.strip()], data
+    bad_arrays = {
+        b'["a",]': "Expecting value",
+        b'["a" "b"]': "Expecting ',' delimiter",
+        b"[": "Expecting value",
+        b'["a"] ["b"]': "Extra data",
+        b'["a"': "Expecting ',' delimiter",
+    }
+    for bad, why in bad_arrays.items():
+        with pytest.raises(CorpusError, match=f"the uploaded JSON is not valid JSON \\({why} at line 1\\)"):
+            read_corpus_bytes(bad, "c.json")
+    with pytest.raises(CorpusError, match=r"must hold one JSON array"):
+        read_corpus_bytes(b'{"text": "a"}', "c.json")
