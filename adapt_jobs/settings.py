@@ -34,6 +34,7 @@ from sqlalchemy.exc import ArgumentError
 from adapt_jobs.jobs import JobStoreError
 from adapt_jobs.knobs import setting_fields
 from adapt_jobs.store_db import engine_url
+from core.registry import RegistryError, validate_name
 from core.settings import Settings
 
 STORE_FILE = "jobs.sqlite3"
@@ -176,6 +177,29 @@ class AdaptSettings(JobKnobDefaults):
                 return float(value)
             except ValueError:
                 return value
+        return value
+
+    @field_validator("base_models")
+    @classmethod
+    def _base_model_names(cls, value: dict[str, str]) -> dict[str, str]:
+        """Every name a model name of the registry's, and every base student /adapt would build from it
+        (``<name>--<recipe>``) one too — checked as the settings are read, so the operator who wrote the map hears
+        of a name no job can use, not the client whose request names it."""
+        from adapt_jobs.spec import student_recipes  # the spec imports this module
+
+        for name in value:
+            try:
+                validate_name(name)
+            except RegistryError as err:
+                raise ValueError(f"base model {name!r}: {err}") from None
+            for recipe in student_recipes():
+                try:
+                    validate_name(f"{name}--{recipe}")
+                except RegistryError:
+                    raise ValueError(
+                        f"base model {name!r} is too long: the student /adapt builds from it is named "
+                        f"'{name}--{recipe}', and a model name has at most 64 characters"
+                    ) from None
         return value
 
     @field_validator("store_url")

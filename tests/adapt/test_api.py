@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -380,3 +381,26 @@ def test_an_upload_past_max_documents_is_refused_with_the_document_limit(client:
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["code"] == "too_many_documents" and error["details"] == {"documents": 51, "max_documents": 50}
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("Team_Model", "base model 'Team_Model': invalid model name 'Team_Model': use 1-64 characters from a-z"),
+        ("../up", "base model '../up': invalid model name"),
+        ("m" * 60, "base model 'mmmm" + "m" * 56 + "' is too long: the student /adapt builds from it is named"),
+    ],
+)
+def test_a_base_model_map_with_a_name_no_model_can_have_stops_the_server_before_it_loads(
+    name: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pydantic import ValidationError
+
+    from service.cli import main
+
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        AdaptSettings(base_models={"tiny": "/models/tiny", name: "/x"})
+    monkeypatch.setenv("EMBED_ADAPT_BASE_MODELS", json.dumps({name: "/x"}))
+    assert main(["--port", "0"]) == 2  # refused while the settings are read: no model was loaded
+    err = capsys.readouterr().err
+    assert err.startswith("embedder serve: invalid settings: base_models: ") and message in err
