@@ -24,7 +24,7 @@ from service.api.protocol import (
     TEISimilarityRequest,
     TEITokenizeRequest,
 )
-from service.api.tracking import RouteMetrics, shape_embeddings, to_base64
+from service.api.tracking import RouteMetrics, check_dimensions, shape_embeddings, to_base64
 from service.engine.engine import Engine
 from service.engine.served import ServedModel
 from service.metrics import TOKENIZE_ROUTE
@@ -89,11 +89,12 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> R
     async with _tracked(request).track("/v1/embeddings", context) as track:
         model = engine.resolve(body.model)
         track.bind(model)
+        check_dimensions(body.dimensions, model.info.dim)
         result = await engine.embed(
             model, _as_list(body.input), truncate=True, field_name="input", prompt_name=body.prompt_name,
             context=context,
         )  # fmt: skip
-        track.timings.update(result.timings)
+        model = track.record(result)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=True,
             already_normalized=model.info.normalized,
@@ -131,12 +132,13 @@ async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Res
     async with _tracked(request).track(route, context) as track:
         model = engine.resolve(body.model)
         track.bind(model)
+        check_dimensions(body.dimensions, model.info.dim)
         texts = _as_list(body.inputs)
         result = await engine.embed(
             model, texts, truncate=body.truncate, field_name="inputs", prompt_name=body.prompt_name,
             truncation_direction=body.truncation_direction.lower(), context=context,
         )  # fmt: skip
-        track.timings.update(result.timings)
+        model = track.record(result)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=body.normalize,
             already_normalized=model.info.normalized,
@@ -153,15 +155,15 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Respon
     async with _tracked(request).track("/similarity", context) as track:
         model = engine.resolve(body.model)
         track.bind(model)
-        if not body.inputs.sentences:
-            engine.check_texts([], "inputs.sentences")
+        engine.check_texts(body.inputs.sentences, "inputs.sentences")  # the bound counts the sentences alone
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
         names = ["inputs.source_sentence", *(f"inputs.sentences[{i}]" for i in range(len(body.inputs.sentences)))]
         result = await engine.embed(
-            model, texts, truncate=body.truncate, field_name="inputs", names=names, prompt_name=body.prompt_name,
+            model, texts, truncate=body.truncate, field_name="inputs", names=names, uncounted=1,
+            prompt_name=body.prompt_name,
             truncation_direction=body.truncation_direction.lower(), context=context,
         )  # fmt: skip
-        track.timings.update(result.timings)
+        model = track.record(result)
         unit = shape_embeddings(result.embeddings, dimensions=None, normalize=True, already_normalized=False)
         scores = unit[1:] @ unit[0]
         return _json(scores.astype(np.float32), track.headers())

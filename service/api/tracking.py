@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.engine.engine import EmbedResult
 from service.engine.served import ServedModel
 from service.errors import ErrorKind, ServiceError
 from service.metrics import NO_MODEL, ServiceMetrics
@@ -38,6 +39,13 @@ class Track:
         """The request's model is known: its series are labelled with it, its version goes in the headers."""
         self.model = model.name
         self.version = model.info.version
+
+    def record(self, result: EmbedResult) -> ServedModel:
+        """The request's texts were embedded: their timings, and the version that embedded them (a newer one than
+        `bind` saw when the model was promoted meanwhile), which the route then shapes the answer with."""
+        self.timings.update(result.timings)
+        self.bind(result.model)
+        return result.model
 
     def headers(self) -> dict[str, str]:
         """TEI-style timing headers in milliseconds."""
@@ -83,20 +91,24 @@ class RouteMetrics:
         self.metrics.failures.labels(route, model, kind.code).inc()
 
 
+def check_dimensions(dimensions: int | None, dim: int) -> None:
+    """422 for a Matryoshka ``dimensions`` wider than the model's ``dim`` (asked before any text is embedded)."""
+    if dimensions is not None and dimensions > dim:
+        raise ServiceError(
+            ErrorKind.invalid_request, f"dimensions={dimensions} exceeds the model's {dim}; send at most {dim}"
+        )
+
+
 def shape_embeddings(
     embeddings: np.ndarray, *, dimensions: int | None, normalize: bool, already_normalized: bool
 ) -> np.ndarray:
     """Matryoshka truncation to ``dimensions`` and (re-)normalisation. Bundles usually normalise in the graph,
     so only truncation forces a new normalisation."""
     dim = embeddings.shape[1]
-    if dimensions is not None:
-        if dimensions > dim:
-            raise ServiceError(
-                ErrorKind.invalid_request, f"dimensions={dimensions} exceeds the model's {dim}; send at most {dim}"
-            )
-        if dimensions < dim:
-            embeddings = embeddings[:, :dimensions]
-            already_normalized = False
+    check_dimensions(dimensions, dim)
+    if dimensions is not None and dimensions < dim:
+        embeddings = embeddings[:, :dimensions]
+        already_normalized = False
     if normalize and not already_normalized:
         norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
         embeddings = embeddings / np.maximum(norms, 1e-12)

@@ -177,6 +177,11 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
 
     @property
+    def closing(self) -> bool:
+        """Whether this queue takes no more texts (its model was replaced by a newer version, or the server stops)."""
+        return self._closing
+
+    @property
     def queued(self) -> int:
         """Texts waiting for a batch."""
         return self._queued

@@ -81,13 +81,16 @@ class Engine:
         """The served model a request names (the default when it names none); 404 or 503 otherwise."""
         return self.models.get(model_name)
 
-    def check_texts(self, texts: list[str], field_name: str, *, names: Sequence[str] | None = None) -> None:
+    def check_texts(
+        self, texts: list[str], field_name: str, *, names: Sequence[str] | None = None, uncounted: int = 0
+    ) -> None:
         """Per-request limits, checked before any tokenisation or queueing; an error names the text as
-        ``field_name[index]``, or as ``names[index]`` when the texts come from several fields."""
+        ``field_name[index]``, or as ``names[index]`` when the texts come from several fields. The first
+        ``uncounted`` texts do not count against ``max_client_batch_size`` (the similarity's source sentence)."""
         if not texts:
             raise ServiceError(ErrorKind.invalid_request, f"{field_name} is empty: send at least one text")
         limit = self.settings.max_client_batch_size
-        if len(texts) > limit:
+        if len(texts) - uncounted > limit:
             raise ServiceError(
                 ErrorKind.invalid_request,
                 f"{field_name} has {len(texts)} texts, more than max_client_batch_size={limit}; split the request",
@@ -112,6 +115,7 @@ class Engine:
         truncate: bool,
         field_name: str,
         names: Sequence[str] | None = None,
+        uncounted: int = 0,
         prompt_name: str | None = None,
         truncation_direction: str = "right",
         context: RequestContext | None = None,
@@ -120,30 +124,35 @@ class Engine:
         ``context`` (its key's share of the queue; its trace's stages), and await their embeddings. Each text is
         embedded after the model's prompt ``prompt_name`` (its default prompt, if it has one, when None); with
         ``truncate``, an over-long one loses its end (``truncation_direction`` "right") or its start ("left")."""
-        self.check_texts(texts, field_name, names=names)
-        backend = model.backend
-        texts, prompt = _after_prompt(model, texts, prompt_name)
+        self.check_texts(texts, field_name, names=names, uncounted=uncounted)
+        sent = texts
         ticket: Ticket | None = context.ticket if context is not None else None
         tenant = ticket.tenant if ticket is not None else ANONYMOUS
-        model.batcher.check_admission(len(texts), tenant)  # again in submit; here a flood's 429s cost no tokenising
-        started = time.perf_counter()
-        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
-            tokens = backend.tokenize(texts, truncation_direction)
-        else:
-            tokens = await asyncio.to_thread(backend.tokenize, texts, truncation_direction)
-        tokenized = time.perf_counter()
-        self.metrics.tokenization_time.labels(model.name).observe(tokenized - started)
-        if not truncate:
-            for index, item in enumerate(tokens):
-                if item.truncated:
-                    count = await asyncio.to_thread(backend.count_tokens, texts[index])
-                    limit = backend.info.max_seq_length
-                    with_prompt = f" with the prompt {prompt!r}" if prompt else ""
-                    raise ServiceError(
-                        ErrorKind.input_too_long,
-                        f"{_text_name(field_name, names, index)} has {count} tokens{with_prompt}, more than model "
-                        f"{model.name!r} accepts ({limit}); shorten it or send truncate=true",
-                    )
+        while True:
+            model = self._current(model)
+            backend = model.backend
+            texts, prompt = _after_prompt(model, sent, prompt_name)
+            model.batcher.check_admission(len(texts), tenant)  # again in submit: a flood's 429s cost no tokenising
+            started = time.perf_counter()
+            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
+                tokens = backend.tokenize(texts, truncation_direction)
+            else:
+                tokens = await asyncio.to_thread(backend.tokenize, texts, truncation_direction)
+            tokenized = time.perf_counter()
+            self.metrics.tokenization_time.labels(model.name).observe(tokenized - started)
+            if not truncate:
+                for index, item in enumerate(tokens):
+                    if item.truncated:
+                        count = await asyncio.to_thread(backend.count_tokens, texts[index])
+                        limit = backend.info.max_seq_length
+                        with_prompt = f" with the prompt {prompt!r}" if prompt else ""
+                        raise ServiceError(
+                            ErrorKind.input_too_long,
+                            f"{_text_name(field_name, names, index)} has {count} tokens{with_prompt}, more than "
+                            f"model {model.name!r} accepts ({limit}); shorten it or send truncate=true",
+                        )
+            if self._current(model) is model:  # else a newer version was promoted while these were tokenised
+                break
         job = model.batcher.submit(tokens, tenant)
         if ticket is not None:
             ticket.queued()
@@ -162,6 +171,15 @@ class Engine:
         self.metrics.embeddings.labels(model.name).inc(len(tokens))
         timings = {"tokenization": tokenized - started, "queue": job.queue_time, "inference": job.inference_time}
         return EmbedResult(model=model, embeddings=job.out, tokens=n_tokens, timings=timings)
+
+    def _current(self, model: ServedModel) -> ServedModel:
+        """The version of ``model`` that takes texts now: ``model`` itself, or, once a newer version has replaced it
+        (a hot reload while a request was being validated or tokenised), that newer one — so a request never fails
+        because a model was promoted under it. While the server stops, ``model`` (whose queue then refuses)."""
+        if not model.batcher.closing:
+            return model
+        newer = self.models.current(model.name)
+        return newer if newer is not None else model
 
     async def tokens(
         self, model: ServedModel, texts: list[str], *, add_special_tokens: bool, prompt_name: str | None,

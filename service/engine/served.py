@@ -94,6 +94,10 @@ class ModelManager:
     def models(self) -> list[ServedModel]:
         return [self._models[name] for name in sorted(self._models)]
 
+    def current(self, name: str) -> ServedModel | None:
+        """The model now served under ``name`` (None: none is)."""
+        return self._models.get(name)
+
     def get(self, name: str | None) -> ServedModel:
         """The model a request names (the default when ``None``); 404 lists the served names."""
         wanted = name or self.settings.default_model

@@ -458,3 +458,25 @@ def test_embedding_routes_answer_alike_with_and_without_fastapis_routing(make_ap
         assert direct == framework, request
     statuses = [answers[k][0][0] for k in answers]
     assert statuses == [200, 200, 200, 200, 200, 404, 422, 422, 422, 422, 422, 422, 415]
+
+
+def test_a_request_that_cannot_be_answered_is_refused_before_its_texts_are_embedded(make_app, fake_backends) -> None:
+    """``dimensions`` wider than the model is a 422 before any forward pass, whatever the request carries."""
+    with TestClient(make_app()) as client:
+        backend = fake_backends(client.app)["fake-a"]
+        before = len(backend.batches)
+        for route, body in (("/v1/embeddings", {"input": ["a b"] * 40, "dimensions": 99}),
+                            ("/embed", {"inputs": ["a b"] * 40, "dimensions": 17})):  # fmt: skip
+            _error(client.post(route, json=body), 422, "invalid_request", "exceeds the model's 16")
+        assert len(backend.batches) == before
+
+
+def test_similarity_counts_its_sentences_against_the_batch_bound(make_app) -> None:
+    """The bound is the client's: ``max_client_batch_size`` sentences are accepted beside the source sentence."""
+    with TestClient(make_app(max_client_batch_size=4)) as client:
+        body = {"inputs": {"source_sentence": "a", "sentences": ["b", "c", "d", "e"]}}
+        ok = client.post("/similarity", json=body)
+        assert ok.status_code == 200 and len(ok.json()) == 4
+        body["inputs"]["sentences"].append("f")
+        _error(client.post("/similarity", json=body), 422, "invalid_request",
+               "inputs.sentences has 5 texts, more than max_client_batch_size=4")  # fmt: skip

@@ -57,6 +57,43 @@ def test_new_version_is_served_without_a_restart_and_no_request_fails(
     assert old.backend.closed  # the old version was drained and released
 
 
+def test_a_request_tokenised_while_a_new_version_is_promoted_is_served_by_it(
+    fake_registry, make_app, publish_fake, fake_backend_cls
+):
+    """The old version's queue closes the moment the new one is installed; a request that resolved the old version
+    and was still being tokenised then is embedded by the new one instead of failing."""
+    with TestClient(make_app()) as client:
+        models = client.app.state.engine.models
+        old = models.get("fake-a")
+        entered, release = threading.Event(), threading.Event()
+        tokenize = old.backend.tokenize
+
+        def held(texts, direction="right"):
+            entered.set()
+            release.wait(10)
+            return tokenize(texts, direction)
+
+        old.backend.tokenize = held
+        text = "word " * 1000  # over the inline bound: tokenised in a thread while the event loop runs on
+        answer = {}
+        sender = threading.Thread(target=lambda: answer.update(r=client.post("/embed", json={"inputs": text, "truncate": True})))
+        sender.start()
+        assert entered.wait(10)
+        new_bundle = publish_fake(fake_registry, "fake-a", dim=16, seed=42)
+        assert client.portal.call(models.refresh) == ["fake-a"]
+        deadline = time.monotonic() + 10
+        while not old.batcher.closing and time.monotonic() < deadline:  # its close runs as a task of the loop
+            time.sleep(0.01)
+        assert old.batcher.closing
+        release.set()
+        sender.join(10)
+    response = answer["r"]
+    assert response.status_code == 200, response.text
+    assert response.headers["x-model-version"] == "2"
+    expected = fake_backend_cls(new_bundle)
+    np.testing.assert_allclose(response.json()[0], expected.embed(expected.tokenize([text]))[0], atol=1e-6)
+
+
 def test_new_model_name_appears_and_broken_bundle_keeps_old_one(fake_registry, make_app, publish_fake):
     with TestClient(make_app(), raise_server_exceptions=False) as client:
         models = client.app.state.engine.models
