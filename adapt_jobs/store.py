@@ -41,6 +41,7 @@ from adapt_jobs.jobs import (
     TERMINAL_STATES,
     Event,
     Job,
+    JobNotFound,
     JobStoreError,
     Lease,
     QueueFullError,
@@ -189,14 +190,21 @@ class JobStore(StoreUpkeep):
             return row_to_job(self._row(conn, job_id))
 
     def list_jobs(self, *, limit: int = 20, after: str | None = None, state: str | None = None) -> list[Job]:
-        """Newest first; ``after`` is the id of the last job of the previous page."""
+        """Newest first; ``after`` is the id of the last job of the previous page. Raises :class:`JobNotFound` when no
+        job has that id (never queued, or pruned past its retention): an empty page would look like the end of the
+        listing."""
         query = sa.select(jobs_table)
-        if after is not None:
-            before = sa.select(jobs_table.c.seq).where(jobs_table.c.id == after).scalar_subquery()
-            query = query.where(jobs_table.c.seq < before)
         if state is not None:
             query = query.where(jobs_table.c.state == state)
         with self._transaction() as conn:
+            if after is not None:
+                before = conn.execute(sa.select(jobs_table.c.seq).where(jobs_table.c.id == after)).scalar()
+                if before is None:
+                    raise JobNotFound(
+                        f"no adapt job with id {after!r} to list after: it never existed or was pruned past its "
+                        "retention; list again from the start (without after)"
+                    )
+                query = query.where(jobs_table.c.seq < before)
             rows = conn.execute(query.order_by(jobs_table.c.seq.desc()).limit(limit)).all()
         return [row_to_job(row) for row in rows]
 

@@ -10,7 +10,7 @@ for every job: they all read one store.
 | route | |
 |---|---|
 | ``POST /adapt`` | JSON (`AdaptRequest`) or multipart form with a ``file`` (JSONL, JSON, text, Parquet) → 202 + job |
-| ``GET /adapt`` | jobs, newest first (``limit``, ``after``) |
+| ``GET /adapt`` | jobs, newest first (``limit``, ``after``: 404 when no job has that id) |
 | ``GET /adapt/{id}`` | one job: state, progress, evaluation, gate, published model, error |
 | ``GET /adapt/{id}/events`` | server-sent events (``Last-Event-ID`` resumes) until the job ends |
 | ``POST /adapt/{id}/cancel`` | cancel (queued: at once; running: the worker stops at its next check) |
@@ -28,7 +28,7 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from adapt_jobs.corpus import CorpusError, CorpusTooLargeError
-from adapt_jobs.jobs import Job, new_job_id
+from adapt_jobs.jobs import Job, JobNotFound, new_job_id
 from adapt_jobs.queueing import JobRefused, audit, check_base_model, check_name, queue_job, spec_for
 from adapt_jobs.settings import AdaptConfig
 from adapt_jobs.spec import JobSpec
@@ -44,7 +44,7 @@ from service.errors import ErrorKind, ServiceError
 _ERROR_DESCRIPTIONS = {
     401: "admin API key missing or wrong",
     403: "a client API key: /adapt needs an admin key (or adapt_allow_client_keys)",
-    404: "unknown job, or unknown base_model",
+    404: "unknown job (or listing cursor `after`), or unknown base_model",
     409: "name belongs to a model that /adapt did not make",
     413: "body or upload over adapt_max_upload_bytes, or a file that decodes to more text than that",
     415: "a compressed body (Content-Encoding other than identity)",
@@ -161,11 +161,14 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             shutil.rmtree(config.jobs_dir / job_id, ignore_errors=True)  # refused, or rolled back: not queued
             raise
 
-    @router.get("/adapt", response_model=AdaptJobList, responses=_errors(422))
+    @router.get("/adapt", response_model=AdaptJobList, responses=_errors(404, 422))
     async def list_jobs(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> Response:
         try:
             api.authorize(request)
-            jobs = await api.call(api.jobs().list_jobs, limit=limit + 1, after=after)
+            try:
+                jobs = await api.call(api.jobs().list_jobs, limit=limit + 1, after=after)
+            except JobNotFound as err:  # the cursor: an empty page would end the listing without saying why
+                raise ServiceError(ErrorKind.job_not_found, str(err), details={"after": after}) from err
         except ServiceError as err:
             return api.fail(request, err)
         body = AdaptJobList(data=[AdaptJob.from_job(j) for j in jobs[:limit]], has_more=len(jobs) > limit)

@@ -139,3 +139,20 @@ def test_a_student_job_and_its_build_take_two_places_or_none(tmp_path: Path, sto
         assert store.get(r.json()["id"]).after_job == build.id
         assert [j.id for j in store.list_jobs() if j.kind == JOB_KIND_STUDENT_BUILD] == [build.id]
         assert len(_folders(tmp_path)) == 4  # plain2, the build, and the two student jobs
+
+
+def test_a_listing_after_an_unknown_or_pruned_job_is_404_naming_the_cursor(client: TestClient) -> None:
+    ids = [client.post("/adapt", json=_body(name=f"m{i}")).json()["id"] for i in range(3)]
+    page = client.get("/adapt", params={"limit": 1, "after": ids[2]}).json()
+    assert [j["id"] for j in page["data"]] == [ids[1]] and page["has_more"] is True
+    store = _store(client)
+    store.request_cancel(ids[1])
+    pruned = store.prune(client.app.state.adapt.holder, older_than_s=-1, lease_s=30)
+    assert [e.job_id for e in pruned] == [ids[1]]  # the cursor's job is gone
+    for cursor in (ids[1], "adaptjob-nope"):
+        r = client.get("/adapt", params={"after": cursor})
+        assert r.status_code == 404, r.text
+        error = r.json()["error"]
+        assert error["code"] == "job_not_found" and error["details"] == {"after": cursor}
+        assert cursor in error["message"] and "from the start" in error["message"]
+    assert [j["id"] for j in client.get("/adapt").json()["data"]] == [ids[2], ids[0]]

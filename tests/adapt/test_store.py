@@ -23,6 +23,7 @@ from adapt_jobs.jobs import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    JobNotFound,
     JobStoreError,
     LeaseLost,
     QueueFullError,
@@ -221,6 +222,9 @@ def test_list_pages_newest_first(store_url: str) -> None:
     assert [j.id for j in store.list_jobs(limit=10, after=page[-1].id)] == ids[::-1][2:]
     store.request_cancel(ids[0])
     assert [j.id for j in store.list_jobs(state=CANCELLED)] == [ids[0]]
+    assert store.list_jobs(after=ids[0]) == []  # the oldest job: the listing's true end
+    with pytest.raises(JobNotFound, match="'adaptjob-gone' to list after"):  # not an empty page: not the end
+        store.list_jobs(after="adaptjob-gone")
 
 
 def test_a_second_process_opening_the_store_sees_the_same_jobs(store_url: str) -> None:
