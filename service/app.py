@@ -62,6 +62,8 @@ Send = Callable[[Message], Awaitable[None]]
 _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
 # a client key when keys are set: these and every model's card (MODEL_ROUTE_PREFIX + name)
 CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, TOKENIZE_ROUTE, "/v1/models", "/info"})
+# the routes whose failures embed_request_failures_total counts (by route, model and kind)
+COUNTED_ROUTES = frozenset({*EMBEDDING_ROUTES, TOKENIZE_ROUTE})
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
 # What a browser page may read of a response besides the basic headers: the request id, the timings and version
 # (`service.api.tracking`) and the hints of a refusal.
@@ -157,7 +159,7 @@ class GuardMiddleware:
         scope.setdefault("state", {})[REQUEST] = context
         request_token = REQUEST_ID.set(context.request_id)
         key_token = KEY_ID.set(context.caller.key_id)
-        route = path if path in EMBEDDING_ROUTES else None
+        route = path if path in COUNTED_ROUTES else None
         span = start_request_span(self.tracer, scope["method"], route or path, context)
         status = 500
 
@@ -214,12 +216,12 @@ class GuardMiddleware:
             if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
                 await self._refuse(route, svc, scope, receive, send, _encoded(value))
                 return
-        if scope["method"] == "POST" and (route is not None or scope["path"] == TOKENIZE_ROUTE):
+        if scope["method"] == "POST" and route is not None:
             media_type = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
             if media_type != b"application/json" and not media_type.endswith(b"+json"):
                 await self._refuse(route, svc, scope, receive, send, _not_json(media_type))
                 return
-        if route is not None and scope["method"] == "POST":
+        if route in EMBEDDING_ROUTES and scope["method"] == "POST":
             admitted = await self.state.engine.admission.enter(context.caller.key_id)
             svc.metrics.admissions.labels(context.caller.key_id, _outcome(admitted)).inc()
             if isinstance(admitted, ServiceError):
@@ -464,7 +466,7 @@ def create_app(
         return err.response()
 
     def _invalid_request(request: Request, message: str) -> Response:
-        if request.url.path in EMBEDDING_ROUTES:
+        if request.url.path in COUNTED_ROUTES:
             route_metrics.count_failure(request.url.path, NO_MODEL, ErrorKind.invalid_request)
         return error_response(ErrorKind.invalid_request, message)
 

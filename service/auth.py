@@ -36,9 +36,15 @@ def key_id(key: str | bytes) -> str:
 
 
 def bearer_token(authorization: str | None) -> bytes | None:
-    """The token of an ``Authorization: Bearer <token>`` header, or None (missing, empty, another scheme)."""
+    """The token of an ``Authorization: Bearer <token>`` header, or None (missing, empty, another scheme), as the
+    bytes the client sent: ASGI servers hand header values over decoded as latin-1, so encoding them back the same
+    way recovers a key's UTF-8 bytes (a key with non-ASCII characters matches; keys are compared as UTF-8)."""
     scheme, _, token = (authorization or "").partition(" ")
-    given = token.strip().encode()
+    text = token.strip()
+    try:
+        given = text.encode("latin-1")
+    except UnicodeEncodeError:  # not from an HTTP header (a caller that passed the text itself)
+        given = text.encode()
     return given if scheme.lower() == "bearer" and given else None
 
 

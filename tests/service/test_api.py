@@ -480,3 +480,30 @@ def test_similarity_counts_its_sentences_against_the_batch_bound(make_app) -> No
         body["inputs"]["sentences"].append("f")
         _error(client.post("/similarity", json=body), 422, "invalid_request",
                "inputs.sentences has 5 texts, more than max_client_batch_size=4")  # fmt: skip
+
+
+def test_a_key_with_non_ascii_characters_is_recognised(make_app, serve) -> None:
+    """A header carries bytes; a key set as ``clé-secrète`` arrives as its UTF-8 bytes and must match."""
+    import httpx
+
+    key = "clé-secrète"
+    with serve(make_app(api_keys=key)) as (url, _):
+        body = {"inputs": "hi"}
+        sent = httpx.post(f"{url}/embed", json=body, headers={"Authorization": f"Bearer {key}".encode()})
+        wrong = httpx.post(f"{url}/embed", json=body, headers={"Authorization": b"Bearer cl\xe9-secr\xe8te"})
+    assert sent.status_code == 200, sent.text
+    assert wrong.status_code == 401  # the same text in latin-1 is other bytes: another key
+
+
+def test_every_failure_of_tokenize_is_counted_like_the_embedding_routes(make_app) -> None:
+    with TestClient(make_app(api_keys="k")) as client:
+        keyed = {"Authorization": "Bearer k"}
+        assert client.post("/tokenize", json={"inputs": "a"}).status_code == 401  # refused by the guard
+        assert client.post("/tokenize", json={"inputs": 5}, headers=keyed).status_code == 422  # by FastAPI
+        assert client.post("/tokenize", json={"inputs": ""}, headers=keyed).status_code == 422  # by the engine
+        metrics = client.get("/metrics").text
+    assert 'embed_request_failures_total{error_type="invalid_api_key",model="-",route="/tokenize"} 1.0' in metrics
+    assert 'embed_request_failures_total{error_type="invalid_request",model="-",route="/tokenize"} 1.0' in metrics
+    counted = [line for line in metrics.splitlines()
+               if line.startswith("embed_request_failures_total{") and 'route="/tokenize"' in line]  # fmt: skip
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in counted) == 3, counted
