@@ -27,6 +27,7 @@ from service.api.protocol import (
 from service.api.tracking import RouteMetrics, check_dimensions, shape_embeddings, to_base64
 from service.engine.engine import Engine
 from service.engine.served import ServedModel
+from service.errors import ErrorKind, error_response
 from service.metrics import TOKENIZE_ROUTE
 from service.observability import REQUEST, RequestContext
 
@@ -42,12 +43,16 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": description}
     for status, description in {
+        400: "a Host header this server does not answer to (allowed_hosts)",
         401: "missing or wrong API key",
+        403: "a browser page of an origin not in cors_allow_origins",
         404: "unknown model (the message lists the served ones)",
+        408: "the body did not arrive within body_timeout_seconds (plus 1 s per body_min_bytes_per_second)",
         413: "body larger than max_body_bytes",
-        415: "a compressed body (Content-Encoding other than identity)",
+        415: "a compressed body (Content-Encoding other than identity), or a body not declared JSON",
         422: "invalid input: empty, too many texts, too long, bad dimensions",
         429: "over the admission bound (refused after waiting overload_hold_seconds); retry after Retry-After seconds",
+        500: "an unexpected error (the message says only 'internal error'; the log has the traceback)",
         503: "model not ready or server shutting down",
     }.items()
 }
@@ -268,12 +273,9 @@ async def ready(request: Request) -> Response:
     models = _engine(request).models
     if models.ready and not request.app.state.draining:
         return _json({"status": "ready", "models": models.names}, {})
-    reason = "shutting down" if request.app.state.draining else "models are loading"
-    return Response(
-        orjson.dumps({"error": {"message": f"not ready: {reason}", "type": "unavailable_error",
-                                "code": "model_not_ready"}}),
-        status_code=503, media_type="application/json",
-    )  # fmt: skip
+    if request.app.state.draining:
+        return error_response(ErrorKind.shutting_down, "not ready: shutting down")
+    return error_response(ErrorKind.model_not_ready, "not ready: models are loading")
 
 
 for _probe in (health, ready):  # HEAD on the probes (load balancers' checks send it), kept out of the schema

@@ -136,7 +136,7 @@ def test_graceful_shutdown_finishes_in_flight_and_refuses_new(make_app, serve):
         ready = httpx.get(f"{url}/ready")
         thread.join(timeout=30)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
-        assert ready.status_code == 503
+        assert ready.status_code == 503 and ready.json()["error"]["code"] == "shutting_down"
         assert slow and slow[0].status_code == 200 and len(slow[0].json()[0]) == 16
         deadline = time.monotonic() + 15
         while server.started and not server.should_exit and time.monotonic() < deadline:
