@@ -217,22 +217,29 @@ class JobStore(StoreUpkeep):
         return counts
 
     def request_cancel(self, job_id: str, *, actor: str | None = None) -> Job:
-        """Cancel a queued job at once; ask the worker to stop a running one (it checks often). ``actor``: the
-        caller's API key id, in the job's ``audit`` event (action ``cancelled``).
+        """`cancel`, returning the job only."""
+        return self.cancel(job_id, actor=actor)[0]
 
-        Cancelling a finished job is a no-op that returns it unchanged (and records nothing).
+    def cancel(self, job_id: str, *, actor: str | None = None) -> tuple[Job, bool]:
+        """Cancel a queued job at once; ask the worker to stop a running one (it checks often). Returns the job and
+        whether this call cancelled it or asked for it, recording that as the job's ``audit`` event (action
+        ``cancelled``; ``actor``: the caller's API key id).
+
+        Only the first request changes anything: asking again while the worker stops, or cancelling a finished job,
+        returns the job unchanged and records nothing (one audit record per cancel, however often a client retries).
         """
         with self._transaction(write=True) as conn:
             row = self._row(conn, job_id, lock=True)
             now = self._now(conn)
-            if row.state not in TERMINAL_STATES:
+            asked = row.state == QUEUED or (row.state in ACTIVE_STATES and not row.cancel_requested)
+            if asked:
                 self._add_event(conn, job_id, AUDIT_EVENT, audit_record("cancelled", actor, row.params), now)
             if row.state == QUEUED:
                 self._transition(conn, row, CANCELLED, now, cancel_requested=True)
-            elif row.state in ACTIVE_STATES and not row.cancel_requested:
+            elif asked:
                 conn.execute(sa.update(jobs_table).where(jobs_table.c.id == job_id).values(cancel_requested=True))
                 self._add_event(conn, job_id, "cancel_requested", {}, now)
-            return row_to_job(self._row(conn, job_id))
+            return row_to_job(self._row(conn, job_id)), asked
 
     def events(self, job_id: str, *, after_id: int = 0, limit: int = 500) -> list[Event]:
         query = (

@@ -187,11 +187,12 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
     async def cancel_job(request: Request, job_id: str) -> Response:
         try:
             api.authorize(request)
-            store = api.jobs()
-            before = await api.call(get_or_404, store, job_id)
             caller = api.caller(request)
-            job = await api.call(store.request_cancel, job_id, actor=caller)
-            if not before.terminal:
+            try:
+                job, asked = await api.call(api.jobs().cancel, job_id, actor=caller)
+            except JobNotFound as err:
+                raise ServiceError(ErrorKind.job_not_found, str(err)) from err
+            if asked:  # asking again while the worker stops changes nothing: logged once, as the store records it
                 audit(job, "cancelled", caller)
         except ServiceError as err:
             return api.fail(request, err)

@@ -1,8 +1,10 @@
 """/adapt routes against each job store backend (SQLite file, real PostgreSQL): what a request leaves behind when the
-store fails while queueing it or the queue has no room for it and its student's build."""
+store fails while queueing it or the queue has no room for it and its student's build, a listing's unknown cursor,
+and repeated cancels."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from adapt_jobs.jobs import JOB_KIND_STUDENT_BUILD, QUEUED, StoreUnavailable
+from adapt_jobs.jobs import AUDIT_EVENT, JOB_KIND_STUDENT_BUILD, QUEUED, StoreUnavailable
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.store import JobStore
 from adapt_jobs.store_core import CommitUnknown
@@ -156,3 +158,21 @@ def test_a_listing_after_an_unknown_or_pruned_job_is_404_naming_the_cursor(clien
         assert error["code"] == "job_not_found" and error["details"] == {"after": cursor}
         assert cursor in error["message"] and "from the start" in error["message"]
     assert [j["id"] for j in client.get("/adapt").json()["data"]] == [ids[2], ids[0]]
+
+
+def test_repeated_cancels_of_a_running_job_are_answered_and_recorded_once(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = client.post("/adapt", json=_body()).json()["id"]
+    store = _store(client)
+    assert store.claim_next("w", max_running=1, lease_s=30).id == job_id
+    caplog.set_level(logging.INFO)
+    answers = [client.post(f"/adapt/{job_id}/cancel") for _ in range(3)]
+    assert [r.status_code for r in answers] == [200] * 3
+    assert answers[0].json()["state"] == "running" and answers[0].json()["cancel_requested"] is True
+    assert answers[1].json() == answers[2].json() == answers[0].json()  # unchanged by asking again
+    assert [e.type for e in store.events(job_id)].count(AUDIT_EVENT) == 2  # created, cancelled once
+    assert [e.type for e in store.events(job_id)].count("cancel_requested") == 1
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("adapt audit: ")]
+    assert len(lines) == 1 and '"action": "cancelled"' in lines[0]
+    assert client.post("/adapt/adaptjob-nope/cancel").status_code == 404

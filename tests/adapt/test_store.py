@@ -214,6 +214,25 @@ def test_cancel_queued_is_immediate_running_is_a_request_dead_worker_ends_cancel
     assert store.request_cancel(second.id).state == CANCELLED  # finished: a no-op
 
 
+def test_only_the_first_cancel_of_a_job_is_recorded(store_url: str) -> None:
+    store = JobStore(store_url)
+    running, queued = _create(store), _create(store)
+    assert store.claim_next("w", max_running=9, lease_s=LEASE).id == running.id
+    first, asked = store.cancel(running.id, actor="k1")
+    assert asked and first.state == RUNNING and first.cancel_requested
+    for _ in range(2):  # asked again while the worker stops: the job unchanged, nothing recorded
+        again, asked = store.cancel(running.id, actor="k2")
+        assert not asked and again == first
+    assert [(e.type, e.data.get("actor")) for e in store.events(running.id)][-2:] == [
+        ("audit", "k1"), ("cancel_requested", None),
+    ]  # fmt: skip
+    cancelled, asked = store.cancel(queued.id, actor="k1")
+    assert asked and cancelled.state == CANCELLED
+    assert store.cancel(queued.id, actor="k2") == (cancelled, False)
+    audits = [e.data["actor"] for e in store.events(queued.id) if e.type == "audit"]
+    assert audits == [None, "k1"]  # created (no key), cancelled once
+
+
 def test_list_pages_newest_first(store_url: str) -> None:
     store = JobStore(store_url)
     ids = [_create(store).id for _ in range(5)]
