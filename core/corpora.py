@@ -21,8 +21,9 @@ retrieval corpus) or the summaries (the queries). ``lee_background.cor`` holds o
 trained on. A new training corpus declares its domain here, or the recipe-domain tests fail.
 
 A missing package raises `DataUnavailableError` with the install command; evaluation turns that into a skipped task.
-Evaluation-only text of further unseen domains (the widened out-of-domain suite and the independent set) is read by
-`core.reference_corpora`; its corpus names and domains are declared here with the others.
+Evaluation-only text of further unseen domains is read by `core.reference_corpora` (the widened out-of-domain suite)
+and `core.independent_corpora` (the independent set; its HPO reader is this module's); their corpus names and domains
+are declared here with the others.
 """
 
 from __future__ import annotations
