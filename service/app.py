@@ -71,7 +71,6 @@ CORS_EXPOSED_HEADERS = [
     "x-request-id", "x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-model-version",
     "retry-after", "www-authenticate",
 ]  # fmt: skip
-UPLOAD_FRAMING_BYTES = 64 * 1024  # multipart boundaries, form fields and JSON keys around the corpus itself
 
 
 class _BodyRefused(Exception):
@@ -498,6 +497,8 @@ def create_app(
 
     upload_body_bytes = None
     if include_adapt and settings.adapt.enabled:
+        from service.adapt.intake import UPLOAD_FRAMING_BYTES
+
         upload_body_bytes = max(settings.max_body_bytes, settings.adapt.max_upload_bytes + UPLOAD_FRAMING_BYTES)
     app.add_middleware(
         GuardMiddleware, state=app.state, max_body_bytes=settings.max_body_bytes, upload_body_bytes=upload_body_bytes,

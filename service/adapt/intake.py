@@ -30,7 +30,7 @@ from service.errors import ErrorKind, ServiceError, validation_message
 
 log = logging.getLogger(__name__)
 
-MULTIPART_OVERHEAD = 64 * 1024  # a form's boundaries and small fields, on top of the file itself
+UPLOAD_FRAMING_BYTES = 64 * 1024  # multipart boundaries, form fields and JSON keys around the corpus itself
 MAX_FORM_FIELDS = 32
 # JSON bodies up to this size are parsed in a thread: json.loads holds the interpreter's lock ~5 ms per MB.
 INLINE_BYTES = 1024 * 1024
@@ -123,11 +123,10 @@ async def read_limited(request: Request, limit: int) -> bytes:
 
 
 async def read_body(request: Request, settings: AdaptSettings) -> tuple[str, bytes]:
-    """The content type and the body, read under the upload limit (and a form's overhead)."""
+    """The content type and the body, read under the upload limit plus the framing around the corpus (a form's
+    boundaries and fields, or the JSON's keys, quotes and escapes)."""
     content_type = request.headers.get("content-type", "")
-    multipart = content_type.startswith("multipart/form-data")
-    limit = settings.max_upload_bytes + (MULTIPART_OVERHEAD if multipart else 0)
-    return content_type, await read_limited(request, limit)
+    return content_type, await read_limited(request, settings.max_upload_bytes + UPLOAD_FRAMING_BYTES)
 
 
 def parse_json(body: bytes) -> Parsed:

@@ -254,7 +254,7 @@ def test_a_compressed_body_is_415_before_it_is_read(make_app):
 
 def test_adapt_uploads_have_their_own_body_cap(tmp_path, make_app):
     """A corpus is far larger than an embedding request: POST /adapt is capped by adapt_max_upload_bytes."""
-    from service.app import UPLOAD_FRAMING_BYTES
+    from service.adapt.intake import UPLOAD_FRAMING_BYTES
 
     app = make_app(
         include_adapt=True, max_body_bytes=1024, adapt_enabled=True, adapt_supervise_worker=False,
@@ -267,6 +267,13 @@ def test_adapt_uploads_have_their_own_body_cap(tmp_path, make_app):
         response = client.post("/adapt", json=corpus)
         assert response.status_code == 202, response.text
         _error(client.post("/embed", json={"inputs": [doc] * 12}), 413, "payload_too_large", "max_body_bytes=1024")
+        # the JSON's escapes make a body larger than its corpus: the framing allowance takes them, as a form's
+        accented = "Une phrase écrite à côté d'une autre, déjà lue. Une deuxième phrase suit ici. Et une troisième."
+        escaped = {**corpus, "name": "accents", "texts": [accented] * 38}
+        sent = json.dumps(escaped).encode()  # ASCII: each é is six bytes
+        assert len(sent) > 4096 > sum(len(t.encode()) for t in escaped["texts"])
+        response = client.post("/adapt", content=sent, headers={"content-type": "application/json"})
+        assert response.status_code == 202, response.text
         huge = {**corpus, "texts": ["x" * 1000] * (UPLOAD_FRAMING_BYTES // 1000 + 10)}
         _error(client.post("/adapt", json=huge), 413, "payload_too_large", "adapt_max_upload_bytes=")
 

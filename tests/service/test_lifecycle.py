@@ -76,7 +76,8 @@ def test_a_request_tokenised_while_a_new_version_is_promoted_is_served_by_it(
         old.backend.tokenize = held
         text = "word " * 1000  # over the inline bound: tokenised in a thread while the event loop runs on
         answer = {}
-        sender = threading.Thread(target=lambda: answer.update(r=client.post("/embed", json={"inputs": text, "truncate": True})))
+        body = {"inputs": text, "truncate": True}
+        sender = threading.Thread(target=lambda: answer.update(r=client.post("/embed", json=body)))
         sender.start()
         assert entered.wait(10)
         new_bundle = publish_fake(fake_registry, "fake-a", dim=16, seed=42)
