@@ -66,6 +66,7 @@ class Knob:
     spec_type: Any = None  # the spec field's type when it differs from the setting's
     to_spec: Callable[[Any], Any] | None = None  # the setting's (or request's) value as the spec holds it
     joint: bool = False  # the defaults of joint knobs apply only when a request gives none of them
+    capped: bool = False  # a joint knob every job has: given only another joint knob, the request's most (request.le)
     absent: Any = _DEFAULT  # what a job stored before this knob existed ran with
 
     @property
@@ -75,6 +76,14 @@ class Knob:
 
     def as_spec(self, value: Any) -> Any:
         return self.to_spec(value) if self.to_spec is not None and value is not None else value
+
+    @property
+    def cap(self) -> Any:
+        """A capped knob's value when a request gives another joint knob and not this one: the most a request may
+        ask, so the job ends on what the request gave (its steps) yet never runs unbounded."""
+        if not self.capped or self.request is None or self.request.le is None:
+            raise ValueError(f"knob {self.name!r} has no cap: it needs capped=True and a request's most (le)")
+        return self.type(self.request.le)
 
     @property
     def stored_default(self) -> Any:
@@ -104,9 +113,11 @@ JOB_KNOBS = (
     Knob("max_steps", int, 60, ge=1, train_field="max_steps", joint=True, spec_type=int | None,
          help="Default training steps of a job; most of the gain comes within ~100 batches.",
          request=Override(le=20_000, description="training steps (batches)")),
-    Knob("time_budget_s", float, 180.0, gt=0, train_field="time_budget_s", joint=True, spec_type=float | None,
+    Knob("time_budget_s", float, 180.0, gt=0, train_field="time_budget_s", joint=True, capped=True,
+         spec_type=float | None,
          help="Default training time budget of a job (whichever of steps/time ends first).",
-         request=Override(le=6 * 3600, description="training time budget")),
+         request=Override(le=6 * 3600, description="training time budget in seconds; a request giving max_steps "
+                          "without it runs with this most, 21600: every job has a time cap")),
     Knob("train_last_layers", int, 2, ge=0, train_field="train_last_layers", spec_type=int | None,
          to_spec=_zero_is_none,
          help="Default number of top layers trained (0 = all). Fewer is faster and forgets less general quality; all "
@@ -266,8 +277,10 @@ def spec_fields(knobs: Iterable[Knob]) -> list[tuple[str, Any, Any]]:
 
 def knob_values(knobs: Iterable[Knob], settings: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Each knob's value for a new job: the request's (``overrides``; None = not given) or the service's default
-    from ``settings`` (an `AdaptSettings`), as the spec holds it. Joint knobs take their defaults only together:
-    a request giving ``max_steps`` alone runs without a time budget."""
+    from ``settings`` (an `AdaptSettings`), as the spec holds it. Joint knobs take their defaults only together, and
+    a capped one is never left out: a request giving ``max_steps`` alone runs its steps, not the default time budget,
+    with ``time_budget_s`` at the most a request may ask (6 h), so every job has a time cap; one giving
+    ``time_budget_s`` alone runs on time, with no step count."""
     knobs = tuple(knobs)
     unknown = set(overrides) - {k.name for k in knobs}
     if unknown:
@@ -278,15 +291,22 @@ def knob_values(knobs: Iterable[Knob], settings: Any, overrides: Mapping[str, An
         value = overrides.get(knob.name)
         if value is None and not (knob.joint and joint_given):
             value = knob.default if knob.setting is None else getattr(settings, knob.setting)
+        elif value is None and knob.capped:
+            value = knob.cap
         values[knob.name] = knob.as_spec(value)
     return values
 
 
 def stored_values(knobs: Iterable[Knob], stored: Mapping[str, Any]) -> dict[str, Any]:
     """A stored spec's values as the spec holds them (JSON gives lists for tuples); unknown keys are kept, for the
-    spec to refuse."""
+    spec to refuse. A capped knob stored as None — a job queued when a request's ``max_steps`` alone left it without
+    a time cap — reads back as its cap, so the job runs with one."""
     by_name = {k.name: k for k in knobs}
-    return {name: by_name[name].as_spec(value) if name in by_name else value for name, value in stored.items()}
+    values = {name: by_name[name].as_spec(value) if name in by_name else value for name, value in stored.items()}
+    for knob in by_name.values():
+        if knob.capped and knob.name in values and values[knob.name] is None:
+            values[knob.name] = knob.cap
+    return values
 
 
 def knob_problems(knobs: Iterable[Knob], spec: object) -> list[str]:

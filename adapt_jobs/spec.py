@@ -154,8 +154,8 @@ class Hyperparameters(make_dataclass("JobKnobs", spec_fields(JOB_KNOBS), frozen=
         problems = knob_problems(JOB_KNOBS, self)
         if problems:
             raise SpecError("; ".join(problems))
-        if self.max_steps is None and self.time_budget_s is None:
-            raise SpecError("give max_steps, time_budget_s or both: a job needs an end")
+        if self.time_budget_s is None:
+            raise SpecError("time_budget_s must be set: every job has a time cap (max_steps alone could run for days)")
 
 
 @dataclass(frozen=True)

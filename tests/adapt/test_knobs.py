@@ -90,7 +90,7 @@ def test_a_spec_takes_each_knob_from_the_request_or_the_settings() -> None:
     request = AdaptRequest(base_model="minilm-l6", name="acme", max_steps=3, anchor_weight=0.0, seed=4, objective="sct")
     asked = JobSpec.build(settings, **request.job_fields()).hyperparameters
     assert (asked.max_steps, asked.anchor_weight, asked.seed, asked.objective) == (3, 0.0, 4, "sct")
-    assert asked.time_budget_s is None  # the request gave the job's end: no default time budget joins it
+    assert asked.time_budget_s == 6 * 3600  # the request gave the job's end: the time cap is the most it may ask
     assert asked.batch_size == 5  # not asked: the service's
     with pytest.raises(SpecError, match="no knobs named"):
         JobSpec.build(settings, base_model="minilm-l6", name="acme", anchor=1.0)
@@ -132,3 +132,25 @@ def test_each_knob_that_feeds_training_sets_its_train_config_field(tmp_path: Pat
     assert {k.name for k in fed} >= {"max_steps", "time_budget_s", "anchor_weight", "batch_size", "lr", "seed"}
     for knob in fed:
         assert getattr(config, knob.train_field) == getattr(spec.hyperparameters, knob.name), knob.name
+
+
+def test_every_job_keeps_a_time_cap(tmp_path: Path) -> None:
+    """Joint knobs: a request giving max_steps alone ends on its steps, not the default time budget, yet its time is
+    capped at the most a request may ask; giving time_budget_s alone, no step count stops it first."""
+    from adapt_worker.stages import crop_train_config
+
+    (time_knob,) = [k for k in JOB_KNOBS if k.name == "time_budget_s"]
+    cap = time_knob.request.le
+    assert cap == 6 * 3600
+    settings = AdaptSettings(max_steps=7, time_budget_s=11.0)
+    steps = JobSpec.build(settings, **AdaptRequest(base_model="minilm-l6", name="acme", max_steps=20_000).job_fields())
+    assert (steps.hyperparameters.max_steps, steps.hyperparameters.time_budget_s) == (20_000, cap)
+    config = crop_train_config(steps, tmp_path / "model", ["a document."] * 10, tmp_path / "out", threads=1)
+    assert (config.max_steps, config.time_budget_s) == (20_000, cap)
+    timed = JobSpec.build(settings, base_model="minilm-l6", name="acme", time_budget_s=30.0).hyperparameters
+    assert (timed.max_steps, timed.time_budget_s) == (None, 30.0)
+    with pytest.raises(SpecError, match="every job has a time cap"):
+        replace(steps.hyperparameters, time_budget_s=None)
+    stored = steps.to_params()  # a job queued when max_steps alone left it without a time cap
+    stored["hyperparameters"]["time_budget_s"] = None
+    assert JobSpec.from_params(stored).hyperparameters.time_budget_s == cap

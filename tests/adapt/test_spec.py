@@ -37,8 +37,10 @@ def test_bad_specs_say_what_to_fix() -> None:
         _hp(objective="triplet")
     with pytest.raises(SpecError, match="anchor_weight must be >= 0"):
         _hp(anchor_weight=-1.0)
-    with pytest.raises(SpecError, match="a job needs an end"):
+    with pytest.raises(SpecError, match="every job has a time cap"):
         _hp(max_steps=None, time_budget_s=None)
+    with pytest.raises(SpecError, match="every job has a time cap"):
+        _hp(max_steps=20_000, time_budget_s=None)
     with pytest.raises(SpecError, match="promote must be one of"):
         JobSpec("minilm-l6", "acme", _hp(), promote="always")
     with pytest.raises(SpecError, match="stored job spec is incomplete"):
