@@ -36,7 +36,7 @@ from adapt_jobs.store import JobStore
 from adapt_jobs.store_core import CommitUnknown
 from service.adapt.api_state import CORPUS_ERRORS, AdaptAPI, AdaptCollector, get_or_404, refusal, stream_events
 from service.adapt.intake import read_body
-from service.adapt.schemas import AdaptJob, AdaptJobList
+from service.adapt.schemas import AdaptJob, AdaptJobList, adapt_request_body
 from service.api.protocol import ErrorResponse
 from service.auth import ApiKeys
 from service.errors import ErrorKind, ServiceError
@@ -100,7 +100,10 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
 
     router = APIRouter(lifespan=lifespan, tags=["adapt"])
 
-    @router.post("/adapt", status_code=202, response_model=AdaptJob, responses=_errors(404, 409, 413, 415, 422, 429))
+    @router.post(
+        "/adapt", status_code=202, response_model=AdaptJob, responses=_errors(404, 409, 413, 415, 422, 429),
+        openapi_extra={"requestBody": adapt_request_body()},
+    )  # fmt: skip
     async def submit(request: Request) -> Response:
         try:
             api.authorize(request)

@@ -62,6 +62,24 @@ AdaptRequest = create_model(
 )
 
 
+def adapt_request_body() -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of ``POST /adapt``, which reads its body itself (JSON, or a multipart form whose
+    ``file`` is read by the corpus reader): `AdaptRequest` as JSON, and its fields but the corpus as a form."""
+    schema = AdaptRequest.model_json_schema()
+    form = {key: value for key, value in schema["properties"].items() if key not in ("texts", "labels")}
+    form["file"] = {"type": "string", "format": "binary", "description": "the corpus (docs/ADAPT.md: the formats)"}
+    return {
+        "required": True,
+        "content": {
+            "application/json": {"schema": schema},
+            "multipart/form-data": {
+                "schema": {"title": "AdaptUpload", "type": "object", "properties": form,
+                           "required": ["base_model", "name", "file"]},
+            },
+        },
+    }  # fmt: skip
+
+
 class JobProgress(BaseModel):
     stage: str | None = None  # preparing, training, trained, exporting, evaluating, publishing, done
     detail: str | None = None

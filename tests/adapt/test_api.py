@@ -404,3 +404,14 @@ def test_a_base_model_map_with_a_name_no_model_can_have_stops_the_server_before_
     assert main(["--port", "0"]) == 2  # refused while the settings are read: no model was loaded
     err = capsys.readouterr().err
     assert err.startswith("embedder serve: invalid settings: base_models: ") and message in err
+
+
+def test_the_schema_describes_the_request_as_json_and_as_a_form(client: TestClient) -> None:
+    body = client.app.openapi()["paths"]["/adapt"]["post"]["requestBody"]["content"]
+    request = body["application/json"]["schema"]
+    assert request["title"] == "AdaptRequest" and {"base_model", "name", "texts"} <= set(request["properties"])
+    steps = next(option for option in request["properties"]["max_steps"]["anyOf"] if option.get("type") == "integer")
+    assert steps["maximum"] == 20_000
+    form = body["multipart/form-data"]["schema"]
+    assert form["properties"]["file"]["format"] == "binary" and "texts" not in form["properties"]
+    assert set(form["required"]) == {"base_model", "name", "file"}
