@@ -93,7 +93,8 @@ class Engine:
         if len(texts) - uncounted > limit:
             raise ServiceError(
                 ErrorKind.invalid_request,
-                f"{field_name} has {len(texts)} texts, more than max_client_batch_size={limit}; split the request",
+                f"{field_name} has {len(texts) - uncounted} texts, more than max_client_batch_size={limit}; split the "
+                "request (LangChain's OpenAIEmbeddings: chunk_size)",
             )
         max_chars = self.settings.max_input_chars
         for index, text in enumerate(texts):
