@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.config import TEACHER_OBJECTIVES, TrainConfig
+from training.config import TEACHER_OBJECTIVES, ConfigError, TrainConfig
 from training.data import load_corpus
 from training.encoder import Encoder
 from training.objectives import OBJECTIVES
@@ -141,7 +141,10 @@ def build_objective(
     """The objective named by the config, with the dimensions it needs passed when it asks for them.
 
     Scored pairs (``config.pairs``) always train with CoSENT at its default scale: ``objective`` and
-    ``objective_params`` then describe the recipe's unsupervised fall-back, not this run."""
+    ``objective_params`` then describe the recipe's unsupervised fall-back, not this run.
+
+    Raises `ConfigError` when ``objective_params`` name a parameter the class does not take or hold a value its
+    constructor refuses."""
     if config.pairs:
         return CoSENT()
     name = "infonce" if config.objective == "simcse" else config.objective
@@ -162,10 +165,13 @@ def build_objective(
             params[key] = value
     unknown = sorted(set(params) - set(accepted))
     if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
-        raise ValueError(
+        raise ConfigError(
             f"objective_params {unknown} are not parameters of {cls.__name__}; it takes {sorted(accepted)}"
         )
-    return cls(**params)
+    try:
+        return cls(**params)
+    except ValueError as exc:  # the constructor's own range checks (temperature > 0, ...) of the recipe's values
+        raise ConfigError(f"objective {config.objective!r} refuses its objective_params: {exc}") from exc
 
 
 def build_regularisers(config: TrainConfig, student: Encoder) -> dict[str, nn.Module]:

@@ -16,13 +16,15 @@ A recipe file is a flat TOML table of `TrainConfig` fields plus two optional sub
 ``--set`` values are parsed as TOML values (``--set lr=1e-4``, ``--set student_layers=[0,5]``,
 ``--set objective_params.temperature=0.1``); ``none`` unsets an optional field (``--set time_budget_s=none``);
 anything that is not valid TOML is taken as a string (``--set output_dir=runs/x``). Unknown keys and wrong
-types fail with the list of valid keys.
+types fail with the list of valid keys; ``objective_params`` are checked against the objective class's constructor
+(its parameter names and annotated types).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import tomllib
 import types
 import typing
@@ -207,6 +209,12 @@ class TrainConfig:
         if self.teacher_vectors is not None and (self.views != "texts" or self.objective not in TEACHER_OBJECTIVES):
             problems.append("teacher_vectors are the targets of whole texts: use views = 'texts' with a teacher "
                             f"objective {TEACHER_OBJECTIVES}")  # fmt: skip
+        try:
+            self.output_dir.format(name=self.name)
+        except (KeyError, IndexError, ValueError):
+            problems.append(f"output_dir may hold {{name}} and no other braces, got {self.output_dir!r}")
+        if self.objective in OBJECTIVE_NAMES and isinstance(self.objective_params, Mapping):
+            problems.extend(objective_param_problems(self.objective, self.objective_params))
         if problems:
             raise ConfigError("invalid training config: " + "; ".join(problems))
 
@@ -260,12 +268,73 @@ def _matches(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+_PLAIN = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "none"}
+_PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
+
+
+def describe_type(hint: Any) -> str:
+    """A type hint in words: ``int | None`` → "an integer or none", ``tuple[int, ...]`` → "a list of integers"."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = list(dict.fromkeys(describe_type(arg) for arg in typing.get_args(hint)))
+        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+    if origin is tuple:
+        inner = typing.get_args(hint)[0]
+        return f"a list of {_PLURAL.get(inner, describe_type(inner))}"
+    if origin is Mapping or hint is Mapping:
+        return "a table"
+    if hint is Any:
+        return "any value"
+    return _PLAIN.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def show_value(value: Any) -> str:
+    """A value as it is written in a recipe or ``--set``: lists in brackets, ``true``/``false``, ``none``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(show_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k} = {show_value(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def objective_param_problems(objective: str, params: Mapping[str, Any]) -> list[str]:
+    """What is wrong with ``params`` as keyword arguments of the objective class ``objective`` names: names its
+    constructor does not take, and values of another type than the constructor's annotation."""
+    from training.objectives import OBJECTIVES  # imports torch
+
+    cls = OBJECTIVES[objective]
+    accepted = inspect.signature(cls).parameters
+    hints = typing.get_type_hints(cls.__init__)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    names = sorted(n for n, p in accepted.items() if p.kind is not inspect.Parameter.VAR_KEYWORD)
+    problems = []
+    for key, value in params.items():
+        if key not in accepted:
+            if not takes_any:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(
+                    f"objective_params.{key} is not a parameter of objective {objective!r}{hint}; "
+                    f"it takes {', '.join(names)}"
+                )
+            continue
+        expected = hints.get(key, Any)
+        if not _matches(tuple(value) if isinstance(value, list) else value, expected):
+            problems.append(f"objective_params.{key} expects {describe_type(expected)}, got {show_value(value)}")
+    return problems
+
+
 def _coerce(key: str, value: Any) -> Any:
     hint = _HINTS[key]
+    typed = value
     if isinstance(value, list):
         value = tuple(value)
     if not _matches(value, hint):
-        raise ConfigError(f"config key {key!r} expects {hint}, got {value!r} ({type(value).__name__})")
+        raise ConfigError(f"config key {key!r} expects {describe_type(hint)}, got {show_value(typed)}")
     if hint in (float, float | None) and isinstance(value, int):
         value = float(value)
     return value

@@ -194,7 +194,7 @@ def test_unknown_key_names_the_closest_one() -> None:
 
 
 def test_wrong_type_and_malformed_overrides_fail_clearly() -> None:
-    with pytest.raises(ConfigError, match=r"'batch_size' expects <class 'int'>, got 'big'"):
+    with pytest.raises(ConfigError, match=r"'batch_size' expects an integer, got 'big'"):
         load_config("crop-minilm", ["batch_size=big"])
     with pytest.raises(ConfigError, match="--set expects key=value"):
         load_config("crop-minilm", ["batch_size"])
