@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 
+from core.catalog import ModelNotFoundError, resolve_model
 from core.settings import get_settings
 from core.text import CorpusError
-from training.config import RECIPES_DIR, ConfigError, load_config
+from training.assembly import needs_reference
+from training.config import RECIPES_DIR, ConfigError, TrainConfig, load_config
 from training.trainer import train
 
 
@@ -35,6 +39,36 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _missing_model(config: TrainConfig) -> str | None:
+    """The first model the run loads (``model``, the ``teacher`` of a teacher objective, the ``rehearsal_model``)
+    that names neither a built-in model nor a model folder, as a message naming the key; else None."""
+    keys = ["model"]
+    if needs_reference(config):
+        keys.append("teacher")
+    if config.rehearsal_weight > 0:
+        keys.append("rehearsal_model")
+    for key in keys:
+        name = getattr(config, key)
+        if name is None:
+            continue
+        try:
+            resolve_model(name)
+        except ModelNotFoundError as exc:
+            return f"{key}: {exc}"
+    return None
+
+
+def _unwritable_output(out: Path) -> str | None:
+    """Why the run cannot write into ``out`` (created here when missing), else None."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"output_dir {str(out)!r} cannot be created ({exc.strerror or exc}): set output_dir to a writable folder"
+    if not os.access(out, os.W_OK | os.X_OK):
+        return f"output_dir {str(out)!r} is not writable: set output_dir to a writable folder"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     overrides = list(args.overrides) + (["progress_bar=false"] if args.quiet else [])
@@ -46,11 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    problem = _missing_model(config) or _unwritable_output(config.resolved_output_dir)
+    if problem:
+        print(f"embedder train: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()  # a recipe's own device / num_threads still win
     try:
         result = train(config, device=settings.device, threads=settings.num_threads, cache_dir=settings.cache_dir)
-    except CorpusError as exc:  # a corpus that names nothing readable or holds too little: the recipe's to fix
+    # a corpus that names nothing readable or holds too little, a model name that resolves to no folder, objective
+    # parameters the objective refuses: the recipe's to fix
+    except (CorpusError, ModelNotFoundError, ConfigError) as exc:
         print(f"embedder train: {exc}", file=sys.stderr)
         return 2
     print(

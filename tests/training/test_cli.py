@@ -1,0 +1,116 @@
+"""`embedder train` refuses bad recipe values with one line on stderr and exit code 2, before or while building
+the run: models that resolve to nothing, objective parameters the objective does not take, an output folder that
+cannot be created."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from training.cli import main as train_main
+from training.config import ConfigError, TrainConfig, load_config
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *, lines: int = 1) -> str:
+    """Run the CLI, check it exits 2 with ``lines`` lines on stderr and no traceback, and return the first line
+    (a model that names nothing is followed by the list of built-in models)."""
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("embedder train: ") and "Traceback" not in err
+    assert len(err.splitlines()) == lines if lines == 1 else len(err.splitlines()) >= lines
+    return err.splitlines()[0]
+
+
+def _setting(key: str, value: object) -> list[str]:
+    return ["--set", f"{key}={json.dumps(value)}"]
+
+
+def _tiny_run(tmp_path: Path, model: Path) -> list[str]:
+    return ["-q", *_setting("model", str(model)), *_setting("output_dir", str(tmp_path / "out"))]
+
+
+def test_a_model_that_names_nothing_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "nonexistent")
+    argv = ["crop-minilm", "-q", *_setting("model", missing), *_setting("output_dir", str(tmp_path / "out"))]
+    line = _refused(argv, capsys, lines=2)
+    assert line.startswith(f"embedder train: model: '{missing}' is neither a built-in model")
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_a_teacher_that_names_nothing_is_refused(
+    tmp_path: Path, tiny_bert6_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "nonexistent")
+    argv = ["sct-tiny", *_tiny_run(tmp_path, tiny_bert6_path), *_setting("teacher", missing)]
+    assert _refused(argv, capsys, lines=2).startswith(f"embedder train: teacher: '{missing}' is neither")
+
+
+def test_an_objective_parameter_the_objective_does_not_take_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _refused(["crop-minilm", "--set", "objective_params.foo=1"], capsys)
+    assert "objective_params.foo is not a parameter of objective 'infonce'" in line
+    assert line.endswith("it takes symmetric, temperature")
+    line = _refused(["crop-minilm", "--set", "objective_params.temprature=0.1", "--print-config"], capsys)
+    assert "(did you mean 'temperature'?)" in line
+
+
+def test_an_objective_parameter_of_the_wrong_type_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _refused(["crop-minilm", "--set", "objective_params.temperature=abc"], capsys)
+    assert line.endswith("objective_params.temperature expects a number, got 'abc'")
+    line = _refused(["sct-tiny", "--set", "objective_params.queue_size=1.5", "--print-config"], capsys)
+    assert line.endswith("objective_params.queue_size expects an integer, got 1.5")
+
+
+def test_an_objective_parameter_the_objective_refuses_is_reported(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    sentence = "Sentence {j} of document {i} is long enough to be cropped, with detail about rivers and their fish."
+    docs = [" ".join(sentence.format(i=i, j=j) for j in range(4)) for i in range(12)]
+    corpus.write_text("\n".join(json.dumps({"text": d}) for d in docs))
+    argv = ["crop-minilm", *_tiny_run(tmp_path, tiny_bert_path), *_setting("corpus", str(corpus))]
+    argv += ["--set", "objective_params.temperature=-1", "--set", "validation=none", "--set", "batch_size=4"]
+    line = _refused(argv, capsys)
+    assert line.startswith("embedder train: objective 'infonce' refuses its objective_params: temperature must be > 0")
+
+
+def test_objective_parameters_are_checked_when_the_config_is_built() -> None:
+    with pytest.raises(ConfigError, match=r"objective_params\.tau is not a parameter of objective 'sct'"):
+        TrainConfig(objective="sct", views="texts", objective_params={"tau": 0.1})
+    with pytest.raises(ConfigError, match=r"objective_params\.symmetric expects true or false, got 1"):
+        load_config("crop-minilm", ["objective_params.symmetric=1"])
+    assert load_config("crop-minilm", ["objective_params.temperature=1"]).objective_params == {"temperature": 1}
+
+
+def test_an_output_dir_that_cannot_be_created_is_refused(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "out"
+    argv = ["crop-minilm", "-q", *_setting("model", str(tiny_bert_path)), *_setting("output_dir", str(out))]
+    line = _refused(argv, capsys)
+    assert line.startswith(f"embedder train: output_dir '{out}' cannot be created (")
+    assert line.endswith("set output_dir to a writable folder")
+
+
+def test_an_output_dir_with_unknown_braces_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _refused(["crop-minilm", "--set", "output_dir=runs/{nam}", "--print-config"], capsys)
+    assert line.endswith("output_dir may hold {name} and no other braces, got 'runs/{nam}'")
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("max_steps=[1]", "config key 'max_steps' expects an integer or none, got [1]"),
+        ("lr=fast", "config key 'lr' expects a number, got 'fast'"),
+        ("student_layers=[0, 'a']", "config key 'student_layers' expects a list of integers, got [0, 'a']"),
+        ("corpus=3", "config key 'corpus' expects a string or a list of strings, got 3"),
+        ("progress_bar=1", "config key 'progress_bar' expects true or false, got 1"),
+    ],
+)
+def test_type_errors_say_what_the_key_takes_in_words(
+    setting: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _refused(["crop-minilm", "--set", setting, "--print-config"], capsys) == f"embedder train: {message}"
