@@ -36,10 +36,17 @@ def _setup_torch(device: str | None, settings: Settings) -> str:
 
 
 def _load(spec: str, device: str, settings: Settings):  # type: ignore[no-untyped-def]
-    """A checkpoint, built-in name or bundle → an evaluation model (the thin adapter the card puts here)."""
+    """A checkpoint, built-in name or bundle → an evaluation model (the thin adapter the card puts here).
+
+    A folder whose files cannot be read (a config.json without weights, a missing tokenizer) raises
+    `ModelSpecError` naming the spec, like a spec that names nothing."""
+    from evaluation.embedding_model import ModelSpecError
     from training.torch_model import load_any
 
-    return load_any(spec, device=device, registry_dir=settings.registry_dir, threads=settings.num_threads)
+    try:
+        return load_any(spec, device=device, registry_dir=settings.registry_dir, threads=settings.num_threads)
+    except OSError as exc:
+        raise ModelSpecError(f"cannot load model {spec!r}: {exc}") from exc
 
 
 def validate_main(argv: list[str]) -> int:

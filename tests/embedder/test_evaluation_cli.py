@@ -127,3 +127,16 @@ def test_bench_rounds_interleave_the_models_and_print_the_speedup(
 def test_bench_refuses_zero_rounds(tiny_bert_path: Path) -> None:
     with pytest.raises(SystemExit):
         bench_main([str(tiny_bert_path), "--rounds", "0"])
+
+
+def test_a_model_folder_without_weights_is_refused(
+    tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    (folder / "config.json").write_text((tiny_bert_path / "config.json").read_text())
+    for command in (validate_main, layers_main, bench_main):
+        assert command([str(folder), "--fast", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.splitlines()) == 1
+        assert err.startswith(f"embedder {command.__name__.removesuffix('_main')}: cannot load model '{folder}': ")
