@@ -12,6 +12,7 @@ from pathlib import Path
 from core.catalog import ModelNotFoundError, resolve_model
 from core.settings import get_settings
 from core.text import CorpusError
+from evaluation.tasks.crops import TooFewCropPairs
 from training.assembly import needs_reference
 from training.config import RECIPES_DIR, ConfigError, TrainConfig, load_config
 from training.trainer import train
@@ -89,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = train(config, device=settings.device, threads=settings.num_threads, cache_dir=settings.cache_dir)
     # a corpus that names nothing readable or holds too little, a model name that resolves to no folder, objective
-    # parameters the objective refuses: the recipe's to fix
-    except (CorpusError, ModelNotFoundError, ConfigError) as exc:
+    # parameters the objective refuses, held-out documents too few or short for crop pairs: the recipe's to fix
+    except (CorpusError, ModelNotFoundError, ConfigError, TooFewCropPairs) as exc:
         print(f"embedder train: {exc}", file=sys.stderr)
         return 2
     print(

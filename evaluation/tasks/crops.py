@@ -26,6 +26,11 @@ FAST_DOCUMENTS = 24
 MIN_PAIRS = 2
 
 
+class TooFewCropPairs(ValueError):
+    """Fewer than `MIN_PAIRS` documents of a crop-pair task yield two crops: the corpus (or its held-out part) is
+    too short or too small for the task; the message says which and what to give instead."""
+
+
 class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
     """Held-out crop of each document retrieves another crop of the same document (nDCG@10).
 
@@ -123,7 +128,7 @@ class CropPairRetrieval(OfflineTask, AbsTaskRetrieval):
             "yield": crop_yield(documents, rule),
         }
         if len(pairs) < MIN_PAIRS:
-            raise ValueError(
+            raise TooFewCropPairs(
                 f"{self.metadata.name}: only {len(pairs)} of {len(documents)} documents have two crops "
                 f"(rule: {rule.describe()}); a crop-pair task needs at least {MIN_PAIRS} — give longer "
                 "documents (several sentences each) or more of them"

@@ -114,3 +114,15 @@ def test_type_errors_say_what_the_key_takes_in_words(
     setting: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _refused(["crop-minilm", "--set", setting, "--print-config"], capsys) == f"embedder train: {message}"
+
+
+def test_held_out_documents_too_few_for_crop_pairs_are_refused(
+    tmp_path: Path, tiny_bert6_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    text = "Document {} starts here. It has a second sentence. And a third one too. The fourth closes it."
+    corpus.write_text("".join(json.dumps({"text": text.format(i)}) + "\n" for i in range(30)))
+    argv = ["crop-minilm", *_tiny_run(tmp_path, tiny_bert6_path), *_setting("corpus", str(corpus)),
+            *_setting("max_validation_documents", 1), *_setting("max_steps", 1)]  # fmt: skip
+    line = _refused(argv, capsys)
+    assert "HeldOutCropPairs: only 1 of 1 documents have two crops" in line
