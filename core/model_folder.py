@@ -158,10 +158,42 @@ def weights_file(folder: Path) -> Path | None:
     return next((inner / name for name in WEIGHT_FILES if (inner / name).is_file()), None)
 
 
+# The module chain this project reproduces (training.encoder.Encoder and the exported bundle): the transformer,
+# its pooling, at most one Dense output layer, then L2 normalisation if the folder asks for it.
+SUPPORTED_MODULES = "Transformer, then Pooling, then at most one Dense, then an optional Normalize last"
+
+
+def _module_kind(module: Mapping[str, Any]) -> str:
+    """A modules.json entry's class name (``Pooling`` for ``sentence_transformers.models.Pooling``)."""
+    return str(module.get("type", "")).rsplit(".", 1)[-1]
+
+
+def _check_module_chain(folder: Path, modules: list[Mapping[str, Any]]) -> None:
+    """Refuse a modules.json this project cannot reproduce: any module other than the supported chain, or the
+    supported ones in another order, would otherwise be dropped or reordered and the exported vectors would differ
+    from ``SentenceTransformer(folder).encode``. ValueError names the first offending module and what is supported."""
+    kinds = [_module_kind(module) for module in modules]
+    allowed_next = ("Transformer",)  # the kinds that may come at each position, given the ones before it
+    for module, kind in zip(modules, kinds, strict=True):
+        if kind not in allowed_next:
+            raise ValueError(
+                f"{folder}: modules.json module {module.get('type')!r} (path {module.get('path', '')!r}) cannot be "
+                f"reproduced here; supported: {SUPPORTED_MODULES}"
+            )
+        allowed_next = {
+            "Transformer": ("Pooling",),
+            "Pooling": ("Dense", "Normalize"),
+            "Dense": ("Normalize",),
+            "Normalize": (),
+        }[kind]
+    if "Pooling" not in kinds:
+        raise ValueError(f"{folder}: modules.json has no Pooling module; supported: {SUPPORTED_MODULES}")
+
+
 def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
     """Pooling, normalisation, the Dense output layer (``dense``: a `DenseLayer`), max length and ``prompts`` (a
-    `Prompts`) from sentence-transformers' files, where present. Modules this project cannot reproduce raise
-    ValueError."""
+    `Prompts`) from sentence-transformers' files, where present. Modules this project cannot reproduce (anything
+    but `SUPPORTED_MODULES`, in that order) raise ValueError."""
     folder = Path(folder)
     found: dict[str, Any] = {}
     st_model = folder / ST_MODEL_CONFIG
@@ -172,9 +204,10 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
     modules_file = folder / "modules.json"
     if modules_file.exists():
         modules = json.loads(modules_file.read_text())
-        found["normalize"] = any(m["type"].endswith("Normalize") for m in modules)
+        _check_module_chain(folder, modules)
+        found["normalize"] = _module_kind(modules[-1]) == "Normalize"
         for module in modules:
-            if module["type"].endswith("Pooling"):
+            if _module_kind(module) == "Pooling":
                 cfg = json.loads((folder / module["path"] / "config.json").read_text())
                 modes = [mode for mode, key in ST_POOLING_KEYS.items() if cfg.get(key)]
                 if len(modes) != 1:
@@ -189,9 +222,7 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
                         f"project's pooling does not do; remove the prompts from {ST_MODEL_CONFIG} to use the model "
                         "without them"
                     )
-            elif module["type"].endswith("Dense"):
-                if "dense" in found:
-                    raise ValueError(f"{folder}: more than one Dense module; only one output layer is supported")
+            elif _module_kind(module) == "Dense":
                 cfg = json.loads((folder / module["path"] / "config.json").read_text())
                 found["dense"] = DenseLayer(
                     in_features=int(cfg["in_features"]),
