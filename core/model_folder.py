@@ -8,6 +8,7 @@ Plain JSON: no torch (the Dense layer's weights are written and read by the enco
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -156,6 +157,69 @@ def weights_file(folder: Path) -> Path | None:
     """The weights file of the Hugging Face model in ``folder`` (`transformer_folder`), or None."""
     inner = transformer_folder(folder)
     return next((inner / name for name in WEIGHT_FILES if (inner / name).is_file()), None)
+
+
+# Every file a tokenizer of transformers' AutoTokenizer may read, whichever kind the model has.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+)  # fmt: skip
+# Sharded weights: each index names its shards.
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+ST_FILES = ("modules.json", "sentence_bert_config.json", ST_MODEL_CONFIG)
+
+
+def embedding_files(folder: Path) -> dict[str, Path]:
+    """Every file of a model folder that decides its embeddings, by its path relative to ``folder``: the Hugging
+    Face model's config, weights (sharded ones too) and tokenizer files (in `transformer_folder`), sentence-
+    transformers' files (modules, max length, prompts) and each module folder's config and weights (the pooling,
+    a Dense layer). A change to any of them changes what the model computes, so a bundle exported from the folder
+    records their digests (`embedding_file_digests`) and is exported again when they differ."""
+    folder = Path(folder)
+    candidates: list[str] = []
+    inner = transformer_folder(folder).relative_to(folder).as_posix()
+    for base in [""] if inner == "." else ["", inner]:
+        names = ["config.json", *WEIGHT_FILES, *SHARD_INDEXES, *TOKENIZER_FILES, *ST_FILES]
+        for index in SHARD_INDEXES:
+            names += _shards(folder / base / index)
+        candidates += [f"{base}/{name}" if base else name for name in names]
+    for module_path in _module_paths(folder / "modules.json"):
+        candidates += [f"{module_path}/{name}" for name in ("config.json", *WEIGHT_FILES)]
+    return {name: folder / name for name in sorted(set(candidates)) if (folder / name).is_file()}
+
+
+def _shards(index: Path) -> list[str]:
+    """The weight files a sharded model's index names (none when there is no index or it cannot be read: the
+    index's own digest still counts)."""
+    if not index.is_file():
+        return []
+    try:
+        return sorted({str(name) for name in json.loads(index.read_text()).get("weight_map", {}).values()})
+    except (ValueError, AttributeError):
+        return []
+
+
+def _module_paths(modules_file: Path) -> list[str]:
+    """The folders of sentence-transformers' modules other than the model's own (none when modules.json is absent
+    or unreadable: its own digest still counts, and loading the folder reports what is wrong with it)."""
+    if not modules_file.is_file():
+        return []
+    try:
+        modules = json.loads(modules_file.read_text())
+        paths = [str(module.get("path") or "").strip("/") for module in modules]
+    except (ValueError, AttributeError, TypeError):
+        return []
+    return [path for path in paths if path and ".." not in path.split("/")]
+
+
+def embedding_file_digests(folder: Path) -> dict[str, str]:
+    """The sha256 of each of `embedding_files`, by its path relative to ``folder``: what a bundle exported from the
+    folder records, and what `embedder serve --models ./folder` compares to decide whether to export it again."""
+    digests = {}
+    for name, path in embedding_files(folder).items():
+        with open(path, "rb") as handle:
+            digests[name] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return digests
 
 
 # The module chain this project reproduces (training.encoder.Encoder and the exported bundle): the transformer,

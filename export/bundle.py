@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from core import registry as reg
 from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
-from core.model_folder import read_trained_on, weights_file
+from core.model_folder import embedding_file_digests, read_trained_on, weights_file
 from core.runtime import PROBES_FILE, write_probes
 from export import graph
 from export.openvino_int8 import (
@@ -50,19 +50,23 @@ ONNX_FILES = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
 DEFAULT_MODEL = "minilm-l6"
 
 
-def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple[Encoder, dict[str, str]]:
-    """A private float32 CPU copy of the encoder, and where it came from (name + sha256)."""
+def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple[Encoder, dict[str, Any]]:
+    """A private float32 CPU copy of the encoder, and where it came from: ``model`` (its name or folder), ``sha256``
+    (its weights') and, for a folder, ``files`` — the sha256 of every file that decides its embeddings
+    (`core.model_folder.embedding_file_digests`: weights, configs, tokenizer, pooling, prompts, Dense layer), which
+    `embedder serve --models ./folder` compares to export the folder again after any of them changed."""
     if isinstance(model, Encoder):
         encoder = model.clone()
-        source = {"model": encoder.source or "in-memory Encoder", "sha256": _state_dict_sha256(encoder)}
+        source: dict[str, Any] = {"model": encoder.source or "in-memory Encoder", "sha256": _state_dict_sha256(encoder)}
         if pooling is not None:
             encoder.pooling = check_pooling(pooling)
     else:
         folder = resolve_model(model)
+        files = embedding_file_digests(folder)  # before loading: a file changed meanwhile makes the next start export
         encoder = Encoder.from_pretrained(folder, pooling=pooling)
         weights = weights_file(folder)
         digest = sha256_file(weights) if weights is not None else _state_dict_sha256(encoder)
-        source = {"model": os.fspath(model), "sha256": digest}
+        source = {"model": os.fspath(model), "sha256": digest, "files": files}
     encoder.normalize = True  # bundles always serve unit vectors: the normalisation is in the graph
     return encoder.float().cpu().eval(), source
 

@@ -28,8 +28,8 @@ import uvicorn
 from pydantic import SecretStr, TypeAdapter, ValidationError
 
 from core import registry
-from core.catalog import BUILTIN_MODELS, sha256_file
-from core.model_folder import weights_file
+from core.catalog import BUILTIN_MODELS
+from core.model_folder import embedding_file_digests
 from service.engine.served import models_to_serve
 from service.errors import validation_message
 from service.observability import configure_logging
@@ -165,33 +165,51 @@ def model_folders(settings: ServiceSettings) -> tuple[ServiceSettings, dict[str,
     return settings.model_copy(update={"models": names, "default_model": default}), folders
 
 
-def _exported_from(bundle: Path | None, folder: Path) -> bool:
-    """Whether the promoted ``bundle`` was exported from the weights now in ``folder`` (its manifest's sha256);
-    weights in other files than one `core.model_folder.WEIGHT_FILES` (sharded, say) are not compared: any bundle of
-    the name stands."""
-    weights = weights_file(folder)
-    if bundle is None or weights is None:
-        return bundle is not None
-    return registry.read_manifest(bundle).get("source", {}).get("sha256") == sha256_file(weights)
+def _reexport_reason(name: str, bundle: Path | None, folder: Path) -> str | None:
+    """Why the model folder ``folder`` must be exported again for ``name``, or None when its promoted ``bundle`` was
+    exported from the folder as it is now: every file that decides the embeddings (weights, configs, tokenizer,
+    pooling, prompts, Dense layer: `core.model_folder.embedding_file_digests`) has the sha256 the bundle's manifest
+    recorded at export. A bundle exported before manifests recorded those files (only its weights' sha256) is
+    exported again once, since what else changed cannot be known."""
+    if bundle is None:
+        return f"no promoted {name!r}: creating it from {folder} once"
+    source = registry.read_manifest(bundle).get("source") or {}
+    recorded = source.get("files")
+    version = f"{name!r} version {bundle.name}"
+    if not isinstance(recorded, dict):
+        return (
+            f"{version} records only its weights' sha256, not those of the other files that decide the embeddings "
+            f"(configs, tokenizer, pooling, prompts): exporting {folder} again once so later starts can compare them"
+        )
+    current = embedding_file_digests(folder)
+    changed = sorted(path for path in recorded.keys() | current.keys() if recorded.get(path) != current.get(path))
+    if not changed:
+        return None
+    return f"{folder} changed since {version} was exported from it ({', '.join(changed)}): exporting it again"
 
 
 def ensure_bundles(settings: ServiceSettings, folders: Mapping[str, Path] = {}) -> list[str]:
     """Export, each in a child process, every bundle the server is to serve and the registry lacks: the default
     model when the registry has no promoted model at all, every built-in name in ``models`` once, and each model
-    folder (``folders``, by name: `model_folders`) whose weights the promoted bundle of its name was not exported
-    from — so a folder retrained in place is exported again on the next start. Then the names it serves
-    (`models_to_serve`: RuntimeError says what is missing, before the server starts)."""
+    folder (``folders``, by name: `model_folders`) the promoted bundle of its name was not exported from as it is
+    now (`_reexport_reason`) — so a folder retrained, or given another pooling, tokenizer, prompt or length, in place
+    is exported again on the next start. Then the names it serves (`models_to_serve`: RuntimeError says what is
+    missing, before the server starts)."""
     root = Path(settings.registry_dir)
     found = registry.served_models(root)
     wanted = list(settings.models) or ([] if found else [settings.default_model])
-    builtin = [(name, None) for name in wanted if name not in found and name in BUILTIN_MODELS and name not in folders]
-    stale = [(name, folder) for name, folder in folders.items() if not _exported_from(found.get(name), folder)]
-    for name, folder in builtin + stale:
-        command = export_command(settings, name, folder)
-        log.info(
-            "registry %s has no promoted %r from %s: creating it once (a minute or two; next starts skip this)",
-            root.absolute(), name, folder or "the built-in model",
-        )  # fmt: skip
+    exports: list[tuple[str, Path | None, str]] = [
+        (name, None, f"no promoted {name!r}: creating it from the built-in model once")
+        for name in wanted
+        if name not in found and name in BUILTIN_MODELS and name not in folders
+    ]
+    for name, folder in folders.items():
+        reason = _reexport_reason(name, found.get(name), folder)
+        if reason is not None:
+            exports.append((name, folder, reason))
+    for name, source, reason in exports:
+        command = export_command(settings, name, source)
+        log.info("registry %s: %s (a minute or two; next starts skip this)", root.absolute(), reason)
         env = {**os.environ, "EMBED_CACHE_DIR": str(settings.cache_dir)}
         completed = subprocess.run(command, env=env, check=False)
         if completed.returncode != 0:

@@ -19,6 +19,7 @@ import torch
 from core import registry, runtime
 from core.catalog import sha256_file
 from core.engines import load_engine
+from core.model_folder import embedding_file_digests
 from core.runtime import OnnxBundle, cosines
 from evaluation.embedding_model import load_model
 from export import bundle as exporter
@@ -76,6 +77,12 @@ def test_bundle_layout_and_manifest(l3_registry: Path, minilm_l3_path: Path) -> 
     assert manifest["name"] == "minilm-l3" and manifest["version"] == "1" and manifest["parent"] == "base@1"
     assert datetime.fromisoformat(manifest["created_at"]).utcoffset().total_seconds() == 0
     assert manifest["source"]["sha256"] == sha256_file(minilm_l3_path / "model.safetensors")
+    # every file that decides the embeddings: `embedder serve --models ./folder` exports again when one differs
+    assert manifest["source"]["files"] == embedding_file_digests(minilm_l3_path)
+    assert {
+        "config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "modules.json", "1_Pooling/config.json",
+        "sentence_bert_config.json",
+    } <= set(manifest["source"]["files"])  # fmt: skip
     assert (manifest["layers"], manifest["source_layers"], manifest["dim"]) == (3, 3, 384)
     assert manifest["pooling"] == "mean" and manifest["normalized"] is True  # normalised although the source is not
     assert manifest["max_seq_length"] == 128

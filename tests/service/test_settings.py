@@ -106,11 +106,28 @@ def test_built_in_models_to_serve_are_exported_once_and_others_named_before_the_
     assert ServiceSettings(models=["drug-a", "minilm-l6"]).default_model == "minilm-l6"
 
 
-def test_a_model_folder_is_served_under_its_name_and_exported_again_when_its_weights_change(tmp_path, monkeypatch):
+def fake_folder_export(root, calls):
+    """What the export subprocess of a model folder leaves behind: its bundle, promoted, whose manifest records the
+    folder's weights' sha256 and the sha256 of every file that decides its embeddings, as `export_bundle` does."""
     import json
 
     from core import registry
     from core.catalog import sha256_file
+    from core.model_folder import embedding_file_digests
+
+    def fake_export(command, **kwargs):
+        calls.append(command)
+        folder = Path(command[4])
+        bundle = make_fake_bundle(root, command[command.index("--name") + 1])
+        source = {"sha256": sha256_file(folder / "model.safetensors"), "files": embedding_file_digests(folder)}
+        (bundle / "manifest.json").write_text(json.dumps(registry.read_manifest(bundle) | {"source": source}))
+        return subprocess.CompletedProcess(command, 0)
+
+    return fake_export
+
+
+def test_a_model_folder_is_served_under_its_name_and_exported_again_when_its_weights_change(tmp_path, monkeypatch):
+    from core import registry
     from service import cli
 
     root = tmp_path / "reg"
@@ -120,16 +137,7 @@ def test_a_model_folder_is_served_under_its_name_and_exported_again_when_its_wei
     (folder / "model.safetensors").write_bytes(b"first weights")
     calls = []
 
-    def fake_export(command, **kwargs):  # the export subprocess: the folder's bundle, promoted, with its weights' hash
-        calls.append(command)
-        bundle = make_fake_bundle(root, command[command.index("--name") + 1])
-        manifest = registry.read_manifest(bundle) | {
-            "source": {"sha256": sha256_file(Path(command[4]) / "model.safetensors")}
-        }
-        (bundle / "manifest.json").write_text(json.dumps(manifest))
-        return subprocess.CompletedProcess(command, 0)
-
-    monkeypatch.setattr(cli.subprocess, "run", fake_export)
+    monkeypatch.setattr(cli.subprocess, "run", fake_folder_export(root, calls))
     monkeypatch.chdir(tmp_path)
     settings, folders = cli.model_folders(ServiceSettings(registry_dir=root, models=["./models/My Model v2"]))
     assert (settings.models, settings.default_model) == (["my-model-v2"], "my-model-v2")
@@ -150,6 +158,90 @@ def test_a_model_folder_is_served_under_its_name_and_exported_again_when_its_wei
         cli.model_folders(ServiceSettings(registry_dir=root, models=[str(folder), str(twin)]))
     named, _ = cli.model_folders(ServiceSettings(registry_dir=root, models=["minilm-l3", str(folder)]))
     assert (named.models, named.default_model) == (["minilm-l3", "my-model-v2"], "minilm-l3")
+
+
+def _st_folder(folder, *, pooling="cls", max_seq_length=128):
+    """A sentence-transformers model folder: config, weights, tokenizer, pooling, a Dense layer, prompts."""
+    from core.model_folder import DenseLayer, Prompts, write_sentence_transformers_config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text('{"hidden_size": 8}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "tokenizer.json").write_text('{"model": "wordpiece"}')
+    (folder / "vocab.txt").write_text("[PAD]\n[CLS]\n")
+    write_sentence_transformers_config(
+        folder, dim=8, pooling=pooling, normalize=True, max_seq_length=max_seq_length, dense=DenseLayer(8, 4),
+        prompts=Prompts({"query": "query: "}),
+    )  # fmt: skip
+    (folder / "2_Dense" / "model.safetensors").write_bytes(b"dense weights")
+    return folder
+
+
+def test_a_model_folder_is_exported_again_when_any_file_that_decides_its_embeddings_changes(
+    tmp_path, monkeypatch, caplog
+):
+    """Pooling, max length, tokenizer, prompts, modules and the Dense layer change the vectors as much as the weights:
+    a change to any of them exports the folder again at the next start; a file that does not (a README) does not."""
+    import json
+    import logging
+
+    from core import registry
+    from service import cli
+
+    root = tmp_path / "reg"
+    folder = _st_folder(tmp_path / "mine")
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "run", fake_folder_export(root, calls))
+    settings, folders = cli.model_folders(ServiceSettings(registry_dir=root, models=[str(folder)]))
+    assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == 1
+    assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == 1  # unchanged: served as is
+
+    with caplog.at_level(logging.INFO, logger="service"):
+        _st_folder(folder, pooling="mean", max_seq_length=64)  # CLS -> mean pooling, 128 -> 64 tokens
+        assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == 2
+    assert registry.current_version(root, "mine") == "2"
+    assert "(1_Pooling/config.json, sentence_bert_config.json): exporting it again" in caplog.text
+
+    changes = {
+        "tokenizer.json": '{"model": "bpe"}',
+        "vocab.txt": "[PAD]\n[CLS]\n[SEP]\n",
+        "config.json": '{"hidden_size": 8, "layer_norm_eps": 1e-6}',
+        "config_sentence_transformers.json": json.dumps({"prompts": {"query": "search: "}}),
+        "2_Dense/config.json": json.dumps({"in_features": 8, "out_features": 4, "bias": False}),
+        "2_Dense/model.safetensors": "other dense weights",
+        "model.safetensors": "retrained weights",
+        "modules.json": "[]",  # last: without modules, the module folders no longer decide anything
+    }
+    for count, (name, text) in enumerate(changes.items(), start=3):
+        (folder / name).write_text(text)
+        assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == count, name
+    (folder / "README.md").write_text("notes")
+    assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == len(changes) + 2
+
+
+def test_a_bundle_that_recorded_only_its_weights_digest_is_exported_again_once(tmp_path, monkeypatch, caplog):
+    """Bundles exported before manifests recorded every file that decides the embeddings say nothing about the
+    pooling or tokenizer they were made with: the folder is exported once more (the log says why), then compared."""
+    import json
+    import logging
+
+    from core import registry
+    from core.catalog import sha256_file
+    from service import cli
+
+    root = tmp_path / "reg"
+    folder = _st_folder(tmp_path / "mine")
+    old = make_fake_bundle(root, "mine")
+    manifest = registry.read_manifest(old) | {"source": {"sha256": sha256_file(folder / "model.safetensors")}}
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "run", fake_folder_export(root, calls))
+    settings, folders = cli.model_folders(ServiceSettings(registry_dir=root, models=[str(folder)]))
+    with caplog.at_level(logging.INFO, logger="service"):
+        assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == 1
+    assert "'mine' version 1 records only its weights' sha256" in caplog.text
+    assert registry.current_version(root, "mine") == "2"
+    assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == 1  # recorded now: compared, unchanged
 
 
 @pytest.mark.parametrize(
