@@ -137,6 +137,14 @@ class ModelCard(BaseModel):
     version: str
     dim: int
     max_seq_length: int
+    pooling: str | None = Field(
+        default=None,
+        description="How the model makes one vector of a text's token vectors (sentence-transformers' pooling): "
+        "mean, cls, last, max or mean_sqrt_len; null for a bundle whose manifest does not record it.",
+    )
+    normalized: bool = Field(
+        description="Whether the vectors have unit length (L2-normalised), so that a dot product is their cosine."
+    )
     quantization: str = Field(description="The precision the served engine computes in: int8, bf16, or none (fp32).")
     engine: str | None = Field(
         default=None,

@@ -212,6 +212,8 @@ def _card(model: ServedModel) -> ModelCard:
         version=model.info.version,
         dim=model.info.dim,
         max_seq_length=model.info.max_seq_length,
+        pooling=manifest.get("pooling"),
+        normalized=model.info.normalized,
         quantization=_QUANTIZATION.get(choice.get("precision", model.info.variant), "none"),
         engine=choice.get("engine"),
         engine_choice=choice or None,

@@ -61,6 +61,25 @@ def test_dimensions_truncate_and_renormalise(client):
     np.testing.assert_allclose(tei, expected, atol=1e-6)
 
 
+def test_model_cards_say_how_the_vectors_are_pooled_and_whether_they_are_normalised(tmp_path, make_app, publish_fake):
+    """A client choosing a similarity (dot product or cosine) or comparing with another server's vectors needs the
+    pooling and the normalisation the bundle manifest records."""
+    root = tmp_path / "reg"
+    bundle = publish_fake(root, "cls-model")
+    manifest = json.loads((bundle / "manifest.json").read_text()) | {"pooling": "cls", "normalized": True}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    publish_fake(root, "raw", normalized=False)  # a manifest without pooling: exported before it was recorded
+    with TestClient(make_app(registry_dir=root, default_model="cls-model")) as client:
+        cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
+        assert (cards["cls-model"]["pooling"], cards["cls-model"]["normalized"]) == ("cls", True)
+        assert (cards["raw"]["pooling"], cards["raw"]["normalized"]) == (None, False)
+        assert client.get("/v1/models/cls-model").json() == cards["cls-model"]
+        info = client.get("/info").json()["models"]
+        assert {m["id"]: m["pooling"] for m in info} == {"cls-model": "cls", "raw": None}
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["ModelCard"]
+        assert {"pooling", "normalized"} <= set(schema["properties"])
+
+
 def test_tei_embed_and_similarity(client):
     vectors = client.post("/embed", json={"inputs": ["red apple", "green pear"]}).json()
     assert len(vectors) == 2 and all(len(v) == 16 for v in vectors)
