@@ -257,14 +257,21 @@ def _check_module_chain(folder: Path, modules: list[Mapping[str, Any]]) -> None:
 def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
     """Pooling, normalisation, the Dense output layer (``dense``: a `DenseLayer`), max length and ``prompts`` (a
     `Prompts`) from sentence-transformers' files, where present. Modules this project cannot reproduce (anything
-    but `SUPPORTED_MODULES`, in that order) raise ValueError."""
+    but `SUPPORTED_MODULES`, in that order) raise ValueError.
+
+    Prompts with empty text are left out (and a default naming one is dropped): they add nothing to the input, and
+    sentence-transformers 3 and later write ``{"query": "", "document": ""}`` into every model it saves, so they
+    neither count as prompts pooling could leave out nor hide a non-empty one (e5's ``passage``)."""
     folder = Path(folder)
     found: dict[str, Any] = {}
     st_model = folder / ST_MODEL_CONFIG
     if st_model.exists():
         cfg = json.loads(st_model.read_text())
-        if cfg.get("prompts"):
-            found["prompts"] = Prompts(dict(cfg["prompts"]), cfg.get("default_prompt_name"))
+        declared = dict(cfg.get("prompts") or {})
+        texts = {name: text for name, text in declared.items() if text}
+        if texts:
+            default = cfg.get("default_prompt_name")
+            found["prompts"] = Prompts(texts, None if default in declared and default not in texts else default)
     modules_file = folder / "modules.json"
     if modules_file.exists():
         modules = json.loads(modules_file.read_text())

@@ -10,6 +10,7 @@ import pytest
 
 from core.catalog import BUILTIN_MODELS, resolve_model
 from core.model_folder import (
+    ST_MODEL_CONFIG,
     DenseLayer,
     read_sentence_transformers_config,
     write_sentence_transformers_config,
@@ -76,3 +77,38 @@ def test_the_builtin_folders_load(minilm_l6_path: Path, minilm_l3_path: Path) ->
     assert read_sentence_transformers_config(minilm_l3_path)["pooling"] == "mean"
     if BUILTIN_MODELS["mpnet-base"].installed():
         assert read_sentence_transformers_config(resolve_model("mpnet-base"))["normalize"] is True
+
+
+def _exclude_prompt_tokens(folder: Path, prompts: dict[str, str], default: str | None = None) -> None:
+    pooling_file = folder / "1_Pooling" / "config.json"
+    pooling_file.write_text(json.dumps(json.loads(pooling_file.read_text()) | {"include_prompt": False}))
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps({"prompts": prompts, "default_prompt_name": default}))
+
+
+def test_empty_prompts_do_not_block_pooling_without_prompt_tokens(tmp_path: Path) -> None:
+    """sentence-transformers 3+ saves ``{"query": "", "document": ""}`` into every model: with nothing to leave
+    out, include_prompt: false pools exactly as this project does."""
+    folder = _folder(tmp_path)
+    _exclude_prompt_tokens(folder, {"query": "", "document": ""})
+    found = read_sentence_transformers_config(folder)
+    assert found["pooling"] == "mean" and "prompts" not in found
+
+
+def test_empty_prompts_are_left_out_of_the_folders_prompts(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    e5 = {"query": "query: ", "document": "", "passage": "passage: "}
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps({"prompts": e5, "default_prompt_name": None}))
+    prompts = read_sentence_transformers_config(folder)["prompts"]
+    assert dict(prompts.texts) == {"query": "query: ", "passage": "passage: "}
+    assert prompts.for_role("document") == "passage: "  # an empty "document" prompt does not hide e5's "passage"
+    default_empty = {"prompts": {"query": "q: ", "doc": ""}, "default_prompt_name": "doc"}
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps(default_empty))
+    prompts = read_sentence_transformers_config(folder)["prompts"]  # an empty default adds nothing: no default
+    assert dict(prompts.texts) == {"query": "q: "} and prompts.default is None and prompts.text_for(None) == ""
+
+
+def test_a_non_empty_prompt_with_pooling_without_prompt_tokens_is_refused(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    _exclude_prompt_tokens(folder, {"query": "Represent the query: ", "document": ""})
+    with pytest.raises(ValueError, match="include_prompt: false"):
+        read_sentence_transformers_config(folder)
