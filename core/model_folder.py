@@ -69,10 +69,16 @@ class Prompts:
         """The prompt for texts of ``role`` in a retrieval task (``query`` or ``document``): the prompt of that
         name (``passage`` too for a document, as e5 names it), else the default one, as mteb picks a prompt by
         its prompt type for a sentence-transformers model."""
-        for name in _ROLE_PROMPTS.get(role, ()):
-            if name in self.texts:
-                return self.texts[name]
+        named = [self.texts[name] for name in _ROLE_PROMPTS.get(role, ()) if name in self.texts]
+        if named:  # a non-empty one first: sentence-transformers 3+ writes an empty "document" beside e5's "passage"
+            return next((text for text in named if text), "")
         return self.text_for(None)
+
+    @property
+    def nonempty(self) -> bool:
+        """Whether any prompt adds text (sentence-transformers 3+ writes ``{"query": "", "document": ""}`` into every
+        model it saves: names a client may send, which add nothing)."""
+        return any(self.texts.values())
 
     def text_for(self, name: str | None) -> str:
         """The text to put before each input for prompt ``name`` (the default prompt, or none, for None), as
@@ -259,19 +265,16 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
     `Prompts`) from sentence-transformers' files, where present. Modules this project cannot reproduce (anything
     but `SUPPORTED_MODULES`, in that order) raise ValueError.
 
-    Prompts with empty text are left out (and a default naming one is dropped): they add nothing to the input, and
-    sentence-transformers 3 and later write ``{"query": "", "document": ""}`` into every model it saves, so they
-    neither count as prompts pooling could leave out nor hide a non-empty one (e5's ``passage``)."""
+    Prompts with empty text stay valid names (``prompt_name="query"`` adds nothing, as in sentence-transformers) but
+    do not count as prompts pooling could leave out: sentence-transformers 3 and later write ``{"query": "",
+    "document": ""}`` into every model it saves."""
     folder = Path(folder)
     found: dict[str, Any] = {}
     st_model = folder / ST_MODEL_CONFIG
     if st_model.exists():
         cfg = json.loads(st_model.read_text())
-        declared = dict(cfg.get("prompts") or {})
-        texts = {name: text for name, text in declared.items() if text}
-        if texts:
-            default = cfg.get("default_prompt_name")
-            found["prompts"] = Prompts(texts, None if default in declared and default not in texts else default)
+        if cfg.get("prompts"):
+            found["prompts"] = Prompts(dict(cfg["prompts"]), cfg.get("default_prompt_name"))
     modules_file = folder / "modules.json"
     if modules_file.exists():
         modules = json.loads(modules_file.read_text())
@@ -287,7 +290,7 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
                         "pass pooling= explicitly"
                     )
                 found["pooling"] = modes[0]
-                if "prompts" in found and cfg.get("include_prompt") is False:
+                if "prompts" in found and found["prompts"].nonempty and cfg.get("include_prompt") is False:
                     raise ValueError(
                         f"{folder}: its pooling leaves the prompt's tokens out (include_prompt: false), which this "
                         f"project's pooling does not do; remove the prompts from {ST_MODEL_CONFIG} to use the model "

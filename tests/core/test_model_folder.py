@@ -87,24 +87,24 @@ def _exclude_prompt_tokens(folder: Path, prompts: dict[str, str], default: str |
 
 def test_empty_prompts_do_not_block_pooling_without_prompt_tokens(tmp_path: Path) -> None:
     """sentence-transformers 3+ saves ``{"query": "", "document": ""}`` into every model: with nothing to leave
-    out, include_prompt: false pools exactly as this project does."""
+    out, include_prompt: false pools exactly as this project does, and the names stay valid (adding nothing)."""
     folder = _folder(tmp_path)
     _exclude_prompt_tokens(folder, {"query": "", "document": ""})
     found = read_sentence_transformers_config(folder)
-    assert found["pooling"] == "mean" and "prompts" not in found
+    assert found["pooling"] == "mean" and not found["prompts"].nonempty
+    assert found["prompts"].text_for("query") == "" and found["prompts"].text_for(None) == ""
 
 
-def test_empty_prompts_are_left_out_of_the_folders_prompts(tmp_path: Path) -> None:
+def test_an_empty_document_prompt_does_not_hide_a_passage_prompt(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
     e5 = {"query": "query: ", "document": "", "passage": "passage: "}
     (folder / ST_MODEL_CONFIG).write_text(json.dumps({"prompts": e5, "default_prompt_name": None}))
     prompts = read_sentence_transformers_config(folder)["prompts"]
-    assert dict(prompts.texts) == {"query": "query: ", "passage": "passage: "}
-    assert prompts.for_role("document") == "passage: "  # an empty "document" prompt does not hide e5's "passage"
-    default_empty = {"prompts": {"query": "q: ", "doc": ""}, "default_prompt_name": "doc"}
-    (folder / ST_MODEL_CONFIG).write_text(json.dumps(default_empty))
-    prompts = read_sentence_transformers_config(folder)["prompts"]  # an empty default adds nothing: no default
-    assert dict(prompts.texts) == {"query": "q: "} and prompts.default is None and prompts.text_for(None) == ""
+    assert prompts.for_role("document") == "passage: " and prompts.for_role("query") == "query: "
+    assert prompts.text_for("document") == ""  # named, it is what the folder says
+    only_empty = {"prompts": {"query": "", "document": ""}}
+    (folder / ST_MODEL_CONFIG).write_text(json.dumps(only_empty))
+    assert read_sentence_transformers_config(folder)["prompts"].for_role("document") == ""
 
 
 def test_a_non_empty_prompt_with_pooling_without_prompt_tokens_is_refused(tmp_path: Path) -> None:
