@@ -5,7 +5,8 @@ background while it is unavailable: /embed serves meanwhile and /adapt answers 5
 (every ``heartbeat_seconds`` it takes back jobs whose lease lapsed, whoever held them) and, in the default
 single-machine mode, starts the supervised worker processes; the service includes it with
 ``app.include_router(...)`` (FastAPI merges the router's lifespan into the app's). Every replica answers the same
-for every job: they all read one store.
+for every job: they all read one store. With /adapt off (``EMBED_ADAPT_ENABLED=false``) the lifespan opens nothing —
+no store, so no migrations and no adapt folder — and every route answers 503 ``disabled``.
 
 | route | |
 |---|---|
@@ -81,14 +82,24 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
-    """The /adapt routes with a lifespan that opens the job store and supervises the workers. ``keys`` are the
-    service's (`ApiKeys.check_admin` guards every route)."""
+    """The /adapt routes with a lifespan that opens the job store and supervises the workers (with /adapt off, it
+    opens nothing and the routes answer 503 ``disabled``). ``keys`` are the service's (`ApiKeys.check_admin` guards
+    every route)."""
     api = AdaptAPI(config, keys)
+
+    def job_store() -> JobStore:
+        """The open job store; 503 ``disabled`` on a server with /adapt off, which never opens one."""
+        if not config.settings.enabled:
+            raise ServiceError(ErrorKind.adapt_disabled, "/adapt is disabled on this server")
+        return api.jobs()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await api.start()
         app.state.adapt = api
+        if not config.settings.enabled:  # /adapt off: no job store (its migrations, its folder), no rescuer, no worker
+            yield
+            return
+        await api.start()
         metrics = getattr(app.state, "metrics", None)
         if metrics is not None:  # inside the full service: job gauges and failures on its /metrics
             metrics.registry.register(AdaptCollector(api))
@@ -107,9 +118,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
     async def submit(request: Request) -> Response:
         try:
             api.authorize(request)
-            if not config.settings.enabled:
-                raise ServiceError(ErrorKind.adapt_disabled, "/adapt is disabled on this server")
-            store = api.jobs()
+            store = job_store()
             job_id = new_job_id()
             folder = config.jobs_dir / job_id
             try:
@@ -169,7 +178,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             try:
-                jobs = await api.call(api.jobs().list_jobs, limit=limit + 1, after=after)
+                jobs = await api.call(job_store().list_jobs, limit=limit + 1, after=after)
             except JobNotFound as err:  # the cursor: an empty page would end the listing without saying why
                 raise ServiceError(ErrorKind.job_not_found, str(err), details={"after": after}) from err
         except ServiceError as err:
@@ -181,7 +190,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
     async def get_job(request: Request, job_id: str) -> Response:
         try:
             api.authorize(request)
-            job = await api.call(get_or_404, api.jobs(), job_id)
+            job = await api.call(get_or_404, job_store(), job_id)
         except ServiceError as err:
             return api.fail(request, err)
         return JSONResponse(AdaptJob.from_job(job).model_dump(mode="json"))
@@ -192,7 +201,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             api.authorize(request)
             caller = api.caller(request)
             try:
-                job, asked = await api.call(api.jobs().cancel, job_id, actor=caller)
+                job, asked = await api.call(job_store().cancel, job_id, actor=caller)
             except JobNotFound as err:
                 raise ServiceError(ErrorKind.job_not_found, str(err)) from err
             if asked:  # asking again while the worker stops changes nothing: logged once, as the store records it
@@ -209,7 +218,7 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
     async def job_events(request: Request, job_id: str) -> Response:
         try:
             api.authorize(request)
-            store = api.jobs()
+            store = job_store()
             await api.call(get_or_404, store, job_id)
         except ServiceError as err:
             return api.fail(request, err)

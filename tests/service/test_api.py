@@ -319,6 +319,27 @@ def test_adapt_errors_come_from_the_service_error_table_and_are_counted(tmp_path
     }  # fmt: skip
 
 
+@pytest.mark.parametrize("configured_dir", [False, True])
+def test_a_server_with_adapt_disabled_opens_and_creates_nothing_of_the_job_store(
+    tmp_path, make_app, publish_fake, configured_dir
+):
+    """/adapt off: no job store is opened (its migrations do not run) and no folder is made, neither the configured
+    adapt_dir nor the default one beside the registry; every /adapt route answers 503 disabled."""
+    root = tmp_path / "srv" / "registry"
+    publish_fake(root, "fake-a")
+    before = sorted(tmp_path.rglob("*"))
+    overrides = {"adapt_dir": str(tmp_path / "srv" / "adapt")} if configured_dir else {}
+    app = make_app(include_adapt=True, registry_dir=root, default_model="fake-a", adapt_enabled=False, **overrides)
+    routes = [("GET", "/adapt"), ("POST", "/adapt"), ("GET", "/adapt/j1"), ("GET", "/adapt/j1/events"),
+              ("POST", "/adapt/j1/cancel")]  # fmt: skip
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.post("/embed", json={"inputs": "a"}).status_code == 200
+        for method, path in routes:
+            _error(client.request(method, path, json={}), 503, "disabled", "/adapt is disabled on this server")
+    assert sorted(tmp_path.rglob("*")) == before
+    assert app.state.adapt.store is None and app.state.adapt.supervisor is None
+
+
 def test_internal_error_is_generic_for_clients(tmp_path, make_app, publish_fake, caplog):
     root = tmp_path / "reg"
     publish_fake(root, "fake-a", fail_word="explode")
@@ -365,8 +386,8 @@ def test_405_allows_every_method_of_the_path(make_app, tmp_path):
 
 def test_an_admin_key_works_on_the_client_routes_and_a_client_key_not_on_adapt(make_app, tmp_path):
     app = make_app(
-        include_adapt=True, api_keys="client-key", admin_api_keys="admin-key", adapt_supervise_worker=False,
-        adapt_dir=tmp_path / "adapt",
+        include_adapt=True, api_keys="client-key", admin_api_keys="admin-key", adapt_enabled=True,
+        adapt_supervise_worker=False, adapt_dir=tmp_path / "adapt",
     )  # fmt: skip
     admin, client_key = ({"Authorization": f"Bearer {key}"} for key in ("admin-key", "client-key"))
     with TestClient(app, raise_server_exceptions=False) as client:
@@ -383,8 +404,8 @@ def test_an_admin_key_works_on_the_client_routes_and_a_client_key_not_on_adapt(m
 @pytest.mark.parametrize("allow", [False, True])
 def test_without_admin_keys_adapt_refuses_client_keys_unless_allowed(make_app, tmp_path, allow):
     app = make_app(
-        include_adapt=True, api_keys="client-key", adapt_allow_client_keys=allow, adapt_supervise_worker=False,
-        adapt_dir=tmp_path / "adapt",
+        include_adapt=True, api_keys="client-key", adapt_allow_client_keys=allow, adapt_enabled=True,
+        adapt_supervise_worker=False, adapt_dir=tmp_path / "adapt",
     )  # fmt: skip
     with TestClient(app, raise_server_exceptions=False) as client:
         listed = client.get("/adapt", headers={"Authorization": "Bearer client-key"})

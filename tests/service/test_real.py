@@ -186,6 +186,7 @@ def test_embedder_serve_end_to_end_and_sigterm(tiny_registry, tmp_path):
     assert proc.returncode == 0, output
     assert "s3cret" not in output
     assert "stopped" in output
+    assert not (tmp_path / "adapt").exists()  # /adapt off: its job store was never opened, its folder never made
 
 
 @pytest.mark.parametrize(
