@@ -62,9 +62,9 @@ class ServiceSettings(BaseSettings):
     models: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Names of promoted bundles to serve (comma-separated), or Hugging Face model folders (a path: "
-        "served under the folder's name, exported at start when the registry has no bundle of that name from the "
-        "folder's current weights). Empty = every promoted model in the registry, including ones promoted later; a "
-        "fixed list bounds memory but ignores new names.",
+        "served under the folder's name, exported at start when the registry has no bundle of that name made from "
+        "the folder's current files: weights, configs, tokenizer, modules). Empty = every promoted model in the "
+        "registry, including ones promoted later; a fixed list bounds memory but ignores new names.",
     )
     default_model: str = Field(
         default=DEFAULT_MODEL,
