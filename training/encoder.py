@@ -17,6 +17,7 @@ Checkpoints are saved as a Hugging Face folder plus sentence-transformers' modul
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from tokenizers import normalizers
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -97,6 +99,9 @@ class Encoder(nn.Module):
         max_seq_length: longer inputs are truncated to this many tokens.
         output: an `OutputLayer` applied to the pooled vector before normalisation (None: none).
         prompts: sentence-transformers' named prompts, saved with the model and served from its bundle.
+        lower_case: lower-case every text before tokenising it, as sentence-transformers does for a model whose
+            ``sentence_bert_config.json`` says ``do_lower_case`` (`lowercase_inputs`: the tokenizer itself does it,
+            so its saved ``tokenizer.json`` — the one a bundle serves — does it too).
 
     Example::
 
@@ -114,6 +119,7 @@ class Encoder(nn.Module):
         max_seq_length: int = 256,
         output: OutputLayer | None = None,
         prompts: Prompts | None = None,
+        lower_case: bool = False,
     ) -> None:
         super().__init__()
         self.backbone = backbone
@@ -130,6 +136,8 @@ class Encoder(nn.Module):
             if filler is None:
                 raise ValueError("the tokenizer has no pad, end-of-sequence, unknown or separator token to pad with")
             tokenizer.pad_token = filler
+        if lower_case:
+            lowercase_inputs(tokenizer)
         self.pooling = check_pooling(pooling)
         self.normalize = normalize
         if max_seq_length < 2:
@@ -158,7 +166,7 @@ class Encoder(nn.Module):
     ) -> Encoder:
         """Load a built-in model name or any Hugging Face folder.
 
-        Pooling, normalisation and max length default to the folder's sentence-transformers files;
+        Pooling, normalisation, max length and lower-casing default to the folder's sentence-transformers files;
         a plain Hugging Face folder gets mean pooling and L2 normalisation.
         """
         folder = resolve_model(name_or_path, cache_dir)
@@ -182,6 +190,7 @@ class Encoder(nn.Module):
             max_seq_length=max_seq_length,
             output=OutputLayer.load(folder, found["dense"]) if "dense" in found else None,
             prompts=found.get("prompts"),
+            lower_case=_st_lower_case(weights),
         )
         encoder.source = str(folder)
         return encoder.to(device or "cpu")
@@ -377,6 +386,44 @@ class Encoder(nn.Module):
     def clone(self) -> Encoder:
         """An independent deep copy (e.g. a frozen reference encoder)."""
         return copy.deepcopy(self)
+
+
+def lowercase_inputs(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Make ``tokenizer`` lower-case every text first, as sentence-transformers' ``do_lower_case`` does (it calls
+    ``str.lower()`` on each text before tokenising).
+
+    A fast tokenizer gets a ``Lowercase`` normalizer ahead of its own, so the lower-casing is part of its
+    ``tokenizer.json``: whatever reads that file (a bundle's server, sentence-transformers, a reloaded checkpoint)
+    lower-cases too. A tokenizer that already lower-cases is left as it is. A slow tokenizer lower-cases all but its
+    special tokens in ``tokenize`` when its ``do_lower_case`` is set.
+    """
+    if not tokenizer.is_fast:
+        tokenizer.do_lower_case = True
+        return
+    backend = tokenizer.backend_tokenizer
+    if _lowercases(json.loads(backend.to_str()).get("normalizer")):
+        return
+    current = backend.normalizer
+    backend.normalizer = (
+        normalizers.Lowercase() if current is None else normalizers.Sequence([normalizers.Lowercase(), current])
+    )
+
+
+def _lowercases(normalizer: dict[str, Any] | None) -> bool:
+    """Whether a serialised ``tokenizers`` normalizer lower-cases every text."""
+    if not normalizer:
+        return False
+    if normalizer.get("type") == "Sequence":
+        return any(_lowercases(step) for step in normalizer.get("normalizers", []))
+    return normalizer.get("type") == "Lowercase" or (
+        normalizer.get("type") == "BertNormalizer" and bool(normalizer.get("lowercase"))
+    )
+
+
+def _st_lower_case(weights: Path) -> bool:
+    """``do_lower_case`` of the sentence_bert_config.json beside the weights (False without one)."""
+    path = weights / "sentence_bert_config.json"
+    return path.is_file() and bool(json.loads(path.read_text()).get("do_lower_case", False))
 
 
 def _default_max_length(config: Any, tokenizer: PreTrainedTokenizerBase) -> int:
