@@ -107,7 +107,8 @@ def main(argv: list[str]) -> int:
     promoted = " (promoted)" if args.promote else ""
     print(
         f"{manifest['name']} version {manifest['version']}{promoted}: {manifest['layers']}/{manifest['source_layers']} "
-        f"layers, dim {manifest['dim']}, {manifest['pooling']} pooling, serves {manifest['serve_variant']}"
+        f"layers, dim {manifest['dim']}, {manifest['pooling']} pooling, max_seq_length {manifest['max_seq_length']}, "
+        f"serves {manifest['serve_variant']}"
     )
     if manifest.get("prompts"):  # what clients pass as prompt_name
         default = manifest.get("default_prompt_name") or "none"

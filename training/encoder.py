@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 
 # Where architectures keep their stack of transformer layers.
 _LAYER_PATHS = ("encoder.layer", "encoder.layers", "transformer.layer", "layers", "h", "layer")
+# Tokenizers saved without a length limit report int(1e30); no real model takes this many tokens.
+_NO_LIMIT = 100_000
+# The input length of a model that states none: neither its tokenizer nor a position table.
+_FALLBACK_MAX_LENGTH = 512
 
 
 def find_layers(backbone: nn.Module) -> tuple[nn.Module, str]:
@@ -166,8 +170,10 @@ class Encoder(nn.Module):
     ) -> Encoder:
         """Load a built-in model name or any Hugging Face folder.
 
-        Pooling, normalisation, max length and lower-casing default to the folder's sentence-transformers files;
-        a plain Hugging Face folder gets mean pooling and L2 normalisation.
+        Pooling, normalisation, max length and lower-casing default to the folder's sentence-transformers files; a
+        plain Hugging Face folder gets mean pooling, L2 normalisation and its tokenizer's length limit (the position
+        table's when the tokenizer states none), as sentence-transformers gives it. A max length past what the position
+        table can take is cut to it, with a warning.
         """
         folder = resolve_model(name_or_path, cache_dir)
         found = read_sentence_transformers_config(folder)
@@ -181,7 +187,14 @@ class Encoder(nn.Module):
             hf_logging.set_verbosity(verbosity)
         tokenizer = AutoTokenizer.from_pretrained(weights, use_fast=True)
         if max_seq_length is None:
-            max_seq_length = found.get("max_seq_length") or _default_max_length(config, tokenizer)
+            max_seq_length = found.get("max_seq_length") or _default_max_length(tokenizer, backbone)
+        limit = usable_positions(backbone)
+        if limit is not None and max_seq_length > limit:
+            log.warning(
+                "%s: max_seq_length %d is more than the model's position table takes; inputs are cut at %d tokens",
+                folder, max_seq_length, limit,
+            )  # fmt: skip
+            max_seq_length = limit
         encoder = cls(
             backbone,
             tokenizer,
@@ -426,11 +439,24 @@ def _st_lower_case(weights: Path) -> bool:
     return path.is_file() and bool(json.loads(path.read_text()).get("do_lower_case", False))
 
 
-def _default_max_length(config: Any, tokenizer: PreTrainedTokenizerBase) -> int:
-    limit = int(getattr(tokenizer, "model_max_length", 512) or 512)
-    if limit > 100_000:  # "no limit" sentinel of tokenizers saved without one
-        limit = 512
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions:
-        limit = min(limit, int(positions))
-    return min(limit, 512)
+def usable_positions(backbone: PreTrainedModel) -> int | None:
+    """How many tokens ``backbone``'s positions cover: ``max_position_embeddings``, less the offset of models that
+    number positions from ``padding_idx + 1`` (RoBERTa, XLM-RoBERTa, MPNet…: 514 positions take 512 tokens). None
+    for a model without a position limit in its config (T5's relative positions)."""
+    positions = getattr(backbone.config, "max_position_embeddings", None)
+    if not positions:
+        return None
+    embeddings = getattr(backbone, "embeddings", None)
+    padding_idx = getattr(embeddings, "padding_idx", None)
+    numbered_after_padding = isinstance(getattr(embeddings, "position_embeddings", None), nn.Embedding)
+    offset = padding_idx + 1 if numbered_after_padding and isinstance(padding_idx, int) and padding_idx >= 0 else 0
+    return int(positions) - offset
+
+
+def _default_max_length(tokenizer: PreTrainedTokenizerBase, backbone: PreTrainedModel) -> int:
+    """A plain folder's input length, as sentence-transformers picks it: the tokenizer's ``model_max_length``, else
+    (a tokenizer saved without a limit) the position table's. The caller cuts it to `usable_positions`."""
+    stated = int(getattr(tokenizer, "model_max_length", 0) or 0)
+    if 2 <= stated <= _NO_LIMIT:
+        return stated
+    return usable_positions(backbone) or _FALLBACK_MAX_LENGTH

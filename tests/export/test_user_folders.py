@@ -1,16 +1,38 @@
 """`embedder export FOLDER` on folders a user brings: each exports and serves as sentence-transformers reads it —
-lower-casing in the served tokenizer."""
+lower-casing in the served tokenizer, lengths within the position table."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+import pytest
+import torch
 from tokenizers import Tokenizer
 
+from core import registry
 from core.runtime import OnnxBundle
+from embedder.cli import main as embedder_main
 from export import bundle as exporter
-from tests.export.test_export import torch_reference
-from tests.training.test_encoder_folders import CASED_TEXT, LOWERED_IDS, lower_case_folder
+from tests.export.test_export import batch_of_17, onnx_vs_torch, torch_reference
+from tests.training.test_encoder_folders import (
+    CASED_TEXT,
+    LONG_TEXT,
+    LOWERED_IDS,
+    TINY,
+    lower_case_folder,
+    plain_folder,
+)
+
+
+def _export(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[int, str, list[str]]:
+    """`embedder export` (fp32 only): exit code, stdout and the lines on stderr (the progress bar's left out)."""
+    argv = ["export", str(folder), "--name", "user", "--registry", str(tmp_path / "registry"), "--quantize", "none"]
+    code = embedder_main(argv)
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip() and not line.startswith("export user")]
+    return code, captured.out, lines
 
 
 def test_do_lower_case_is_in_the_served_tokenizer(minilm_l6_path: Path, tmp_path: Path) -> None:
@@ -19,3 +41,42 @@ def test_do_lower_case_is_in_the_served_tokenizer(minilm_l6_path: Path, tmp_path
     assert Tokenizer.from_file(str(bundle / "tokenizer.json")).encode(CASED_TEXT).ids == LOWERED_IDS
     assert OnnxBundle(bundle).tokenize([CASED_TEXT])[0].ids == LOWERED_IDS
     assert torch_reference(folder).tokenize([CASED_TEXT])["input_ids"][0].tolist() == LOWERED_IDS
+
+
+def test_a_length_past_the_position_table_exports_at_the_tables_length(
+    tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = shutil.copytree(tiny_bert_path, tmp_path / "long")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    code, out, err = _export(folder, tmp_path, capsys)
+    assert code == 0, err
+    bundle = tmp_path / "registry" / "user" / "1"
+    assert registry.read_manifest(bundle)["max_seq_length"] == 128
+    assert "max_seq_length 128" in out
+    assert OnnxBundle(bundle).encode([LONG_TEXT]).shape == (1, 32)
+
+
+def test_plain_mpnet_exports_within_its_padding_offset(
+    minilm_l6_path: Path, tmp_path: Path, varied_texts: list[str]
+) -> None:
+    from transformers import MPNetConfig, MPNetModel
+
+    torch.manual_seed(0)
+    backbone = MPNetModel(MPNetConfig(vocab_size=30522, max_position_embeddings=130, **TINY), add_pooling_layer=False)
+    folder = plain_folder(tmp_path / "mpnet", backbone, minilm_l6_path)
+    bundle = exporter.export_bundle(folder, tmp_path / "registry", "mpnet")
+    assert registry.read_manifest(bundle)["max_seq_length"] == 128
+    assert onnx_vs_torch(bundle, torch_reference(folder), batch_of_17(varied_texts)).min() >= 0.9999
+
+
+def test_a_plain_folder_exports_at_its_tokenizers_length(
+    minilm_l6_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from transformers import BertConfig, BertModel
+
+    backbone = BertModel(BertConfig(vocab_size=30522, max_position_embeddings=1024, **TINY), add_pooling_layer=False)
+    folder = plain_folder(tmp_path / "long", backbone, minilm_l6_path, model_max_length=1024)
+    code, out, err = _export(folder, tmp_path, capsys)
+    assert code == 0, err
+    assert registry.read_manifest(tmp_path / "registry" / "user" / "1")["max_seq_length"] == 1024
+    assert "max_seq_length 1024" in out

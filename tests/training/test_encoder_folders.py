@@ -1,10 +1,15 @@
-"""Folders a user brings, as sentence-transformers loads them: lower-casing (``do_lower_case``)."""
+"""Folders a user brings, as sentence-transformers loads them: lower-casing (``do_lower_case``) and input lengths
+bounded by the position table."""
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -12,6 +17,7 @@ from training.encoder import Encoder
 
 CASED_TEXT = "A Man Is Playing"
 LOWERED_IDS = [101, 1037, 2158, 2003, 2652, 102]  # sentence-transformers' ids for CASED_TEXT, lower-cased first
+LONG_TEXT = "tokens " * 600  # past every position table here
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
 
 
@@ -30,6 +36,13 @@ def lower_case_folder(folder: Path, minilm_l6_path: Path) -> Path:
     backbone = BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY), add_pooling_layer=False)
     Encoder(backbone, cased_tokenizer(minilm_l6_path), max_seq_length=128).save(folder)
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": True}))
+    return folder
+
+
+def plain_folder(folder: Path, backbone: torch.nn.Module, minilm_l6_path: Path, **tokenizer_kwargs) -> Path:
+    """A Hugging Face folder without sentence-transformers' files: weights, config and tokenizer only."""
+    backbone.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(minilm_l6_path, **tokenizer_kwargs).save_pretrained(folder)
     return folder
 
 
@@ -57,3 +70,50 @@ def test_without_do_lower_case_a_cased_tokenizer_stays_cased(minilm_l6_path: Pat
     folder = lower_case_folder(tmp_path / "cased", minilm_l6_path)
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
     assert Encoder.from_pretrained(folder).tokenize([CASED_TEXT])["input_ids"][0].tolist()[1] == 100
+
+
+# --- input length -------------------------------------------------------------------------------
+
+
+def test_sentence_transformers_length_past_the_position_table_is_capped(
+    tiny_bert_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = shutil.copytree(tiny_bert_path, tmp_path / "long")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    with caplog.at_level(logging.WARNING, logger="training.encoder"):
+        encoder = Encoder.from_pretrained(folder)
+    assert encoder.max_seq_length == 128
+    assert "max_seq_length 512" in caplog.text and "128" in caplog.text
+    assert encoder.encode([LONG_TEXT]).shape == (1, 32)
+
+
+@pytest.mark.parametrize("architecture", ["mpnet", "roberta"])
+def test_plain_folder_length_leaves_out_the_padding_offset(
+    architecture: str, minilm_l6_path: Path, tmp_path: Path
+) -> None:
+    """MPNet and RoBERTa number positions from padding_idx + 1 (2 here): 130 positions take 128 tokens."""
+    import transformers as hf
+
+    config_cls, model_cls = {"mpnet": (hf.MPNetConfig, hf.MPNetModel), "roberta": (hf.RobertaConfig, hf.RobertaModel)}[
+        architecture
+    ]
+    torch.manual_seed(0)
+    backbone = model_cls(config_cls(vocab_size=30522, max_position_embeddings=130, pad_token_id=1, **TINY))
+    encoder = Encoder.from_pretrained(plain_folder(tmp_path / architecture, backbone, minilm_l6_path))
+    assert encoder.max_seq_length == 128
+    assert np.isfinite(encoder.encode([LONG_TEXT, "short"])).all()
+
+
+def test_plain_folder_takes_the_tokenizers_length_as_sentence_transformers_does(
+    minilm_l6_path: Path, tmp_path: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+    from transformers import BertConfig, BertModel
+
+    backbone = BertModel(BertConfig(vocab_size=30522, max_position_embeddings=1024, **TINY), add_pooling_layer=False)
+    folder = plain_folder(tmp_path / "long", backbone, minilm_l6_path, model_max_length=1024)
+    assert SentenceTransformer(str(folder), device="cpu").max_seq_length == 1024
+    assert Encoder.from_pretrained(folder).max_seq_length == 1024
+    # a tokenizer saved without a limit: the position table's
+    unlimited = plain_folder(tmp_path / "unlimited", backbone, minilm_l6_path, model_max_length=int(1e30))
+    assert Encoder.from_pretrained(unlimited).max_seq_length == 1024
