@@ -54,6 +54,9 @@ _LAYER_PATHS = ("encoder.layer", "encoder.layers", "transformer.layer", "layers"
 _NO_LIMIT = 100_000
 # The input length of a model that states none: neither its tokenizer nor a position table.
 _FALLBACK_MAX_LENGTH = 512
+CUSTOM_CODE_REFUSAL = (
+    "this model needs its own code (auto_map); the project loads only transformers' built-in architectures"
+)
 
 
 def find_layers(backbone: nn.Module) -> tuple[nn.Module, str]:
@@ -174,18 +177,26 @@ class Encoder(nn.Module):
         plain Hugging Face folder gets mean pooling, L2 normalisation and its tokenizer's length limit (the position
         table's when the tokenizer states none), as sentence-transformers gives it. A max length past what the position
         table can take is cut to it, with a warning.
+
+        Raises:
+            ValueError: in one line, for a model that needs its own code (``auto_map``).
         """
         folder = resolve_model(name_or_path, cache_dir)
         found = read_sentence_transformers_config(folder)
         weights = transformer_folder(folder)
-        config = AutoConfig.from_pretrained(weights)
+        config = _load_config(weights)
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # an unused pooler head "newly initialised" is expected
         try:
-            backbone = AutoModel.from_pretrained(weights, config=config)
+            backbone = AutoModel.from_pretrained(weights, config=config, trust_remote_code=False)
+        except ValueError as err:
+            raise _custom_code_error(weights, err) from None
         finally:
             hf_logging.set_verbosity(verbosity)
-        tokenizer = AutoTokenizer.from_pretrained(weights, use_fast=True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(weights, use_fast=True, trust_remote_code=False)
+        except ValueError as err:
+            raise _custom_code_error(weights, err) from None
         if max_seq_length is None:
             max_seq_length = found.get("max_seq_length") or _default_max_length(tokenizer, backbone)
         limit = usable_positions(backbone)
@@ -437,6 +448,28 @@ def _st_lower_case(weights: Path) -> bool:
     """``do_lower_case`` of the sentence_bert_config.json beside the weights (False without one)."""
     path = weights / "sentence_bert_config.json"
     return path.is_file() and bool(json.loads(path.read_text()).get("do_lower_case", False))
+
+
+def _load_config(weights: Path) -> Any:
+    """The folder's config, refused in one line when its model is defined by code in the folder (``auto_map``).
+
+    transformers would build its own class for a model type it knows even when ``auto_map`` names the folder's code
+    for ``AutoModel`` — different layers under the same name, loaded with freshly initialised weights — so such a
+    folder is refused as well. ``trust_remote_code=False`` keeps transformers from asking on the terminal whether to
+    run the code, which would block a command or the server's export subprocess.
+    """
+    raw = json.loads((weights / "config.json").read_text())
+    if "AutoModel" in (raw.get("auto_map") or {}):
+        raise ValueError(f"{weights}: {CUSTOM_CODE_REFUSAL}")
+    try:
+        return AutoConfig.from_pretrained(weights, trust_remote_code=False)
+    except ValueError as err:
+        raise _custom_code_error(weights, err) from None
+
+
+def _custom_code_error(weights: Path, err: ValueError) -> ValueError:
+    """transformers' refusal to run a folder's own code, as one line; any other error as it is."""
+    return ValueError(f"{weights}: {CUSTOM_CODE_REFUSAL}") if "trust_remote_code" in str(err) else err
 
 
 def usable_positions(backbone: PreTrainedModel) -> int | None:

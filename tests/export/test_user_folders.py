@@ -1,5 +1,6 @@
-"""`embedder export FOLDER` on folders a user brings: each exports and serves as sentence-transformers reads it —
-lower-casing in the served tokenizer, lengths within the position table."""
+"""`embedder export FOLDER` on folders a user brings: each exports and serves as sentence-transformers reads it, or
+is refused in one line — lower-casing in the served tokenizer, lengths within the position table, models that need
+their own code."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.training.test_encoder_folders import (
     LONG_TEXT,
     LOWERED_IDS,
     TINY,
+    custom_code_folder,
     lower_case_folder,
     plain_folder,
 )
@@ -80,3 +82,16 @@ def test_a_plain_folder_exports_at_its_tokenizers_length(
     assert code == 0, err
     assert registry.read_manifest(tmp_path / "registry" / "user" / "1")["max_seq_length"] == 1024
     assert "max_seq_length 1024" in out
+
+
+def test_folders_the_project_cannot_load_are_refused_in_one_line(
+    tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    custom = custom_code_folder(tmp_path / "custom", tiny_bert_path, "x-custom")
+    code, out, err = _export(custom, tmp_path, capsys)
+    assert code == 1 and out == ""
+    assert err == [
+        f"embedder export: {custom}: this model needs its own code (auto_map); the project loads only transformers' "
+        "built-in architectures"
+    ]
+    assert not (tmp_path / "registry").exists()

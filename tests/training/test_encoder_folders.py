@@ -1,5 +1,5 @@
-"""Folders a user brings, as sentence-transformers loads them: lower-casing (``do_lower_case``) and input lengths
-bounded by the position table."""
+"""Folders a user brings, as sentence-transformers loads them: lower-casing (``do_lower_case``), input lengths bounded
+by the position table; and models that need their own code, refused."""
 
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ def plain_folder(folder: Path, backbone: torch.nn.Module, minilm_l6_path: Path, 
     """A Hugging Face folder without sentence-transformers' files: weights, config and tokenizer only."""
     backbone.save_pretrained(folder)
     AutoTokenizer.from_pretrained(minilm_l6_path, **tokenizer_kwargs).save_pretrained(folder)
+    return folder
+
+
+def custom_code_folder(folder: Path, source: Path, model_type: str) -> Path:
+    """A copy of ``source`` whose config points AutoModel at code shipped in the folder (``auto_map``)."""
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = model_type
+    config["auto_map"] = {"AutoConfig": "configuration_x.XConfig", "AutoModel": "modeling_x.XModel"}
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
@@ -117,3 +127,31 @@ def test_plain_folder_takes_the_tokenizers_length_as_sentence_transformers_does(
     # a tokenizer saved without a limit: the position table's
     unlimited = plain_folder(tmp_path / "unlimited", backbone, minilm_l6_path, model_max_length=int(1e30))
     assert Encoder.from_pretrained(unlimited).max_seq_length == 1024
+
+
+# --- custom code ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", ["x-custom", "bert"])
+def test_a_model_that_needs_its_own_code_is_refused_without_a_prompt(
+    model_type: str, tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether or not transformers knows the model type, the folder's own code defines the model: refused before
+    transformers can ask on the terminal whether to run it."""
+
+    def no_prompt(*args: object) -> str:
+        raise AssertionError("transformers asked whether to run the folder's code")
+
+    monkeypatch.setattr("builtins.input", no_prompt)
+    folder = custom_code_folder(tmp_path / "custom", tiny_bert_path, model_type)
+    with pytest.raises(ValueError, match=r"^[^\n]*needs its own code \(auto_map\)[^\n]*built-in architectures$"):
+        Encoder.from_pretrained(folder)
+
+
+def test_a_tokenizer_that_needs_its_own_code_is_refused(tiny_bert_path: Path, tmp_path: Path) -> None:
+    folder = shutil.copytree(tiny_bert_path, tmp_path / "custom-tokenizer")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="XTokenizer", auto_map={"AutoTokenizer": ["tokenization_x.XTokenizer", None]})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"^[^\n]*needs its own code \(auto_map\)"):
+        Encoder.from_pretrained(folder)
