@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+import transformers
 from safetensors.torch import load_file, save_file
 from tokenizers import normalizers
 from torch import nn
@@ -48,8 +49,11 @@ from training.pooling import check_pooling, pool
 
 log = logging.getLogger(__name__)
 
-# Where architectures keep their stack of transformer layers.
-_LAYER_PATHS = ("encoder.layer", "encoder.layers", "transformer.layer", "layers", "h", "layer")
+# Where architectures keep their stack of transformer layers (T5's encoder: ``encoder.block``).
+_LAYER_PATHS = ("encoder.layer", "encoder.layers", "encoder.block", "transformer.layer", "layers", "h", "layer")
+# Encoder-decoder model types whose encoder transformers builds alone, as sentence-transformers loads sentence-T5 and
+# GTR: the embedding is the encoder's; the decoder is neither needed nor loaded.
+_ENCODER_ONLY_CLASSES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 # Tokenizers saved without a length limit report int(1e30); no real model takes this many tokens.
 _NO_LIMIT = 100_000
 # The input length of a model that states none: neither its tokenizer nor a position table.
@@ -176,10 +180,12 @@ class Encoder(nn.Module):
         Pooling, normalisation, max length and lower-casing default to the folder's sentence-transformers files; a
         plain Hugging Face folder gets mean pooling, L2 normalisation and its tokenizer's length limit (the position
         table's when the tokenizer states none), as sentence-transformers gives it. A max length past what the position
-        table can take is cut to it, with a warning.
+        table can take is cut to it, with a warning. T5's (and mT5's, UMT5's) encoder is loaded alone, as
+        sentence-transformers does.
 
         Raises:
-            ValueError: in one line, for a model that needs its own code (``auto_map``).
+            ValueError: in one line, for a model that needs its own code (``auto_map``) or an encoder-decoder model
+                other than T5's family.
         """
         folder = resolve_model(name_or_path, cache_dir)
         found = read_sentence_transformers_config(folder)
@@ -188,7 +194,7 @@ class Encoder(nn.Module):
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # an unused pooler head "newly initialised" is expected
         try:
-            backbone = AutoModel.from_pretrained(weights, config=config, trust_remote_code=False)
+            backbone = _backbone_class(weights, config).from_pretrained(weights, config=config, trust_remote_code=False)
         except ValueError as err:
             raise _custom_code_error(weights, err) from None
         finally:
@@ -470,6 +476,21 @@ def _load_config(weights: Path) -> Any:
 def _custom_code_error(weights: Path, err: ValueError) -> ValueError:
     """transformers' refusal to run a folder's own code, as one line; any other error as it is."""
     return ValueError(f"{weights}: {CUSTOM_CODE_REFUSAL}") if "trust_remote_code" in str(err) else err
+
+
+def _backbone_class(weights: Path, config: Any) -> Any:
+    """The class to load the backbone with: ``AutoModel``, or the encoder alone of an encoder-decoder model.
+
+    The model type decides for T5's family, not ``is_encoder_decoder``: a saved encoder alone records False there."""
+    name = _ENCODER_ONLY_CLASSES.get(config.model_type)
+    if name is not None:
+        return getattr(transformers, name)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{weights}: {config.model_type} is an encoder-decoder model; the project embeds with encoder or decoder "
+            f"models, and of encoder-decoder ones loads the encoder alone only for {', '.join(_ENCODER_ONLY_CLASSES)}"
+        )
+    return AutoModel
 
 
 def usable_positions(backbone: PreTrainedModel) -> int | None:

@@ -1,6 +1,6 @@
 """`embedder export FOLDER` on folders a user brings: each exports and serves as sentence-transformers reads it, or
-is refused in one line — lower-casing in the served tokenizer, lengths within the position table, models that need
-their own code."""
+is refused in one line — lower-casing in the served tokenizer, lengths within the position table, T5's encoder,
+models that need their own code and encoder-decoder models."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from tests.training.test_encoder_folders import (
     custom_code_folder,
     lower_case_folder,
     plain_folder,
+    tiny_t5,
 )
 
 
@@ -84,9 +85,19 @@ def test_a_plain_folder_exports_at_its_tokenizers_length(
     assert "max_seq_length 1024" in out
 
 
+def test_t5_exports_its_encoder(minilm_l6_path: Path, tmp_path: Path, varied_texts: list[str]) -> None:
+    folder = tiny_t5(tmp_path / "t5", minilm_l6_path)
+    bundle = exporter.export_bundle(folder, tmp_path / "registry", "t5")
+    manifest = registry.read_manifest(bundle)
+    assert manifest["layers"] == 2 and manifest["dim"] == 32 and manifest["inputs"] == ["input_ids", "attention_mask"]
+    assert onnx_vs_torch(bundle, torch_reference(folder), batch_of_17(varied_texts)).min() >= 0.9999
+
+
 def test_folders_the_project_cannot_load_are_refused_in_one_line(
-    tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    tiny_bert_path: Path, minilm_l6_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    from transformers import BartConfig, BartModel
+
     custom = custom_code_folder(tmp_path / "custom", tiny_bert_path, "x-custom")
     code, out, err = _export(custom, tmp_path, capsys)
     assert code == 1 and out == ""
@@ -94,4 +105,10 @@ def test_folders_the_project_cannot_load_are_refused_in_one_line(
         f"embedder export: {custom}: this model needs its own code (auto_map); the project loads only transformers' "
         "built-in architectures"
     ]
+    config = BartConfig(
+        vocab_size=30522, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=130,
+    )  # fmt: skip
+    code, out, err = _export(plain_folder(tmp_path / "bart", BartModel(config), minilm_l6_path), tmp_path, capsys)
+    assert code == 1 and len(err) == 1 and "bart is an encoder-decoder model" in err[0]
     assert not (tmp_path / "registry").exists()

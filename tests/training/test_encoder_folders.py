@@ -1,5 +1,5 @@
 """Folders a user brings, as sentence-transformers loads them: lower-casing (``do_lower_case``), input lengths bounded
-by the position table; and models that need their own code, refused."""
+by the position table, encoder-decoder models (T5's encoder alone) and models that need their own code (refused)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,19 @@ def plain_folder(folder: Path, backbone: torch.nn.Module, minilm_l6_path: Path, 
     backbone.save_pretrained(folder)
     AutoTokenizer.from_pretrained(minilm_l6_path, **tokenizer_kwargs).save_pretrained(folder)
     return folder
+
+
+def tiny_t5(folder: Path, minilm_l6_path: Path) -> Path:
+    """A tiny random T5 (encoder and decoder) beside minilm-l6's tokenizer (without token type ids, which T5 does not
+    take), as a plain folder."""
+    from transformers import T5Config, T5Model
+
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=30522, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, pad_token_id=0,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    return plain_folder(folder, T5Model(config), minilm_l6_path, model_input_names=["input_ids", "attention_mask"])
 
 
 def custom_code_folder(folder: Path, source: Path, model_type: str) -> Path:
@@ -127,6 +140,37 @@ def test_plain_folder_takes_the_tokenizers_length_as_sentence_transformers_does(
     # a tokenizer saved without a limit: the position table's
     unlimited = plain_folder(tmp_path / "unlimited", backbone, minilm_l6_path, model_max_length=int(1e30))
     assert Encoder.from_pretrained(unlimited).max_seq_length == 1024
+
+
+# --- encoder-decoder models -------------------------------------------------------------------------
+
+
+def test_t5_loads_its_encoder_alone_as_sentence_transformers_does(minilm_l6_path: Path, tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+    from transformers import T5EncoderModel
+
+    folder = tiny_t5(tmp_path / "t5", minilm_l6_path)
+    encoder = Encoder.from_pretrained(folder)
+    assert isinstance(encoder.backbone, T5EncoderModel) and encoder.num_layers == 2
+    texts = ["A man is playing a guitar.", "ok", LONG_TEXT]
+    ours = encoder.encode(texts)
+    theirs = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    theirs = theirs / np.linalg.norm(theirs, axis=1, keepdims=True)
+    assert (ours * theirs).sum(axis=1).min() > 0.9999
+    reloaded = Encoder.from_pretrained(encoder.truncate(1).save(tmp_path / "saved"))
+    assert reloaded.num_layers == 1 and reloaded.encode(texts).shape == (3, 32)
+
+
+def test_other_encoder_decoder_models_are_refused_in_one_line(minilm_l6_path: Path, tmp_path: Path) -> None:
+    from transformers import BartConfig, BartModel
+
+    config = BartConfig(
+        vocab_size=30522, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=130,
+    )  # fmt: skip
+    folder = plain_folder(tmp_path / "bart", BartModel(config), minilm_l6_path)
+    with pytest.raises(ValueError, match=r"^[^\n]*bart is an encoder-decoder model[^\n]*$"):
+        Encoder.from_pretrained(folder)
 
 
 # --- custom code ----------------------------------------------------------------------------------
