@@ -88,8 +88,11 @@ def main(argv: list[str]) -> int:
     print(bundle)
     parity = manifest["parity"]
     if manifest.get("int8"):
-        cpu = manifest["int8"]["checked_on"]
-        print(f"int8 setting: {manifest['int8']['chosen']} (checked on {cpu_text(cpu)})")
+        cpu = cpu_text(manifest["int8"]["checked_on"])
+        if manifest["int8"]["chosen"] is not None:
+            print(f"int8 setting: {manifest['int8']['chosen']} (checked on {cpu})")
+        else:  # --quantize auto published fp32 alone
+            print(f"int8: none kept the parity bars; serving fp32 (checked on {cpu})")
     for variant in manifest["onnx"]:
         figures = parity[variant]
         print(

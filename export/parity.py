@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from core.runtime import OnnxBundle, ParityBars, cosines, int8_failures
+from export.quantize import CANDIDATES
 from training.encoder import Encoder
 
 
@@ -29,9 +30,22 @@ class ParityError(ValueError):
         lines = "\n".join(f"  - {f}" for f in self.failures)
         super().__init__(
             f"export parity failed ({len(self.failures)} check(s)); nothing was published:\n{lines}\n"
-            "Check the source model loads and runs in torch, and that its architecture traces to ONNX "
-            "(see docs/BENCHMARKS.md, Export)."
+            + _advice(self.failures)
         )
+
+
+def _advice(failures: Sequence[str]) -> str:
+    """What to do next: when only int8 settings missed (fp32 kept the bars), export without requiring int8."""
+    settings = {candidate.name for candidate in CANDIDATES}
+    if failures and all(failure.split(":", 1)[0] in settings for failure in failures):
+        return (
+            "fp32 kept the parity bars but no int8 setting did on this CPU: export with --quantize auto "
+            '(quantize="auto": keeps fp32 when int8 misses) or --quantize none.'
+        )
+    return (
+        "Check the source model loads and runs in torch, and that its architecture traces to ONNX "
+        "(see docs/BENCHMARKS.md, Export)."
+    )
 
 
 def _tokenizer_mismatches(encoder: Encoder, bundle: OnnxBundle, texts: Sequence[str]) -> list[int]:

@@ -1,9 +1,11 @@
 """`embedder export FOLDER` on folders a user brings: each exports and serves as sentence-transformers reads it, or
 is refused in one line — lower-casing in the served tokenizer, lengths within the position table, T5's encoder,
-models that need their own code and encoder-decoder models."""
+models that need their own code and encoder-decoder models; and what export says when no int8 setting keeps the
+parity bars."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -12,10 +14,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from core import registry
+from core import registry, runtime
 from core.runtime import OnnxBundle
 from embedder.cli import main as embedder_main
 from export import bundle as exporter
+from export import quantize
 from tests.export.test_export import batch_of_17, onnx_vs_torch, torch_reference
 from tests.training.test_encoder_folders import (
     CASED_TEXT,
@@ -112,3 +115,17 @@ def test_folders_the_project_cannot_load_are_refused_in_one_line(
     code, out, err = _export(plain_folder(tmp_path / "bart", BartModel(config), minilm_l6_path), tmp_path, capsys)
     assert code == 1 and len(err) == 1 and "bart is an encoder-decoder model" in err[0]
     assert not (tmp_path / "registry").exists()
+
+
+def test_int8_that_misses_the_bars_points_at_auto_and_auto_says_it_serves_fp32(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    impossible = runtime.ParityBars(int8_mean_cosine=1.01)
+    monkeypatch.setattr(exporter, "choose_int8", functools.partial(quantize.choose_int8, bars=impossible))
+    argv = ["export", str(tiny_bert_path), "--name", "tiny", "--registry", str(tmp_path)]
+    assert embedder_main([*argv, "--quantize", "int8"]) == 1
+    err = capsys.readouterr().err
+    assert "--quantize auto" in err and "Check the source model loads" not in err
+    assert embedder_main([*argv, "--quantize", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "int8: none kept the parity bars; serving fp32" in out and "int8 setting: None" not in out
