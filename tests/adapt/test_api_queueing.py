@@ -5,7 +5,7 @@ and repeated cancels."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +48,15 @@ def _store(client: TestClient) -> JobStore:
     return client.app.state.adapt.store
 
 
+def _unavailable(why: str) -> Callable[..., None]:
+    """A store method that fails as an unreachable database does."""
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise StoreUnavailable(f"the adapt job store is unavailable: {why}")
+
+    return fail
+
+
 def _folders(tmp_path: Path) -> set[str]:
     jobs = tmp_path / "adapt" / "jobs"
     return {p.name for p in jobs.iterdir()} if jobs.is_dir() else set()
@@ -57,11 +66,7 @@ def test_a_queued_job_is_answered_without_reading_it_back(
     client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Once the job is committed, a store that fails to answer a read does not turn the request into a 503."""
-
-    def unavailable(*args: object, **kwargs: object) -> None:
-        raise StoreUnavailable("the adapt job store is unavailable: connection reset")
-
-    monkeypatch.setattr(_store(client), "get", unavailable)
+    monkeypatch.setattr(_store(client), "get", _unavailable("connection reset"))
     r = client.post("/adapt", json=_body())
     assert r.status_code == 202, r.text
     job = r.json()
@@ -92,10 +97,7 @@ def test_a_store_lost_as_the_job_commits_keeps_its_corpus_and_names_the_job(
 def test_a_store_lost_before_the_commit_frees_the_corpus(
     client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def unavailable(*args: object, **kwargs: object) -> None:
-        raise StoreUnavailable("the adapt job store is unavailable: connection refused")
-
-    monkeypatch.setattr(_store(client), "create", unavailable)
+    monkeypatch.setattr(_store(client), "create", _unavailable("connection refused"))
     r = client.post("/adapt", json=_body())
     assert r.status_code == 503 and "retry shortly" in r.json()["error"]["message"]
     assert _folders(tmp_path) == set() and _store(client).list_jobs() == []
