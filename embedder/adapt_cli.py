@@ -55,6 +55,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--name is required to submit a corpus")
     if args.corpus is not None and not args.corpus.is_file():
         p.error(f"{args.corpus}: {'a folder, not a file' if args.corpus.is_dir() else 'no such file'}")
+    if args.corpus is not None:
+        try:
+            args.corpus.open("rb").close()
+        except OSError as err:
+            p.error(f"cannot read {args.corpus}: {err.strerror or err}")
     return args
 
 
@@ -178,7 +183,11 @@ def run(client: httpx.Client, args: argparse.Namespace) -> int:
                 return _fail(found)
             queued = found.json()
         else:
-            answer = submit(client, args)
+            try:
+                answer = submit(client, args)
+            except OSError as err:  # the file changed since the arguments were checked
+                print(f"embedder adapt: cannot read {args.corpus}: {err.strerror or err}", file=sys.stderr)
+                return 2
             if answer.status_code != 202:
                 return _fail(answer)
             queued = answer.json()

@@ -1,10 +1,11 @@
-"""`embedder adapt`: a corpus that is not a file is refused before anything is sent; how a job's progress is shown."""
+"""`embedder adapt`: a corpus that is not a readable file is refused in one line; how a job's progress is shown."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -74,3 +75,41 @@ def test_training_steps_rewrite_one_line_on_a_terminal_only(terminal: bool, monk
         assert out.splitlines() == [
             "[acme] running", "[acme] training 1/3", "[acme] training 2/3", "[acme] training 3/3", "[acme] evaluating"
         ]  # fmt: skip
+
+
+def _unreadable(self: Path, *args: object, **kwargs: object) -> None:
+    raise PermissionError(13, "Permission denied", str(self))
+
+
+def test_an_unreadable_corpus_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('"a document."\n')
+    monkeypatch.setattr(Path, "open", _unreadable)  # chmod 000 does not stop root from reading
+    with pytest.raises(SystemExit) as exit_:
+        adapt_cli.parse_args([str(corpus), "--name", "acme"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"embedder adapt: error: cannot read {corpus}: Permission denied"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads a chmod 000 file")
+def test_a_chmod_000_corpus_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('"a document."\n')
+    corpus.chmod(0)
+    with pytest.raises(SystemExit) as exit_:
+        adapt_cli.parse_args([str(corpus), "--name", "acme"])
+    assert exit_.value.code == 2
+    assert f"cannot read {corpus}: Permission denied" in capsys.readouterr().err
+
+
+def test_a_corpus_that_becomes_unreadable_before_the_upload_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('"a document."\n')
+    args = adapt_cli.parse_args([str(corpus), "--name", "acme"])
+    monkeypatch.setattr(Path, "open", _unreadable)
+    assert adapt_cli.run(SimpleNamespace(), args) == 2
+    assert capsys.readouterr().err == f"embedder adapt: cannot read {corpus}: Permission denied\n"
