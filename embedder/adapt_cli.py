@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,12 @@ from typing import Any
 import httpx
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT)
+
+
+def default_url() -> str:
+    """The server ``--url`` defaults to: ``$EMBED_URL``, else the local one."""
+    return os.environ.get("EMBED_URL", "http://127.0.0.1:8080")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -39,7 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--objective", default=None, help="crop-infonce (default), sct or simcse")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--promote", choices=("auto", "never"), default=None)
-    p.add_argument("--url", default=os.environ.get("EMBED_URL", "http://127.0.0.1:8080"),
+    p.add_argument("--url", default=default_url(),
                    help="the server (default: $EMBED_URL or http://127.0.0.1:8080)")  # fmt: skip
     p.add_argument("--api-key", default=os.environ.get("EMBED_ADMIN_API_KEY"),
                    help="an admin key (default: $EMBED_ADMIN_API_KEY)")  # fmt: skip
@@ -174,8 +181,23 @@ def wait_served(client: httpx.Client, model: dict[str, Any], timeout_s: float) -
         time.sleep(0.5)
 
 
+def _interrupted(args: argparse.Namespace, queued: dict[str, Any] | None) -> int:
+    """Ctrl-C before the job ended: the job is not cancelled; say how to follow it again."""
+    if queued is None:
+        print("embedder adapt: interrupted before the server answered; the job may have been queued "
+              "(GET /adapt lists the jobs)", file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
+    again = ["embedder", "adapt", "--job", queued["id"]]
+    if args.url != default_url():
+        again += ["--url", args.url]
+    print(f"embedder adapt: stopped following; job {queued['id']} keeps running on the server "
+          f"(follow it again: {shlex.join(again)})", file=sys.stderr)  # fmt: skip
+    return INTERRUPTED
+
+
 def run(client: httpx.Client, args: argparse.Namespace) -> int:
     """Submit (or find) the job, follow it and its student build, print the outcome; the exit code."""
+    queued: dict[str, Any] | None = None
     try:
         if args.job is not None:
             found = client.get(f"/adapt/{args.job}")
@@ -202,10 +224,17 @@ def run(client: httpx.Client, args: argparse.Namespace) -> int:
     except httpx.TransportError as err:
         print(f"embedder adapt: cannot reach {client.base_url}: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return _interrupted(args, queued)
     print(summary(job), file=sys.stderr)
     model = job.get("model") or {}
     if job["state"] == "succeeded" and model.get("promoted") and args.serve_timeout_s > 0:
-        card = wait_served(client, model, args.serve_timeout_s)
+        try:
+            card = wait_served(client, model, args.serve_timeout_s)
+        except KeyboardInterrupt:
+            print(f"embedder adapt: stopped waiting for {model['name']} version {model['version']} to be served",
+                  file=sys.stderr)  # fmt: skip
+            return INTERRUPTED
         print(f"  served: {model['name']} version {model['version']} on {card['engine']} ({card['quantization']})"
               if card else f"  not served by {client.base_url} after {args.serve_timeout_s:g} s: it loads what the "
               "registry promotes on its next poll (registry_poll_seconds)", file=sys.stderr)  # fmt: skip

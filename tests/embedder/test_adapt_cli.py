@@ -113,3 +113,53 @@ def test_a_corpus_that_becomes_unreadable_before_the_upload_exits_2(
     monkeypatch.setattr(Path, "open", _unreadable)
     assert adapt_cli.run(SimpleNamespace(), args) == 2
     assert capsys.readouterr().err == f"embedder adapt: cannot read {corpus}: Permission denied\n"
+
+
+JOB = {"id": "adaptjob-0123456789abcdef01234567", "state": "running", "name": "acme", "after_job": None}
+
+
+class _Interrupted:
+    """A server that has the job; Ctrl-C arrives while its events are followed."""
+
+    base_url = "http://adapt.example:8080"
+
+    def get(self, url: str) -> SimpleNamespace:
+        return SimpleNamespace(status_code=200, json=lambda: dict(JOB), text=json.dumps(JOB))
+
+    def stream(self, method: str, url: str, timeout: float | None = None) -> contextlib.AbstractContextManager:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_following_says_the_job_keeps_running_and_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("EMBED_URL", raising=False)
+    args = adapt_cli.parse_args(["--job", JOB["id"], "--url", "http://adapt.example:8080"])
+    assert adapt_cli.run(_Interrupted(), args) == 130
+    assert capsys.readouterr().err == (
+        f"embedder adapt: stopped following; job {JOB['id']} keeps running on the server "
+        f"(follow it again: embedder adapt --job {JOB['id']} --url http://adapt.example:8080)\n"
+    )
+
+
+def test_ctrl_c_names_no_url_when_it_is_the_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("EMBED_URL", "http://adapt.example:8080")
+    assert adapt_cli.run(_Interrupted(), adapt_cli.parse_args(["--job", JOB["id"]])) == 130
+    assert capsys.readouterr().err.endswith(f"(follow it again: embedder adapt --job {JOB['id']})\n")
+
+
+def test_ctrl_c_during_the_upload_exits_130_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('"a document."\n')
+    args = adapt_cli.parse_args([str(corpus), "--name", "acme"])
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    assert adapt_cli.run(SimpleNamespace(post=interrupted), args) == 130
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("embedder adapt: interrupted before the server answered")
