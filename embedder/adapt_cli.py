@@ -17,16 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT)
+JOB_ID = re.compile(r"adaptjob-[0-9a-f]{24}")  # the server's job ids (adapt_jobs.jobs.new_job_id)
+JOB_FIELDS = ("id", "state", "name")  # what is read of every job the server answers
 
 
 def default_url() -> str:
@@ -58,6 +62,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.corpus is None) == (args.job is None):
         p.error("give a corpus file to submit, or --job ID to follow")
+    if args.job is not None and not JOB_ID.fullmatch(args.job):
+        p.error(f"--job {args.job!r}: not a job id (adaptjob- and 24 hex digits)")
+    try:
+        url = httpx.URL(args.url)
+    except httpx.InvalidURL as err:
+        p.error(f"--url {args.url}: {err}")
+    if url.scheme not in ("http", "https") or not url.host:
+        p.error(f"--url {args.url}: not an http:// or https:// address")
     if args.corpus is not None and not args.name:
         p.error("--name is required to submit a corpus")
     if args.corpus is not None and not args.corpus.is_file():
@@ -77,6 +89,36 @@ def _fail(response: httpx.Response) -> int:
         message = response.text
     print(f"embedder adapt: the server answered {response.status_code}: {message}", file=sys.stderr)
     return 1
+
+
+class NotAJob(Exception):
+    """The server answered something other than a job where a job was expected."""
+
+
+def _excerpt(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _checked(data: Any, answered: str) -> dict[str, Any]:
+    """``data`` when it is a job (its ``JOB_FIELDS`` are strings), else NotAJob naming what was answered."""
+    if isinstance(data, dict) and all(isinstance(data.get(key), str) for key in JOB_FIELDS):
+        return data
+    raise NotAJob(answered)
+
+
+def _job(response: httpx.Response) -> dict[str, Any]:
+    """The job in ``response``'s body (NotAJob when the body is not one)."""
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    return _checked(data, f"the server answered {response.status_code} with something other than a job: "
+                          f"{_excerpt(response.text) or '(an empty body)'}")  # fmt: skip
+
+
+def _path(job_id: str, tail: str = "") -> str:
+    return f"/adapt/{quote(job_id, safe='')}{tail}"
 
 
 def submit(client: httpx.Client, args: argparse.Namespace) -> httpx.Response:
@@ -118,7 +160,7 @@ def follow(client: httpx.Client, job_id: str, label: str) -> dict[str, Any]:
     shown = None
     lines = _Lines()
     try:
-        with client.stream("GET", f"/adapt/{job_id}/events", timeout=None) as events:
+        with client.stream("GET", _path(job_id, "/events"), timeout=None) as events:
             kind = None
             for line in events.iter_lines():
                 if line.startswith("event: "):
@@ -128,7 +170,8 @@ def follow(client: httpx.Client, job_id: str, label: str) -> dict[str, Any]:
                     continue
                 data = json.loads(line.removeprefix("data: "))
                 if kind == "done":
-                    return data
+                    return _checked(data, f"the server ended the events of {job_id} with something other than a "
+                                          f"job: {_excerpt(json.dumps(data))}")  # fmt: skip
                 if kind == "state":
                     lines.say(f"[{label}] {data['state']}" + (f" ({data['reason']})" if data.get("reason") else ""))
                 elif kind == "progress" and data.get("stage"):
@@ -138,7 +181,7 @@ def follow(client: httpx.Client, job_id: str, label: str) -> dict[str, Any]:
                     if line_out != shown:
                         lines.say(line_out, stage=data["stage"] if step else None)
                         shown = line_out
-        return client.get(f"/adapt/{job_id}").json()
+        return _job(client.get(_path(job_id)))
     finally:
         lines.end()
 
@@ -170,7 +213,7 @@ def wait_served(client: httpx.Client, model: dict[str, Any], timeout_s: float) -
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            answer = client.get(f"/v1/models/{model['name']}")
+            answer = client.get(f"/v1/models/{quote(model['name'], safe='')}")
         except httpx.TransportError:
             return None
         card = answer.json() if answer.status_code == 200 else None
@@ -200,10 +243,10 @@ def run(client: httpx.Client, args: argparse.Namespace) -> int:
     queued: dict[str, Any] | None = None
     try:
         if args.job is not None:
-            found = client.get(f"/adapt/{args.job}")
+            found = client.get(_path(args.job))
             if found.status_code != 200:
                 return _fail(found)
-            queued = found.json()
+            queued = _job(found)
         else:
             try:
                 answer = submit(client, args)
@@ -212,7 +255,7 @@ def run(client: httpx.Client, args: argparse.Namespace) -> int:
                 return 2
             if answer.status_code != 202:
                 return _fail(answer)
-            queued = answer.json()
+            queued = _job(answer)
             print(f"queued {queued['id']}", file=sys.stderr)
         if args.no_follow:
             print(json.dumps(queued, indent=2))
@@ -223,6 +266,9 @@ def run(client: httpx.Client, args: argparse.Namespace) -> int:
         job = follow(client, queued["id"], queued["name"])
     except httpx.TransportError as err:
         print(f"embedder adapt: cannot reach {client.base_url}: {err}", file=sys.stderr)
+        return 1
+    except NotAJob as err:
+        print(f"embedder adapt: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return _interrupted(args, queued)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
 from embedder import adapt_cli
@@ -56,7 +57,7 @@ EVENTS = [
     ("state", {"state": "running"}),
     *[("progress", {"stage": "training", "step": i, "total": 3}) for i in (1, 2, 3)],
     ("progress", {"stage": "evaluating"}),
-    ("done", {"id": "adaptjob-x", "state": "succeeded"}),
+    ("done", {"id": "adaptjob-x", "state": "succeeded", "name": "acme"}),
 ]
 
 
@@ -64,7 +65,7 @@ EVENTS = [
 def test_training_steps_rewrite_one_line_on_a_terminal_only(terminal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     err = _Terminal() if terminal else io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    assert adapt_cli.follow(_Events(EVENTS), "adaptjob-x", "acme") == {"id": "adaptjob-x", "state": "succeeded"}
+    assert adapt_cli.follow(_Events(EVENTS), "adaptjob-x", "acme") == EVENTS[-1][1]
     out = err.getvalue()
     if terminal:  # one line for the three steps, each step overwriting the last; every other line on its own
         assert out == (
@@ -163,3 +164,64 @@ def test_ctrl_c_during_the_upload_exits_130_in_one_line(
     assert adapt_cli.run(SimpleNamespace(post=interrupted), args) == 130
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("embedder adapt: interrupted before the server answered")
+
+
+def test_the_job_id_form_is_the_servers() -> None:
+    from adapt_jobs.jobs import new_job_id
+
+    assert adapt_cli.JOB_ID.fullmatch(new_job_id())
+
+
+@pytest.mark.parametrize("job_id", ["../health", "", "adaptjob-0123", "adaptjob-0123456789abcdef01234567/cancel"])
+def test_a_job_id_of_another_form_is_a_usage_error(job_id: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        adapt_cli.parse_args(["--job", job_id])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"embedder adapt: error: --job {job_id!r}: not a job id (adaptjob- and 24 hex digits)"
+    )
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "ftp://adapt.example", "adapt.example:8080", ""])
+def test_a_url_that_is_not_a_server_address_is_a_usage_error(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        adapt_cli.parse_args(["--job", JOB["id"], "--url", url])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"embedder adapt: error: --url {url}: ")
+
+
+def test_job_ids_are_quoted_in_the_path() -> None:
+    assert adapt_cli._path("a/b c", "/events") == "/adapt/a%2Fb%20c/events"
+
+
+class _Answers:
+    """A server whose `GET /adapt/{id}` answers ``body`` with status 200."""
+
+    base_url = "http://adapt.example:8080"
+
+    def __init__(self, body: str) -> None:
+        self.body = body
+
+    def get(self, url: str) -> httpx.Response:
+        return httpx.Response(200, text=self.body)
+
+
+@pytest.mark.parametrize("body", ['{"status": "ok"}', "<html>a proxy page</html>", "", '["adaptjob-x"]'])
+def test_an_answer_that_is_not_a_job_is_one_line(body: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert adapt_cli.run(_Answers(body), adapt_cli.parse_args(["--job", JOB["id"]])) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "embedder adapt: the server answered 200 with something other than a job: " + (body or "(an empty body)")
+    )
+
+
+def test_a_done_event_that_is_not_a_job_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    class Server(_Answers):
+        def stream(self, method: str, url: str, timeout: float | None = None) -> contextlib.AbstractContextManager:
+            return _Events([("done", {"detail": "gone"})]).stream(method, url, timeout)
+
+    assert adapt_cli.run(Server(json.dumps(JOB)), adapt_cli.parse_args(["--job", JOB["id"]])) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"embedder adapt: the server ended the events of {JOB['id']} with something other than a job: "
+        '{"detail": "gone"}'
+    )
