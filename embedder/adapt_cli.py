@@ -7,9 +7,7 @@
 The corpus file goes up as the multipart ``file`` (JSONL, JSON, Parquet or text: the server reads it, docs/ADAPT.md).
 A job asking for a ``--student`` may first wait for the one-time build of its base student, a job of its own: it is
 followed too. Progress goes to stderr (on a terminal the training steps rewrite one line); the final job (JSON) to
-stdout with ``--json``. Exit code: 0 when the job succeeded and its model was promoted (or ``--promote never``), 1
-when it failed or was cancelled, 3 when it succeeded but the gate kept the model from being promoted (the reasons
-are printed). HTTP only: no torch here.
+stdout with ``--json``. The exit codes are ``EXIT_CODES`` (shown by ``--help``). HTTP only: no torch here.
 """
 
 from __future__ import annotations
@@ -29,6 +27,13 @@ import httpx
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT)
+EXIT_CODES = """exit codes:
+  0    the job succeeded and its model was promoted (or --promote never; with --no-follow: it was queued)
+  1    the job failed or was cancelled, or the server refused, could not be reached or answered no job
+  2    bad arguments (also an unreadable corpus, a malformed --job id or --url)
+  3    the job succeeded but the gate kept its model from being promoted (the reasons are printed)
+  130  interrupted (Ctrl-C): the job keeps running on the server; --job ID follows it again
+"""
 JOB_ID = re.compile(r"adaptjob-[0-9a-f]{24}")  # the server's job ids (adapt_jobs.jobs.new_job_id)
 JOB_FIELDS = ("id", "state", "name")  # what is read of every job the server answers
 
@@ -39,7 +44,10 @@ def default_url() -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="embedder adapt", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="embedder adapt", description="\n\n".join(__doc__.split("\n\n")[:2]), epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     p.add_argument("corpus", nargs="?", type=Path, help="the corpus file (omit with --job)")
     p.add_argument("--job", default=None, help="follow this job instead of submitting one")
     p.add_argument("--base-model", default="minilm-l6", help="the model to adapt (default: minilm-l6)")

@@ -225,3 +225,19 @@ def test_a_done_event_that_is_not_a_job_is_one_line(capsys: pytest.CaptureFixtur
         f"embedder adapt: the server ended the events of {JOB['id']} with something other than a job: "
         '{"detail": "gone"}'
     )
+
+
+def test_help_lists_the_exit_codes_docs_adapt_documents(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        adapt_cli.parse_args(["--help"])
+    help_text = capsys.readouterr().out
+    codes = dict(
+        line.split(maxsplit=1) for line in help_text.split("exit codes:\n", 1)[1].splitlines() if line.strip()
+    )
+    assert list(codes) == ["0", "1", "2", "3", "130"]
+    assert "bad arguments" in codes["2"] and "gate" in codes["3"] and "keeps running" in codes["130"]
+    assert "embedder adapt --job adaptjob-" in help_text  # the examples, kept as written
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ADAPT.md").read_text()
+    terminal = " ".join(doc.split("From a terminal, `embedder adapt", 1)[1].split("\n\n", 1)[0].split())
+    for documented in ("exit 0 when", "3 when the gate", "1 on failure", "2 on bad arguments", "130 on Ctrl-C"):
+        assert documented in terminal
