@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from core.model_folder import POOLING_MODES
-from core.settings import get_settings
+from core.settings import DEFAULT_REGISTRY_DIR, get_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         "--registry",
         type=Path,
         default=None,
-        help="registry root (default: EMBED_REGISTRY_DIR, else ./registry)",
+        help=f"registry root (default: EMBED_REGISTRY_DIR, else {DEFAULT_REGISTRY_DIR})",
     )
     parser.add_argument("--promote", action="store_true", help="make this version the one served (<name>/current)")
     parser.add_argument(
