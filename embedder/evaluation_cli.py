@@ -1,7 +1,8 @@
 """``embedder validate``, ``embedder layers`` and ``embedder bench``.
 
 Exit codes: 0 = passed (or nothing to gate), 1 = the gate failed (the failing tasks are printed),
-2 = bad arguments or a model that cannot be loaded.
+2 = bad arguments, a model that cannot be loaded, or a gate that could not check every task it was asked to
+compare (neither model scored it: its data is missing) and was not told to accept that with --allow-skipped.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def validate_main(argv: list[str]) -> int:
     )
     parser.add_argument("--tasks", nargs="+", help="task names (default: all); see `embedder validate --list-tasks`")
     parser.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help="let the gate pass although tasks whose data is missing were scored by neither model (they are "
+        "still listed); without it such tasks make the gate exit 2",
+    )
+    parser.add_argument(
         "--layer-tasks",
         nargs="*",
         default=None,
@@ -114,6 +121,7 @@ def validate_main(argv: list[str]) -> int:
         fast=args.fast,
         max_drop=args.max_drop,
         min_speedup=args.min_speedup,
+        allow_skipped=args.allow_skipped,
         layer_tasks=DEFAULT_LAYER_TASKS if args.layer_tasks is None else args.layer_tasks,
         speed=not args.no_speed,
         diagnostics=not args.no_diagnostics,
@@ -134,6 +142,13 @@ def validate_main(argv: list[str]) -> int:
         if report.get(role):
             print(_domain_summary(role, report[role]))
     print(f"report: {written['report.md']}")
+    if gate is not None and gate.could_not_check:
+        print(
+            f"not checked: {', '.join(gate.unchecked)} — scored by neither model (install the data as the table "
+            "says, or pass --allow-skipped to accept a gate without them)",
+            file=sys.stderr,
+        )
+        return 2
     if gate is not None and not gate.passed:
         print("failing: " + ", ".join(f.split(":")[0] for f in gate.failures), file=sys.stderr)
         return 1

@@ -17,14 +17,20 @@ class GateResult:
     """Outcome of `check`: ``passed``, one line per failure, and the comparison as rows.
 
     ``table`` rows: ``{"task", "candidate", "baseline", "delta", "status"}`` with scores in points and
-    status one of ``ok``, ``FAIL``, ``skipped``, ``headline``; a final ``speedup`` row when speed was compared.
+    status one of ``ok``, ``FAIL``, ``new``, ``skipped``, ``headline``; the row of a task either model skipped also
+    has ``reason`` (why its data is missing and how to install it); a final ``speedup`` row when speed was compared.
     ``headline``: `out_of_domain_headline`, None when the candidate report does not split its tasks by domain.
+    ``unchecked``: ``{task: reason}`` for the tasks neither model scored (their data is missing), listed whether
+    or not they were allowed. ``could_not_check``: the gate failed only because of such tasks — no score it
+    compared was found wanting — so "not checked" and "failed" can be told apart (exit 2 vs 1 in the CLI).
     """
 
     passed: bool
     failures: list[str]
     table: list[dict[str, Any]] = field(default_factory=list)
     headline: dict[str, Any] | None = None
+    unchecked: dict[str, str] = field(default_factory=dict)
+    could_not_check: bool = False
 
     def __bool__(self) -> bool:
         return self.passed
@@ -35,17 +41,25 @@ class GateResult:
             "failures": list(self.failures),
             "table": list(self.table),
             "headline": self.headline,
+            "unchecked": dict(self.unchecked),
+            "could_not_check": self.could_not_check,
         }
 
     def format_table(self) -> str:
         """The comparison as aligned plain text (for the terminal)."""
         lines = [f"{'task':<34} {'candidate':>9} {'baseline':>9} {'delta':>8}  status"]
         for row in self.table:
+            status = f"{row['status']}: {row['reason']}" if row.get("reason") else row["status"]
             lines.append(
                 f"{row['task']:<34} {_fmt(row['candidate']):>9} {_fmt(row['baseline']):>9} "
-                f"{_fmt(row['delta'], signed=True):>8}  {row['status']}"
+                f"{_fmt(row['delta'], signed=True):>8}  {status}"
             )
-        lines.append("PASSED" if self.passed else "FAILED: " + "; ".join(self.failures))
+        if not self.passed:
+            lines.append("FAILED: " + "; ".join(self.failures))
+        elif self.unchecked:
+            lines.append(f"PASSED, leaving out {len(self.unchecked)} task(s) neither model scored (allowed)")
+        else:
+            lines.append("PASSED")
         return "\n".join(lines)
 
 
@@ -105,6 +119,7 @@ def check(
     max_drop: float = 1.0,
     min_speedup: float | None = None,
     must_improve: Sequence[str] = (),
+    allow_skipped: bool = False,
 ) -> GateResult:
     """Compare a candidate report with a baseline report.
 
@@ -116,8 +131,12 @@ def check(
             baseline's (geometric mean over the shared speed settings; both reports need ``speed``).
         must_improve: tasks on which the candidate must score strictly higher (e.g. the in-domain
             crop-pair task of an ``/adapt`` job).
+        allow_skipped: accept tasks that neither model scored (both reports skipped them, or one skipped a task
+            the other never ran) instead of failing on them; they stay in ``table`` and ``unchecked`` either way.
 
-    A task the baseline ran but the candidate did not (or skipped) fails: the gate cannot vouch for it.
+    A task the baseline ran but the candidate did not (or skipped) fails: the gate cannot vouch for it. A task
+    neither model scored fails too unless ``allow_skipped``: a gate that passes on tasks it never compared would
+    read as a check that was made (``could_not_check`` then tells such a failure from a drop).
 
     The first row is the headline when the candidate report splits its tasks by domain: the out-of-domain
     average (`out_of_domain_headline`). It is reported, not gated — every task in it is already held to
@@ -130,7 +149,13 @@ def check(
     ours, our_skips = _scores(report, "candidate")
     theirs, their_skips = _scores(baseline_report, "baseline")
     failures: list[str] = []
+    unchecked_failures: list[str] = []  # tasks that could not be compared, apart from scores found wanting
     table: list[dict[str, Any]] = []
+    unchecked = {
+        task: our_skips.get(task) or their_skips[task]
+        for task in [*their_skips, *our_skips]
+        if task not in ours and task not in theirs
+    }
     headline = out_of_domain_headline(report, baseline_report)
     if headline is not None:
         label = f"out-of-domain average ({len(headline['tasks'])} tasks)"
@@ -141,9 +166,13 @@ def check(
         row: dict[str, Any] = {"task": task, "candidate": cand, "baseline": base, "delta": None, "status": "ok"}
         if base is None:
             row["status"] = "new" if task not in their_skips else "skipped"
+            if task in their_skips:
+                row["reason"] = f"the baseline skipped it: {their_skips[task]}"
         elif cand is None:
             reason = our_skips.get(task, "not run")
             row["status"] = "FAIL"
+            if task in our_skips:
+                row["reason"] = f"the candidate skipped it: {reason}"
             failures.append(f"{task}: baseline scored {base:.2f} but the candidate has no score ({reason})")
         else:
             row["delta"] = round(cand - base, 4)
@@ -151,10 +180,16 @@ def check(
                 row["status"] = "FAIL"
                 failures.append(f"{task}: {cand:.2f} vs {base:.2f} ({cand - base:+.2f} points, allowed -{max_drop:g})")
         table.append(row)
+    for task, reason in unchecked.items():
+        table.append({"task": task, "candidate": None, "baseline": None, "delta": None, "status": "skipped",
+                      "reason": reason})  # fmt: skip
+        if not allow_skipped:
+            unchecked_failures.append(f"{task}: scored by neither model, so not compared ({reason})")
     for task in must_improve:
         cand, base = ours.get(task), theirs.get(task)
         if cand is None or base is None or cand <= base:
-            failures.append(f"{task}: must improve on the baseline ({_fmt(cand)} vs {_fmt(base)})")
+            line = f"{task}: must improve on the baseline ({_fmt(cand)} vs {_fmt(base)})"
+            (unchecked_failures if task in unchecked else failures).append(line)
             for row in table:
                 if row["task"] == task:
                     row["status"] = "FAIL"
@@ -168,10 +203,14 @@ def check(
             row["status"] = "FAIL"
             failures.append(f"speed: {speedup:.2f}x the baseline's throughput, required {min_speedup:g}x")
         table.append(row)
-    for task in our_skips:
-        if task not in theirs and task not in their_skips:
-            table.append({"task": task, "candidate": None, "baseline": None, "delta": None, "status": "skipped"})
-    return GateResult(passed=not failures, failures=failures, table=table, headline=headline)
+    return GateResult(
+        passed=not failures and not unchecked_failures,
+        failures=failures + unchecked_failures,
+        table=table,
+        headline=headline,
+        unchecked=unchecked,
+        could_not_check=bool(unchecked_failures) and not failures,
+    )
 
 
 IN_DOMAIN_TASK = "CropPairRetrieval-heldout"

@@ -132,6 +132,7 @@ def validate(
     fast: bool = False,
     max_drop: float = 1.0,
     min_speedup: float | None = None,
+    allow_skipped: bool = False,
     layer_tasks: Sequence[Any] = DEFAULT_LAYER_TASKS,
     speed: bool = True,
     diagnostics: bool = True,
@@ -141,6 +142,9 @@ def validate(
     command: str = "",
 ) -> tuple[dict[str, Any], GateResult | None, dict[str, Path]]:
     """Evaluate ``model`` (and ``baseline`` on the same tasks), gate, and write the report files.
+
+    ``allow_skipped``: let the gate pass although some tasks were scored by neither model (their data is
+    missing); the report lists them either way (`evaluation.gate.check`).
 
     Returns ``(report, gate result or None without a baseline, {file name: path written})``.
     """
@@ -164,6 +168,7 @@ def validate(
         "fast": fast,
         "max_drop": max_drop,
         "min_speedup": min_speedup,
+        "allow_skipped": allow_skipped,
         "candidate": evaluate_model(candidate, **kwargs),
         "baseline": None,
         "gate": None,
@@ -171,7 +176,13 @@ def validate(
     result = None
     if baseline is not None:
         report["baseline"] = evaluate_model(load_model(baseline), **kwargs)
-        result = check(report["candidate"], report["baseline"], max_drop=max_drop, min_speedup=min_speedup)
+        result = check(
+            report["candidate"],
+            report["baseline"],
+            max_drop=max_drop,
+            min_speedup=min_speedup,
+            allow_skipped=allow_skipped,
+        )
         report["gate"] = result.as_dict()
     if out_dir is None and cache is None and not isinstance(candidate, OnnxModel):
         raise ValueError("a checkpoint's report needs out_dir, or a cache root to put it under")

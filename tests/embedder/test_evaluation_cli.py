@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,33 @@ def test_validate_passes_against_itself_with_speed_and_reuses_cached_results(
     diagnostics = report["candidate"]["diagnostics"]
     assert diagnostics["bbc_effective_rank"] >= 1.0 and 0 <= diagnostics["bbc_knn10_cosine_9to1"] <= 100
     assert 0 <= diagnostics["crop_alignment_a2"] <= 4
+
+
+def test_validate_does_not_pass_on_tasks_neither_model_scored(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from core import reference_corpora
+
+    monkeypatch.setitem(sys.modules, "mimesis", None)  # FoodKindClustering's data package cannot be found
+    reference_corpora.food_names.cache_clear()
+    args = [str(tiny_bert_path), "--baseline", str(tiny_bert_path), "--tasks", "FoodKindClustering", "--fast"]
+    args += ["--layer-tasks", "--no-speed", "--no-diagnostics", "--quiet", "--out", str(tmp_path / "gate")]
+    assert validate_main(args) == 2
+    captured = capsys.readouterr()
+    assert "PASSED" not in captured.out
+    row = next(line for line in captured.out.splitlines() if line.startswith("FoodKindClustering"))
+    assert "skipped: the package 'mimesis' is not installed; install it with `pip install mimesis==" in row
+    assert captured.err.splitlines()[-1].startswith("not checked: FoodKindClustering")
+    gate = json.loads((tmp_path / "gate" / "report.json").read_text())["gate"]
+    assert gate["passed"] is False and gate["could_not_check"] is True
+    assert "pip install mimesis==" in gate["unchecked"]["FoodKindClustering"]
+
+    assert validate_main([*args[:-1], str(tmp_path / "allowed"), "--allow-skipped"]) == 0
+    out = capsys.readouterr().out
+    assert "FoodKindClustering" in out and "PASSED, leaving out 1 task(s) neither model scored" in out
+    report = json.loads((tmp_path / "allowed" / "report.json").read_text())
+    assert report["allow_skipped"] is True and list(report["gate"]["unchecked"]) == ["FoodKindClustering"]
+    assert "FoodKindClustering" in (tmp_path / "allowed" / "report.md").read_text()
 
 
 def test_validate_argument_errors(tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

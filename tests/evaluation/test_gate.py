@@ -40,11 +40,44 @@ def test_a_task_the_candidate_did_not_run_fails() -> None:
     assert "B: baseline scored 60.00 but the candidate has no score (aclsum not installed)" in result.failures
 
 
-def test_new_and_skipped_tasks_do_not_fail() -> None:
-    base = _report({"A": 80.0}, skipped={"C": "missing"})
-    result = check(_report({"A": 80.0, "N": 10.0}), base)
-    assert result.passed
+def test_new_tasks_do_not_fail() -> None:
+    result = check(_report({"A": 80.0, "N": 10.0}), _report({"A": 80.0}))
+    assert result.passed and result.unchecked == {}
     assert {row["task"]: row["status"] for row in result.table} == {"A": "ok", "N": "new"}
+
+
+MISSING = "the package 'mimesis' is not installed; install it with `pip install mimesis==22.2.0`"
+
+
+def test_a_task_neither_model_scored_fails_as_not_checked_and_is_listed_with_its_reason() -> None:
+    result = check(_report({}, skipped={"Food": MISSING}), _report({}, skipped={"Food": MISSING}))
+    assert not result.passed and result.could_not_check
+    assert result.unchecked == {"Food": MISSING}
+    assert result.failures == [f"Food: scored by neither model, so not compared ({MISSING})"]
+    assert result.table == [
+        {"task": "Food", "candidate": None, "baseline": None, "delta": None, "status": "skipped", "reason": MISSING}
+    ]
+    text = result.format_table()
+    assert f"skipped: {MISSING}" in text and text.splitlines()[-1].startswith("FAILED: Food: scored by neither")
+    # one side skipping a task the other never ran is not a comparison either
+    assert not check(_report({"A": 80.0}, skipped={"C": "missing"}), _report({"A": 80.0})).passed
+    assert not check(_report({"A": 80.0}), _report({"A": 80.0}, skipped={"C": "missing"})).passed
+
+
+def test_a_drop_beside_an_unchecked_task_is_a_failure_not_only_a_gap() -> None:
+    result = check(_report({"A": 70.0}, skipped={"C": "missing"}), _report({"A": 80.0}, skipped={"C": "missing"}))
+    assert not result.passed and not result.could_not_check
+    assert len(result.failures) == 2
+
+
+def test_allow_skipped_passes_but_still_lists_the_tasks() -> None:
+    base = _report({"A": 80.0}, skipped={"C": "missing"})
+    result = check(_report({"A": 80.0}, skipped={"C": "missing"}), base, allow_skipped=True)
+    assert result.passed and not result.could_not_check and result.failures == []
+    assert result.unchecked == {"C": "missing"}
+    assert {row["task"]: row["status"] for row in result.table} == {"A": "ok", "C": "skipped"}
+    assert result.as_dict()["unchecked"] == {"C": "missing"}
+    assert "leaving out 1 task(s) neither model scored" in result.format_table()
 
 
 def test_speed_floor() -> None:
