@@ -92,10 +92,13 @@ def validate_main(argv: list[str]) -> int:
         print("\n# independent set (run only when named):\n" + "\n".join(INDEPENDENT_TASKS))
         return 0
     args = parser.parse_args(argv)
-    if args.max_drop < 0:
-        parser.error(f"--max-drop is a number of points and must be >= 0, got {args.max_drop}")
-    if args.min_speedup is not None and args.min_speedup <= 0:
-        parser.error(f"--min-speedup must be a positive ratio such as 1.5, got {args.min_speedup}")
+    from evaluation.gate import check_thresholds
+
+    try:
+        check_thresholds(args.max_drop, args.min_speedup, names=("--max-drop", "--min-speedup"))
+    except ValueError as exc:
+        print(f"embedder validate: {exc}", file=sys.stderr)
+        return 2
     if args.min_speedup is not None and args.baseline is None:
         parser.error("--min-speedup compares throughput with a baseline: pass --baseline too")
     if args.min_speedup is not None and args.no_speed:

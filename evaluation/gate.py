@@ -112,6 +112,18 @@ def out_of_domain_headline(report: Mapping[str, Any], baseline_report: Mapping[s
     return {"tasks": tasks, "candidate": round(cand, 4), "baseline": round(base, 4), "delta": round(cand - base, 4)}
 
 
+def check_thresholds(
+    max_drop: float, min_speedup: float | None, *, names: tuple[str, str] = ("max_drop", "min_speedup")
+) -> None:
+    """Raise ValueError unless ``max_drop`` is a finite number of points >= 0 and ``min_speedup`` (when set) a
+    finite ratio > 0. NaN compares false with everything, so a NaN bound would let every drop (or speed) through;
+    an infinite one would too. ``names``: how the message calls them (the CLI passes its flags)."""
+    if not math.isfinite(max_drop) or max_drop < 0:
+        raise ValueError(f"{names[0]} must be a finite number of points >= 0, got {max_drop}")
+    if min_speedup is not None and (not math.isfinite(min_speedup) or min_speedup <= 0):
+        raise ValueError(f"{names[1]} must be a finite positive ratio such as 1.5, got {min_speedup}")
+
+
 def check(
     report: Mapping[str, Any],
     baseline_report: Mapping[str, Any],
@@ -142,10 +154,7 @@ def check(
     average (`out_of_domain_headline`). It is reported, not gated — every task in it is already held to
     ``max_drop``, so its average cannot drop further.
     """
-    if max_drop < 0:
-        raise ValueError(f"max_drop is a number of points and must be >= 0, got {max_drop}")
-    if min_speedup is not None and min_speedup <= 0:
-        raise ValueError(f"min_speedup must be a positive ratio (e.g. 1.5), got {min_speedup}")
+    check_thresholds(max_drop, min_speedup)
     ours, our_skips = _scores(report, "candidate")
     theirs, their_skips = _scores(baseline_report, "baseline")
     failures: list[str] = []

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from core import corpora
 from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
 from evaluation.embedding_model import EmbeddingModel, OnnxModel, load_model
-from evaluation.gate import GateResult, check
+from evaluation.gate import GateResult, check, check_thresholds
 from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.report import write_report
 from evaluation.speed import measure_speed
@@ -148,6 +148,7 @@ def validate(
 
     Returns ``(report, gate result or None without a baseline, {file name: path written})``.
     """
+    check_thresholds(max_drop, min_speedup)  # before any scoring: a bad bound would waste the whole run
     if min_speedup is not None and baseline is None:
         raise ValueError("--min-speedup compares throughput with a baseline: pass --baseline too")
     if min_speedup is not None and not speed:

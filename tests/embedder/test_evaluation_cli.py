@@ -102,9 +102,22 @@ def test_validate_argument_errors(tiny_bert_path: Path, capsys: pytest.CaptureFi
         validate_main([str(tiny_bert_path), "--min-speedup", "2"])
     assert exc.value.code == 2
     assert "pass --baseline too" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        validate_main([str(tiny_bert_path), "--max-drop", "-1"])
-    assert "--max-drop is a number of points and must be >= 0" in capsys.readouterr().err
+    assert validate_main([str(tiny_bert_path), "--max-drop", "-1"]) == 2
+    assert "--max-drop must be a finite number of points >= 0, got -1.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--max-drop", "nan"), ("--max-drop", "inf"), ("--min-speedup", "nan"), ("--min-speedup", "inf"),
+     ("--min-speedup", "-inf"), ("--min-speedup", "0")],
+)  # fmt: skip
+def test_validate_refuses_bounds_that_would_pass_everything(
+    flag: str, value: str, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(tiny_bert_path), "--baseline", str(tiny_bert_path), f"{flag}={value}", "--fast", "--quiet"]
+    assert validate_main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"embedder validate: {flag} must be a finite ")
 
 
 def test_layers_command(tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,12 +104,23 @@ def test_plain_score_mappings_are_accepted() -> None:
 
 
 def test_bad_arguments_say_what_to_fix() -> None:
-    with pytest.raises(ValueError, match="max_drop is a number of points"):
+    with pytest.raises(ValueError, match="max_drop must be a finite number of points >= 0"):
         check(BASE, BASE, max_drop=-1)
-    with pytest.raises(ValueError, match="min_speedup must be a positive ratio"):
+    with pytest.raises(ValueError, match="min_speedup must be a finite positive ratio"):
         check(BASE, BASE, min_speedup=0)
     with pytest.raises(ValueError, match="scores must be numbers in points"):
         check({"scores": {"A": "high"}}, BASE)
+
+
+@pytest.mark.parametrize("bound", [float("nan"), float("inf")])
+def test_non_finite_bounds_are_refused(bound: float) -> None:
+    dropped = _report({"A": 0.0, "B": 0.0})
+    with pytest.raises(ValueError, match=f"max_drop must be a finite number of points >= 0, got {bound}"):
+        check(dropped, BASE, max_drop=bound)
+    with pytest.raises(ValueError, match=f"min_speedup must be a finite positive ratio such as 1.5, got {bound}"):
+        check(BASE, BASE, min_speedup=bound)
+    with pytest.raises(ValueError, match="max_drop must be a finite number"):
+        adapt_gate({"base": 50.0, "adapted": 55.0}, None, None, margin=bound)
 
 
 def test_adapt_gate_is_two_sided() -> None:
