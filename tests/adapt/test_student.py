@@ -303,7 +303,7 @@ def test_the_cli_submits_a_corpus_file_follows_the_job_and_says_how_it_ended(
         assert f"queued {job['id']}" in err and "distilling" in err and "adapting student" in err and "gate:" in err
         if job["model"]["promoted"]:  # the CLI waits until the server serves what it promoted, and says on what
             assert f"served: news-cli version {job['model']['version']} on " in err, err
-        assert adapt_cli.run(client, adapt_cli.parse_args(["--job", "adaptjob-nope"])) == 1
+        assert adapt_cli.run(client, adapt_cli.parse_args(["--job", "adaptjob-" + "0" * 24])) == 1
         assert "404" in capsys.readouterr().err
     finally:
         del client.headers["Authorization"]
