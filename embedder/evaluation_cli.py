@@ -36,18 +36,35 @@ def _setup_torch(device: str | None, settings: Settings) -> str:
     return device or settings.device
 
 
+def _onnxruntime_load_errors() -> tuple[type[Exception], ...]:
+    """What onnxruntime raises when it cannot open a graph (its own classes, none a subclass of OSError or
+    ValueError): a corrupt or truncated file, a graph it cannot build or run here."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    names = ("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "InvalidProtobuf", "InvalidGraph", "NotImplemented",
+             "RuntimeException", "EPFail", "ModelRequiresCompilation")  # fmt: skip
+    return tuple(getattr(ort_state, name) for name in names if hasattr(ort_state, name))
+
+
 def _load(spec: str, device: str, settings: Settings):  # type: ignore[no-untyped-def]
     """A checkpoint, built-in name or bundle → an evaluation model (the thin adapter the card puts here).
 
-    A folder whose files cannot be read (a config.json without weights, a missing tokenizer) raises
-    `ModelSpecError` naming the spec, like a spec that names nothing."""
+    A folder whose files cannot be read (a config.json without weights, a missing tokenizer, an unreadable bundle
+    manifest, an ONNX graph onnxruntime cannot open) raises `ModelSpecError` naming the spec in one line, like a
+    spec that names nothing: the commands exit 2 for it, which a gate reads as "could not load", not "failed"."""
+    from core.registry import RegistryError
     from evaluation.embedding_model import ModelSpecError
     from training.torch_model import load_any
 
     try:
         return load_any(spec, device=device, registry_dir=settings.registry_dir, threads=settings.num_threads)
-    except OSError as exc:
+    except ModelSpecError:
+        raise
+    except (OSError, RegistryError) as exc:
         raise ModelSpecError(f"cannot load model {spec!r}: {exc}") from exc
+    except _onnxruntime_load_errors() as exc:
+        message = " ".join(str(exc).split("\n"))
+        raise ModelSpecError(f"cannot load model {spec!r}: {type(exc).__name__}: {message}") from exc
 
 
 def validate_main(argv: list[str]) -> int:

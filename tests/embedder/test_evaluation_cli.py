@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -181,3 +182,30 @@ def test_a_model_folder_without_weights_is_refused(
         err = capsys.readouterr().err
         assert "Traceback" not in err and len(err.splitlines()) == 1
         assert err.startswith(f"embedder {command.__name__.removesuffix('_main')}: cannot load model '{folder}': ")
+
+
+def _bundle_copy(tiny_registry: Path, tmp_path: Path) -> Path:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_registry / "tiny" / "1", bundle)
+    return bundle
+
+
+def test_a_bundle_whose_graph_cannot_be_read_is_refused_in_one_line(
+    tiny_registry: Path, tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = _bundle_copy(tiny_registry, tmp_path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    for file in manifest["onnx"].values():
+        (bundle / file).write_bytes(b"not a protobuf")
+    runs = {
+        "validate": lambda spec: validate_main([spec, "--baseline", str(tiny_bert_path), "--fast", "--quiet"]),
+        "validate --baseline": lambda spec: validate_main([str(tiny_bert_path), "--baseline", spec, "--fast"]),
+        "bench": lambda spec: bench_main([spec, "--fast", "--quiet"]),
+        "layers": lambda spec: layers_main([spec, "--fast", "--quiet"]),
+    }
+    for command, run in runs.items():
+        assert run(str(bundle)) == 2, command
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.splitlines()) == 1, command
+        prefix = f"embedder {command.split()[0]}: cannot load model '{bundle}': "
+        assert err.startswith(prefix) and "InvalidProtobuf" in err, command
