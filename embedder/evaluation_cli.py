@@ -124,13 +124,15 @@ def validate_main(argv: list[str]) -> int:
     device = _setup_torch(args.device, settings)
     from evaluation.embedding_model import ModelSpecError
     from evaluation.tasks import resolve_task
-    from evaluation.validate import DEFAULT_LAYER_TASKS, validate
+    from evaluation.validate import DEFAULT_LAYER_TASKS, prepare_out_dir, validate
 
     try:
         for name in (args.tasks or []) + (args.layer_tasks or []):
             resolve_task(name, fast=True)
         model = _load(args.model, device, settings)
         baseline = _load(args.baseline, device, settings) if args.baseline else None
+        # --no-cache recomputes the scores; the report still goes where it would without it
+        out = prepare_out_dir(args.out, model, settings.cache_dir)
     except (ModelSpecError, ValueError) as exc:
         print(f"embedder validate: {exc}", file=sys.stderr)
         return 2
@@ -145,7 +147,7 @@ def validate_main(argv: list[str]) -> int:
         layer_tasks=DEFAULT_LAYER_TASKS if args.layer_tasks is None else args.layer_tasks,
         speed=not args.no_speed,
         diagnostics=not args.no_diagnostics,
-        out_dir=args.out,
+        out_dir=out,
         cache=None if args.no_cache else settings.cache_dir,
         progress=not args.quiet,
         command="embedder validate " + shlex.join(argv),
@@ -205,7 +207,7 @@ def layers_main(argv: list[str]) -> int:
     from evaluation.embedding_model import ModelSpecError
     from evaluation.report import plot_layers
     from evaluation.tasks import resolve_task
-    from evaluation.validate import default_out_dir, layer_curves
+    from evaluation.validate import layer_curves, prepare_out_dir
 
     try:
         for name in args.tasks:
@@ -215,6 +217,7 @@ def layers_main(argv: list[str]) -> int:
         for m in models:
             if not m.supports_layers:
                 raise ValueError(f"{m.name} is an exported bundle: layer-wise scores need the torch checkpoint")
+        out = prepare_out_dir(args.out, models[0], settings.cache_dir)
     except (ModelSpecError, ValueError) as exc:
         print(f"embedder layers: {exc}", file=sys.stderr)
         return 2
@@ -230,8 +233,6 @@ def layers_main(argv: list[str]) -> int:
             print(f"{label} {task} (best layer {best})")
             for layer, y in enumerate(ys):
                 print(f"  layer {layer:>2}  {y:7.2f}" + ("  <- best" if layer == best else ""))
-    out = args.out or default_out_dir(models[0], settings.cache_dir)
-    out.mkdir(parents=True, exist_ok=True)
     plot_layers(curves, out / "layers.png", title="Layer-wise quality" + (" (fast mode)" if args.fast else ""))
     (out / "layers.json").write_text(json.dumps({"fast": args.fast, "curves": curves}, indent=1) + "\n")
     print(f"plot: {out / 'layers.png'}")

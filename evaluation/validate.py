@@ -124,6 +124,20 @@ def default_out_dir(model: EmbeddingModel, cache_dir: Path | None) -> Path:
     return Path(cache_dir) / "reports" / f"{safe}-{model.hash[:12]}"
 
 
+def prepare_out_dir(out_dir: str | Path | None, model: EmbeddingModel, cache_dir: Path | None) -> Path:
+    """The report folder — ``out_dir``, else `default_out_dir` — created now, so that a path which cannot hold
+    the report (an existing file, a parent that is a file, no permission) is refused before any scoring instead
+    of after it. Raises ValueError saying which path and why."""
+    folder = Path(out_dir) if out_dir is not None else default_out_dir(model, cache_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"the report folder {folder} is an existing file: give a folder (new or existing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the report folder {folder}: {exc}") from exc
+    return folder
+
+
 def validate(
     model: Any,
     baseline: Any | None = None,
@@ -146,6 +160,9 @@ def validate(
     ``allow_skipped``: let the gate pass although some tasks were scored by neither model (their data is
     missing); the report lists them either way (`evaluation.gate.check`).
 
+    The report folder (``out_dir``, else next to a bundle, else under ``cache``: `prepare_out_dir`) is created
+    before any scoring; ValueError when there is none or it cannot be created.
+
     Returns ``(report, gate result or None without a baseline, {file name: path written})``.
     """
     check_thresholds(max_drop, min_speedup)  # before any scoring: a bad bound would waste the whole run
@@ -154,6 +171,7 @@ def validate(
     if min_speedup is not None and not speed:
         raise ValueError("--min-speedup needs the speed measurement: do not disable speed")
     candidate = load_model(model)
+    folder = prepare_out_dir(out_dir, candidate, cache)
     kwargs = {
         "tasks": tasks,
         "fast": fast,
@@ -185,7 +203,5 @@ def validate(
             allow_skipped=allow_skipped,
         )
         report["gate"] = result.as_dict()
-    if out_dir is None and cache is None and not isinstance(candidate, OnnxModel):
-        raise ValueError("a checkpoint's report needs out_dir, or a cache root to put it under")
-    written = write_report(report, Path(out_dir) if out_dir is not None else default_out_dir(candidate, cache))
+    written = write_report(report, folder)
     return report, result, written

@@ -209,3 +209,40 @@ def test_a_bundle_whose_graph_cannot_be_read_is_refused_in_one_line(
         assert "Traceback" not in err and len(err.splitlines()) == 1, command
         prefix = f"embedder {command.split()[0]}: cannot load model '{bundle}': "
         assert err.startswith(prefix) and "InvalidProtobuf" in err, command
+
+
+def _no_scoring(*args: object, **kwargs: object) -> None:
+    raise AssertionError("scored although the report could not be written")
+
+
+def test_an_out_path_that_cannot_hold_the_report_is_refused_before_scoring(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import evaluation.validate
+
+    monkeypatch.setattr(evaluation.validate, "evaluate_model", _no_scoring)
+    monkeypatch.setattr(evaluation.validate, "layer_curves", _no_scoring)
+    taken = tmp_path / "report.txt"
+    taken.write_text("keep me")
+    for out in (taken, taken / "sub"):
+        for command in (validate_main, layers_main):
+            assert command([str(tiny_bert_path), "--fast", "--quiet", "--out", str(out)]) == 2
+            err = capsys.readouterr().err
+            assert "Traceback" not in err and len(err.splitlines()) == 1
+            assert err.startswith(f"embedder {command.__name__.removesuffix('_main')}: ") and str(out) in err
+    assert taken.read_text() == "keep me"
+    from training.torch_model import load_any
+
+    with pytest.raises(ValueError, match="no report folder for"):
+        evaluation.validate.validate(load_any(str(tiny_bert_path)), out_dir=None, cache=None)
+
+
+def test_no_cache_without_out_writes_the_report_under_the_cache_dir(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("EMBED_CACHE_DIR", str(tmp_path / "cache"))
+    args = [str(tiny_bert_path), "--tasks", "LeeDocSTS", "--layer-tasks", "--no-speed", "--no-diagnostics"]
+    assert validate_main([*args, "--no-cache", "--fast", "--quiet"]) == 0
+    written = Path(capsys.readouterr().out.splitlines()[-1].removeprefix("report: "))
+    assert written.is_file() and written.parent.parent == tmp_path / "cache" / "reports"
+    assert not (tmp_path / "cache" / "evaluation").exists()  # nothing cached: --no-cache
