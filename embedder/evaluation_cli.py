@@ -21,9 +21,10 @@ MODEL_HELP = (
 )
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--fast", action="store_true", help="a few documents per task (smoke test; not comparable)")
-    parser.add_argument("--out", type=Path, help="report folder (default: the bundle folder, else the cache dir)")
+def _common(parser: argparse.ArgumentParser, *, fast_help: str, out_help: str) -> None:
+    """The options every command has; ``--fast`` and ``--out`` mean something else to each, so each says what."""
+    parser.add_argument("--fast", action="store_true", help=fast_help)
+    parser.add_argument("--out", type=Path, help=out_help)
     parser.add_argument("--device", default=None, help="torch device for checkpoints (default: settings.device)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -101,7 +102,11 @@ def validate_main(argv: list[str]) -> int:
     parser.add_argument("--no-diagnostics", action="store_true", help="skip kNN 9:1, effective rank, alignment...")
     parser.add_argument("--no-cache", action="store_true", help="recompute instead of reusing cached results")
     parser.add_argument("--list-tasks", action="store_true", help="print the task names and exit")
-    _common(parser)
+    _common(
+        parser,
+        fast_help="a few documents per task and 2 timed calls per speed setting (smoke test; not comparable)",
+        out_help="report folder (default: the bundle folder for a bundle, else <cache dir>/reports/<name>-<hash>)",
+    )
     if "--list-tasks" in argv:
         from evaluation.tasks import INDEPENDENT_TASKS, TASKS
 
@@ -200,7 +205,11 @@ def layers_main(argv: list[str]) -> int:
     parser.add_argument("--baseline", help="a second torch model on the same axes (e.g. before fine-tuning)")
     parser.add_argument("--tasks", nargs="+", default=["LeeDocSTS", "BBCNewsKNN"], help="tasks to score per layer")
     parser.add_argument("--no-cache", action="store_true", help="recompute instead of reusing cached results")
-    _common(parser)
+    _common(
+        parser,
+        fast_help="a few documents per task (smoke test; not comparable)",
+        out_help="folder for layers.png and layers.json (default: <cache dir>/reports/<name>-<hash> of MODEL)",
+    )
     args = parser.parse_args(argv)
     settings = get_settings()
     device = _setup_torch(args.device, settings)
@@ -255,7 +264,11 @@ def bench_main(argv: list[str]) -> int:
         help="measure the models in turn this many times and report each setting's median (a slow minute of a "
         "shared machine then falls on every model)",
     )
-    _common(parser)
+    _common(
+        parser,
+        fast_help="one warm-up and 2 timed calls per setting, whatever --calls says (smoke test; noisy numbers)",
+        out_help="folder to write speed.json to (default: none; the table is only printed)",
+    )
     args = parser.parse_args(argv)
     if args.calls < 1:
         parser.error("--calls must be at least 1")
@@ -266,15 +279,18 @@ def bench_main(argv: list[str]) -> int:
     from evaluation.embedding_model import ModelSpecError
     from evaluation.gate import throughput_speedup
     from evaluation.speed import measure_speed, median_speed
+    from evaluation.validate import prepare_out_dir
 
     models = {}
-    for spec in args.models:
-        try:
+    try:
+        for spec in args.models:
             model = _load(spec, device, settings)
-        except ModelSpecError as exc:
-            print(f"embedder bench: {exc}", file=sys.stderr)
-            return 2
-        models[model.name] = model
+            models[model.name] = model
+        if args.out is not None:  # before measuring: a path that cannot be a folder is refused up front
+            prepare_out_dir(args.out, model, settings.cache_dir)
+    except (ModelSpecError, ValueError) as exc:  # ValueError: e.g. a bundle whose manifest lists no graph
+        print(f"embedder bench: {exc}", file=sys.stderr)
+        return 2
     runs: dict[str, list[dict]] = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
@@ -291,6 +307,5 @@ def bench_main(argv: list[str]) -> int:
         print(f"{name}: {ratio:.2f}x {first}'s texts/s (geometric mean over the settings"
               f"{f', medians of {args.rounds} rounds' if args.rounds > 1 else ''})")  # fmt: skip
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "speed.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0

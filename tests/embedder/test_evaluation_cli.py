@@ -246,3 +246,48 @@ def test_no_cache_without_out_writes_the_report_under_the_cache_dir(
     written = Path(capsys.readouterr().out.splitlines()[-1].removeprefix("report: "))
     assert written.is_file() and written.parent.parent == tmp_path / "cache" / "reports"
     assert not (tmp_path / "cache" / "evaluation").exists()  # nothing cached: --no-cache
+
+
+def test_a_bundle_that_lists_no_graph_is_refused_in_one_line(
+    tiny_registry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = _bundle_copy(tiny_registry, tmp_path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["onnx"] = {}
+    manifest.pop("openvino", None)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    for command in (bench_main, validate_main, layers_main):
+        assert command([str(bundle), "--fast", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.splitlines()) == 1
+        assert err.startswith(f"embedder {command.__name__.removesuffix('_main')}: ") and str(bundle) in err
+
+
+def test_bench_refuses_an_out_file_before_measuring(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import evaluation.speed
+
+    monkeypatch.setattr(evaluation.speed, "measure_speed", _no_scoring)
+    taken = tmp_path / "speed.txt"
+    taken.touch()
+    assert bench_main([str(tiny_bert_path), "--fast", "--quiet", "--out", str(taken)]) == 2
+    assert capsys.readouterr().err.startswith(f"embedder bench: the report folder {taken} is an existing file")
+
+
+def _help(command, capsys: pytest.CaptureFixture[str]) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exc:
+        command(["--help"])
+    assert exc.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_each_command_help_describes_its_own_fast_and_out(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _help(bench_main, capsys)
+    assert "documents per task" not in bench and "default: the bundle folder" not in bench  # bench has neither
+    assert "--out OUT folder to write speed.json to (default: none" in bench and "2 timed calls per setting" in bench
+    layers = _help(layers_main, capsys)
+    assert "default: the bundle folder" not in layers  # layers refuses bundles
+    assert "--out OUT folder for layers.png and layers.json (default: <cache dir>/reports/" in layers
+    validate = _help(validate_main, capsys)
+    assert "report folder (default: the bundle folder for a bundle, else <cache dir>/reports/" in validate
