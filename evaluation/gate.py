@@ -144,7 +144,8 @@ def check(
         must_improve: tasks on which the candidate must score strictly higher (e.g. the in-domain
             crop-pair task of an ``/adapt`` job).
         allow_skipped: accept tasks that neither model scored (both reports skipped them, or one skipped a task
-            the other never ran) instead of failing on them; they stay in ``table`` and ``unchecked`` either way.
+            the other never ran) instead of failing on them, as long as some task was compared; they stay in
+            ``table`` and ``unchecked`` either way.
 
     A task the baseline ran but the candidate did not (or skipped) fails: the gate cannot vouch for it. A task
     neither model scored fails too unless ``allow_skipped``: a gate that passes on tasks it never compared would
@@ -194,6 +195,8 @@ def check(
                       "reason": reason})  # fmt: skip
         if not allow_skipped:
             unchecked_failures.append(f"{task}: scored by neither model, so not compared ({reason})")
+    if unchecked and allow_skipped and not any(row["delta"] is not None for row in table):
+        unchecked_failures.append("no task was compared: every task was scored by neither model")
     for task in must_improve:
         cand, base = ours.get(task), theirs.get(task)
         if cand is None or base is None or cand <= base:

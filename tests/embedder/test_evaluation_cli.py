@@ -86,7 +86,11 @@ def test_validate_does_not_pass_on_tasks_neither_model_scored(
     assert gate["passed"] is False and gate["could_not_check"] is True
     assert "pip install mimesis==" in gate["unchecked"]["FoodKindClustering"]
 
-    assert validate_main([*args[:-1], str(tmp_path / "allowed"), "--allow-skipped"]) == 0
+    # accepted: the gate passes on the tasks it compared — but never on none
+    assert validate_main([*args[:-1], str(tmp_path / "none"), "--allow-skipped"]) == 2
+    assert "no task was compared" in capsys.readouterr().out
+    with_lee = [*args[:4], "LeeDocSTS", *args[4:-1], str(tmp_path / "allowed"), "--allow-skipped"]
+    assert validate_main(with_lee) == 0
     out = capsys.readouterr().out
     assert "FoodKindClustering" in out and "PASSED, leaving out 1 task(s) neither model scored" in out
     report = json.loads((tmp_path / "allowed" / "report.json").read_text())

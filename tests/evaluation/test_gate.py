@@ -78,6 +78,9 @@ def test_allow_skipped_passes_but_still_lists_the_tasks() -> None:
     assert {row["task"]: row["status"] for row in result.table} == {"A": "ok", "C": "skipped"}
     assert result.as_dict()["unchecked"] == {"C": "missing"}
     assert "leaving out 1 task(s) neither model scored" in result.format_table()
+    nothing = check(_report({}, skipped={"C": "missing"}), _report({}, skipped={"C": "missing"}), allow_skipped=True)
+    assert not nothing.passed and nothing.could_not_check  # never a pass on no comparison at all
+    assert nothing.failures == ["no task was compared: every task was scored by neither model"]
 
 
 def test_speed_floor() -> None:
