@@ -1,7 +1,7 @@
 """Representation diagnostics from the papers.
 
 - `knn_accuracy` — kNN classification accuracy (k = 10, Euclidean or cosine, 9:1 split): cropping
-  paper (000) §4.2, Table 2 and Table S3; `knn_cross_validated_accuracy` — the same 9:1 protocol as repeated
+  paper (000) §3.3, Table 2 and Table S3; `knn_cross_validated_accuracy` — the same 9:1 protocol as repeated
   10-fold cross-validation, every point tested once per repeat (the figure to compare models on a few hundred
   points); `knn_leave_one_out_accuracy` — every point classified once by its k nearest others.
 - `effective_rank` — entropy-based effective rank (Roy & Vetterli, 2007) as defined in the rank
@@ -69,7 +69,7 @@ def knn_accuracy(
 ) -> float:
     """Accuracy (0-1) of a k-nearest-neighbour classifier: fit on a random ``split`` fraction, test on the rest.
 
-    Paper 000 §4.2 (Table 2): k = 10, Euclidean distance, 9:1 train/test split; cosine gives similar
+    Paper 000 §3.3 (Table 2): k = 10, Euclidean distance, 9:1 train/test split; cosine gives similar
     values (Table S3). A majority vote over uniformly weighted neighbours (scikit-learn's); a tie between classes
     goes to the first of them in sorted order.
     """
@@ -98,7 +98,7 @@ def knn_cross_validated_accuracy(
     """Accuracy (0-1) of `knn_accuracy`'s classifier under ``folds``-fold cross-validation repeated ``repeats`` times
     (scikit-learn's `RepeatedKFold`, seeded), the mean over the ``folds × repeats`` folds.
 
-    With 10 folds each fit is the cropping paper's 9:1 split (000 §4.2), but every point is tested once per repeat:
+    With 10 folds each fit is the cropping paper's 9:1 split (000 Table 2), but every point is tested once per repeat:
     a mean over a few seeded random splits tests some points twice and others never, and on a few hundred points
     that draw moves the figure by more than two models differ (five random 9:1 splits of 600 points test 300
     predictions, each worth a third of a point). Ties between classes go as in `knn_accuracy`.

@@ -214,7 +214,7 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
             )
         lines += [
             "",
-            "kNN: paper 000 §4.2 (k = 10, 9:1 split, BBC); effective rank: paper 002 Eq. 2; alignment "
+            "kNN: paper 000 §3.3, Table 2 (k = 10, 9:1 split; here on BBC); effective rank: paper 002 Eq. 2; alignment "
             "(crop pairs) and uniformity: Wang & Isola (2020), as tracked in paper 002 §3.1.",
         ]
     layer_models = [(role, m) for role, m in _models(report) if m.get("layers")]

@@ -73,7 +73,7 @@ class TrainConfig:
     # with truncate = "probe": the deepest layer within this many points of the best wins (near-equal layers
     # differ by noise on a small validation set; the previous rule took the shallower of two near-equal layers)
     probe_tolerance: float = 0.5
-    train_last_layers: int | None = None  # None trains every layer (cropping paper §4.4 trains the last 2)
+    train_last_layers: int | None = None  # None trains every layer (cropping paper Fig. 4a: the last 2 nearly match)
 
     # --- objective and views ------------------------------------------------------------------
     objective: str = "infonce"

@@ -3,7 +3,8 @@
 `Encoder.forward(input_ids, attention_mask, token_type_ids=None)` returns pooled (and normalised)
 embeddings, so the module itself is what export traces to ONNX. Truncation keeps the embedding
 layer and the first *l* transformer layers (TMFT, paper 003 §3), giving a real smaller model;
-`freeze(k)` trains only the last *k* layers (cropping paper 000, §4.4).
+`freeze(k)` trains only the last *k* layers (cropping paper 000 §4, Fig. 4a: the last 2 of 12 come close to the
+full fine-tune).
 
 An optional output layer (`OutputLayer`, sentence-transformers' ``Dense``) maps the pooled vector to another
 width before normalisation — a 128-wide student's map into its teacher's 384-d space — and is part of

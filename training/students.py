@@ -1,4 +1,4 @@
-"""Small students for distillation (SCT, paper 001 §3.3): built from what exists offline.
+"""Small students for distillation (SCT, paper 001 §3.4): built from what exists offline.
 
 - `layer_subset_student`: a copy of the teacher keeping only some layers (e.g. [0, 5] of
   MiniLM-L6), so the student starts with the teacher's own weights.

@@ -113,7 +113,7 @@ class BBCNewsClassification(_BBCData, AbsTaskClassification):
 
 
 class BBCNewsKNN(_BBCData, AbsTaskClassification):
-    """kNN accuracy (k = 10, cosine) of test articles against the train part: paper 000 §4.2's metric
+    """kNN accuracy (k = 10, cosine) of test articles against the train part: paper 000 §3.3's (Table 2) metric
     of local coherence, on the same split as the probe."""
 
     metadata = offline_metadata(

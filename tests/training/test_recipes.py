@@ -88,7 +88,7 @@ def test_crop_mpnet_follows_the_cropping_paper() -> None:
     assert (config.model, config.objective, config.views) == ("mpnet-base", "infonce", "crop")
     assert (config.batch_size, config.lr, config.epochs) == (64, 2e-5, 1.0)
     assert config.objective_params["temperature"] == 0.05
-    assert config.train_last_layers == 2  # §4.4: the last layers, what fits a 110M model on 2 CPU cores
+    assert config.train_last_layers == 2  # paper 000 Fig. 4a: the last layers, what fits a 110M model on 2 CPU cores
     minilm = load_config("crop-minilm")
     assert minilm.model == "minilm-l6" and minilm.objective_params == config.objective_params
 
