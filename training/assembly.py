@@ -121,7 +121,10 @@ def build_models(config: TrainConfig, device: torch.device, validation: Validati
         if config.teacher is not None:
             reference = Encoder.from_pretrained(config.teacher, max_seq_length=config.max_seq_length, device=device)
         else:
-            # distillation from the full model when the student is smaller, else SCT's self-supervised mode
+            # distillation from the full model when the student is smaller, else SCT's self-supervised mode. There
+            # the reference is a frozen copy of the starting model: a departure from paper 001 §3.1, whose f_ref has
+            # the online network's current weights without gradient (the authors' code re-encodes with the model
+            # being trained under no_grad), so here the reference does not follow training
             reference = base if student is not base else base.clone()
         distillation = config.teacher is not None or config.student is not None or config.truncate is not None
         _freeze(reference)

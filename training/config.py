@@ -124,6 +124,9 @@ class TrainConfig:
     time_budget_s: float | None = None  # stop after this many seconds (the schedule follows the clock)
     batch_size: int = 64
     lr: float = 2e-5
+    # AdamW's decoupled weight decay, on matrices only (training.assembly.parameter_groups). Papers 001 (§4.1) and
+    # 003 (§4, 1e-2) train with AdamW; paper 000 (§3.1) uses Adam, so the crop recipes, which keep this default,
+    # depart from it by this decay
     weight_decay: float = 0.01
     warmup: float = 0.1  # fraction of the run (< 1) or a number of steps (≥ 1)
     grad_clip: float | None = 1.0

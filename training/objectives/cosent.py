@@ -1,6 +1,8 @@
 """CoSENT — Su (2022), "CoSENT (1): a sentence-vector scheme more effective than Sentence-BERT" (blog post,
-kexue.fm/archives/8847, in Chinese): the supervised loss TMFT (``papers/003`` §3) fine-tunes a truncated model
-with on scored pairs.
+kexue.fm/archives/8847, in Chinese): the loss this project uses where TMFT's supervised step (``papers/003`` §3)
+fine-tunes a truncated model on scored pairs. The choice is the project's: §3 says only that the two pooled
+embeddings are compared with cosine similarity, and the authors' training script regresses that cosine onto the
+gold score with MSE.
 
 A ranking form of the cosine loss: it never asks a cosine to reach a target value, only that a pair scored
 higher has the higher cosine, which is what retrieval and STS's Spearman correlation measure.

@@ -8,6 +8,11 @@ Pipeline (§3.1, Figure 3), with the encoders run by the trainer:
 * reference ``z^ref_v = f_ref(x_v)`` from a frozen network — ``reference1``/``reference2``;
 * two FIFO instance queues D₁, D₂ of reference vectors (:class:`training.queue.InstanceQueue`).
 
+Departure in self-supervised mode: §3.1's f_ref has "identical" architecture and weights to f_θ, i.e. the online
+network's current weights without gradient (the authors' code encodes the views a second time with the model being
+trained, under ``no_grad``). This project's self-supervised ``objective=sct`` instead uses a frozen copy of the
+starting model (built in :func:`training.assembly.build_models`), so the reference does not follow training.
+
 Similarity-score distribution (Eq. 1): ``SR(z, D, τ) = softmax_j(sim(z, d_j)/τ)``, sim a dot product
 of L2-normalised vectors ("all encoder outputs are normalized"; we also normalise the projector
 output, as the authors' code does), τ *divides*, τ^θ for online and τ^ref for reference vectors.
@@ -26,11 +31,13 @@ Readings taken where the paper is silent or ambiguous:
   batch's references are among the candidates (the positive is in the queue). We score against
   ``[D; z^ref_batch]`` (k + B candidates) and then enqueue the batch, dropping the B oldest — the
   same k + B window as enqueue-then-score with a k + B queue.
-* *L_SCT in distillation mode.* With f_ref replaced by f_large, Eq. 2 would coincide with Eq. 4 and
-  the paper does not name a second reference network. We read "self-referencing" (§3.4) as the
-  student referencing itself: ``c_v^self = SR(SG(z_v^θ), D_v, τ^ref)`` — the student's own, sharper
-  (τ^ref < τ^θ) cross-view distribution over the teacher queues is the target for the other view.
-  ``sct_weight`` scales this term (0 gives pure L_CD).
+* *L_SCT in distillation mode — this project's reading, not the paper's.* Eq. 3 writes ``L_SCT + L_CD``, but
+  §3.4 replaces f_ref with f_large, so Eq. 2 would coincide with Eq. 4 and the paper names no second
+  reference; the authors' distillation code computes only the teacher cross-view KL (Eq. 4). We read
+  "self-referencing" (§3.4) as the student referencing itself: ``c_v^self = SR(SG(z_v^θ), D_v, τ^ref)`` — the
+  student's own, sharper (τ^ref < τ^θ) cross-view distribution over the teacher queues is the target for the
+  other view. ``sct_weight`` scales this term; its default 1 turns it on, and no recipe changes it, so it is on
+  in ``sct-tiny``, ``sct-small`` and ``tmft``; 0 gives pure L_CD, as the authors' code trains.
 * *Teacher dimension ≠ student dimension* (e.g. a 128-d tiny BERT under a 384-d MiniLM): the queues
   hold teacher-space vectors (``reference_dim``) and the projector maps the student's ``student_dim``
   into that space (u = ``reference_dim`` in §4.1's sizes), so every similarity is taken in one space.
@@ -80,13 +87,14 @@ class SCT(nn.Module):
     reference2  (B, D_ref)  frozen reference / teacher output for x₂
     ==========  ==========  ==================================================================
 
-    ``distillation=False``: L = L_SCT with the references as f_ref. ``distillation=True``: the references
-    are the teacher's, L = ``sct_weight`` · L_SCT(self-reference) + L_CD. ``mse_weight`` > 0 adds
-    ``mse_weight`` · ½ Σ_v mean_b ||P(view_v) − reference_v||² (the teacher's embedding itself, Reimers &
-    Gurevych 2020 Eq. 1, as `MSEDistillation` computes it; P is the projector, so the student must map into
-    the reference space): L_SCT and L_CD match similarity *distributions* over the queue, which leave the
-    embedding free up to what the queue can tell apart; the MSE term pins it to the teacher's. After the loss
-    the references are enqueued (D₁ ← reference1, D₂ ← reference2). Metrics: ``loss``, ``loss_sct``,
+    ``distillation=False``: L = L_SCT with the references as f_ref (a frozen network here, where §3.1's f_ref is
+    the online network itself without gradient; see the module docstring). ``distillation=True``: the references
+    are the teacher's, L = ``sct_weight`` · L_SCT(self-reference, this project's reading) + L_CD.
+    ``mse_weight`` > 0 adds ``mse_weight`` · ½ Σ_v mean_b ||P(view_v) − reference_v||² (the teacher's embedding
+    itself, Reimers & Gurevych 2020 Eq. 1, as `MSEDistillation` computes it; P is the projector, so the student
+    must map into the reference space): L_SCT and L_CD match similarity *distributions* over the queue, which
+    leave the embedding free up to what the queue can tell apart; the MSE term pins it to the teacher's. After
+    the loss the references are enqueued (D₁ ← reference1, D₂ ← reference2). Metrics: ``loss``, ``loss_sct``,
     ``loss_cd`` (distillation), ``loss_mse`` (mse_weight > 0), ``accuracy`` (how often an online view's
     highest-scoring candidate is the other view's reference vector of the same text) and the collapse
     diagnostics of the student embeddings.
@@ -172,11 +180,13 @@ class SCT(nn.Module):
             with torch.no_grad():
                 self1 = similarity_logits(z1, d1, self.tau_ref).softmax(-1)  # SR(SG(z₁^θ), D₁, τ^ref)
                 self2 = similarity_logits(z2, d2, self.tau_ref).softmax(-1)  # SR(SG(z₂^θ), D₂, τ^ref)
-            loss_sct = cross_view_kl(self1, self2, online1, online2)  # Eq. 2 with the student as its own reference
+            # Eq. 2 with the student as its own reference: this project's reading of L_SCT in Eq. 3 (the
+            # authors' distillation code has only L_CD); on by default (sct_weight 1)
+            loss_sct = cross_view_kl(self1, self2, online1, online2)
             loss = self.sct_weight * loss_sct + loss_cd  # Eq. 3
             stats["loss_cd"] = float(loss_cd.detach())
         else:
-            loss_sct = cross_view_kl(ref1, ref2, online1, online2)  # Eq. 2
+            loss_sct = cross_view_kl(ref1, ref2, online1, online2)  # Eq. 2 (reference: the frozen start, not f_θ)
             loss = loss_sct
         if self.mse_weight > 0:
             p1, p2 = self.projector(view1), self.projector(view2)  # (B, D_ref), not normalised: the teacher's vector

@@ -1,15 +1,23 @@
-"""VICReg — ``papers/004`` §2, Eq. 3 (Bardes et al. 2022, Eqs. 1–6), projector from §3.
+"""VICReg — ``papers/004`` §2, Eq. 3 (Bardes et al. 2022), projector from §3.
+
+The terms are Bardes et al.'s Eqs. 1–6, normalised as in their official implementation (facebookresearch/vicreg),
+not as the equations are written:
 
 ``L = λ · s(Z, Z') + μ · [v(Z) + v(Z')] / 2 + ν · [c(Z) + c(Z')]`` on the projected views, with
 
-* invariance ``s(Z, Z') = (1/B) Σ_b ‖z_b − z'_b‖² / D`` (mean squared error),
+* invariance ``s(Z, Z') = (1/B) Σ_b ‖z_b − z'_b‖² / D`` (``F.mse_loss``: the mean over batch × dimensions,
+  where Eq. 5 is ``(1/n) Σ ‖z − z'‖²``, D times larger),
 * variance ``v(Z) = (1/D) Σ_j max(0, γ − √(Var(z_·j) + ε))`` — a hinge that keeps every dimension's
   std at least γ = 1 (0 once every std ≥ γ),
 * covariance ``c(Z) = (1/D) Σ_{i≠j} Cov(Z)_ij²`` — de-correlates the dimensions.
 
+The variance term is averaged over the two branches (``/ 2``), as in that implementation, where Eq. 6 sums them.
+
 Readings taken (paper 004's Eq. 3 symbols and Appendix A values did not survive the conversion):
 weights default to Bardes et al.'s λ = 25, μ = 25, ν = 1, γ = 1, ε = 1e-4 (paper 004 A.2 fixes one
-weight and scans the other two); Var and Cov use the unbiased (B − 1) estimate, as the original.
+weight and scans the other two); those coefficients were tuned under the implementation's normalisation above, which
+is why this module follows it rather than Eqs. 5–6 as written. Var and Cov use the unbiased (B − 1) estimate, as the
+original.
 The projector width defaults to 2048 instead of 8192 for CPU cost — see ``barlow_twins``;
 ``projector_dim=0`` applies the loss to the embeddings.
 """
@@ -80,6 +88,8 @@ class VICReg(nn.Module):
                 f"got {tuple(view1.shape)} and {tuple(view2.shape)}"
             )
         za, zb = self.projector(view1), self.projector(view2)  # (B, P) each
+        # the official implementation's normalisation (module docstring): MSE over batch × dims,
+        # the two branches' variance terms averaged, their covariance terms summed
         invariance = F.mse_loss(za, zb)
         variance = 0.5 * (variance_term(za, self.target_std, self.eps) + variance_term(zb, self.target_std, self.eps))
         covariance = covariance_term(za) + covariance_term(zb)
