@@ -8,7 +8,7 @@ A stage is a function of the attempt and at most two values earlier stages retur
 one typed value (`run_stages` hands each stage the latest value of each type it asks for). Between stages the job's
 stop checks run (`JobContext.check`); a stage that returns `Published` ends the job.
 
-The recipe is the cropping paper's in-domain fine-tuning (``papers/000`` §2 and §3.2.3, Figure 1): two views of a
+The recipe is the cropping paper's in-domain fine-tuning (``papers/000`` §3.1 and §3.2.3, Figure 1): two views of a
 document are two crops of consecutive sentences, the loss is InfoNCE with τ = 0.05, lr 2e-5 with warm-up, and most of
 the gain arrives within ~100 batches — so a job trains for a few dozen steps, not epochs. Speed comes by design: only
 the last ``train_last_layers`` layers are trained (the paper's §4, Fig. 4a, fine-tunes the last 2), crops are short
