@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -105,12 +106,17 @@ def test_a_chmod_000_corpus_is_a_usage_error(tmp_path: Path, capsys: pytest.Capt
     assert f"cannot read {corpus}: Permission denied" in capsys.readouterr().err
 
 
+def _upload(tmp_path: Path) -> tuple[Path, argparse.Namespace]:
+    """A one-document corpus and the arguments that upload it."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('"a document."\n')
+    return corpus, adapt_cli.parse_args([str(corpus), "--name", "acme"])
+
+
 def test_a_corpus_that_becomes_unreadable_before_the_upload_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text('"a document."\n')
-    args = adapt_cli.parse_args([str(corpus), "--name", "acme"])
+    corpus, args = _upload(tmp_path)
     monkeypatch.setattr(Path, "open", _unreadable)
     assert adapt_cli.run(SimpleNamespace(), args) == 2
     assert capsys.readouterr().err == f"embedder adapt: cannot read {corpus}: Permission denied\n"
@@ -154,9 +160,7 @@ def test_ctrl_c_names_no_url_when_it_is_the_default(
 def test_ctrl_c_during_the_upload_exits_130_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text('"a document."\n')
-    args = adapt_cli.parse_args([str(corpus), "--name", "acme"])
+    _, args = _upload(tmp_path)
 
     def interrupted(*_: object, **__: object) -> None:
         raise KeyboardInterrupt
