@@ -48,6 +48,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+The gate Job's ServiceAccount: a hook of its own (gate-serviceaccount.yaml) when the chart creates ServiceAccounts,
+since the chart's ServiceAccount does not exist yet when pre-install hooks run; else the one you manage.
+*/}}
+{{- define "embedder.gateServiceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- printf "%s-gate" (include "embedder.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
 {{/* repository:tag, or repository@digest when a digest is given (immutable). */}}
 {{- define "embedder.image" -}}
 {{- if .Values.image.digest }}
