@@ -37,7 +37,14 @@ from service.backend.base import BackendFactory
 from service.engine.admission import Ticket
 from service.engine.engine import Engine
 from service.engine.served import ModelManager
-from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response, validation_message
+from service.errors import (
+    INTERNAL_MESSAGE,
+    ErrorKind,
+    ServiceError,
+    error_response,
+    validation_message,
+    validation_param,
+)
 from service.metrics import EMBEDDING_ROUTES, NO_MODEL, TOKENIZE_ROUTE, MetricsListener, ServiceMetrics
 from service.observability import (
     KEY_ID,
@@ -464,14 +471,14 @@ def create_app(
     async def _service_error(request: Request, err: ServiceError) -> Response:
         return err.response()
 
-    def _invalid_request(request: Request, message: str) -> Response:
+    def _invalid_request(request: Request, message: str, param: str | None = None) -> Response:
         if request.url.path in COUNTED_ROUTES:
             route_metrics.count_failure(request.url.path, NO_MODEL, ErrorKind.invalid_request)
-        return error_response(ErrorKind.invalid_request, message)
+        return error_response(ErrorKind.invalid_request, message, param=param)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> Response:
-        return _invalid_request(request, validation_message(err.errors()))
+        return _invalid_request(request, validation_message(err.errors()), validation_param(err.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
@@ -486,7 +493,8 @@ def create_app(
             allowed = _allowed_methods(app, request.scope)
             message = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
             return error_response(ErrorKind.method_not_allowed, message, {"Allow": allowed})
-        body = {"error": {"message": str(err.detail), "type": "invalid_request_error", "code": "http_error"}}
+        body = {"error": {"message": str(err.detail), "type": "invalid_request_error", "param": None,
+                          "code": "http_error"}}
         return Response(orjson.dumps(body), status_code=err.status_code, media_type="application/json",
                         headers=err.headers)  # fmt: skip
 

@@ -1,7 +1,7 @@
 """One table maps every error kind to its HTTP status, OpenAI error ``type`` and ``code``.
 
 The engine and the routes raise `ServiceError(kind, message)`; one handler renders
-``{"error": {"message", "type", "code"}}`` (OpenAI's shape) and counts the failure by kind.
+``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape) and counts the failure by kind.
 Unexpected exceptions become ``internal`` with the message "internal error"; the traceback goes to
 the log only, never to the client.
 """
@@ -96,19 +96,24 @@ def _service_error(
     return ServiceError(kind, message, headers=headers, details=details)
 
 
-def error_body(kind: ErrorKind, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"message": message, "type": kind.type, "code": kind.code}
+def error_body(
+    kind: ErrorKind, message: str, details: dict[str, Any] | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error object: ``message``, ``type``, ``param`` (the request field at fault, or null) and ``code``;
+    ``details`` beside them when the failure has structured facts."""
+    error: dict[str, Any] = {"message": message, "type": kind.type, "param": param, "code": kind.code}
     if details:
         error["details"] = details
     return {"error": error}
 
 
 def error_response(
-    kind: ErrorKind, message: str, headers: dict[str, str] | None = None, details: dict[str, Any] | None = None
-) -> Response:
+    kind: ErrorKind, message: str, headers: dict[str, str] | None = None, details: dict[str, Any] | None = None,
+    param: str | None = None,
+) -> Response:  # fmt: skip
     return Response(
-        orjson.dumps(error_body(kind, message, details)), status_code=kind.status, media_type="application/json",
-        headers=headers or None,
+        orjson.dumps(error_body(kind, message, details, param)), status_code=kind.status,
+        media_type="application/json", headers=headers or None,
     )  # fmt: skip
 
 
@@ -134,6 +139,16 @@ def validation_message(errors: Sequence[Mapping[str, Any]], what: str = "request
         loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
         parts.append(f"{loc or 'body'}: {error.get('msg', 'invalid')}")
     return f"invalid {what}: " + "; ".join(parts)
+
+
+def validation_param(errors: Sequence[Mapping[str, Any]]) -> str | None:
+    """The top-level request field the first of pydantic's validation errors is about (OpenAI's ``param``: ``input``
+    for a bad item of it too), or None for the body as a whole (not JSON, not an object)."""
+    for error in list(errors)[:1]:
+        loc = [p for p in error.get("loc", ()) if p != "body"]
+        if loc and isinstance(loc[0], str) and error.get("type") != "json_invalid":
+            return loc[0]
+    return None
 
 
 def _token_ids(errors: Sequence[Mapping[str, Any]]) -> str | None:

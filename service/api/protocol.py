@@ -201,9 +201,13 @@ class Info(BaseModel):
 
 
 class ErrorDetail(BaseModel):
+    """OpenAI's error object (``details`` beside it when a failure has structured facts, such as /adapt's)."""
+
     message: str
     type: str
+    param: str | None = Field(default=None, description="the request field at fault (a validation error), or null")
     code: str
+    details: dict[str, Any] | None = None
 
 
 class ErrorResponse(BaseModel):

@@ -144,6 +144,7 @@ def test_auth_is_required_when_an_admin_key_is_set(client: TestClient) -> None:
             "message": "this API key may embed but not start or read /adapt jobs: use an admin key "
             "(EMBED_ADMIN_API_KEYS)",
             "type": "permission_error",
+            "param": None,
             "code": "forbidden",
         }
     assert client.get("/adapt").status_code == 200

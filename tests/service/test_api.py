@@ -124,7 +124,7 @@ def test_post_root_is_tei_embed(client):
 def _error(response, status: int, code: str, message_part: str) -> dict:
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "code"}
+    assert set(error) == {"message", "type", "param", "code"}  # OpenAI's error object
     assert error["code"] == code
     assert message_part in error["message"], error["message"]
     return error
@@ -347,7 +347,7 @@ def test_internal_error_is_generic_for_clients(tmp_path, make_app, publish_fake,
     with TestClient(app, raise_server_exceptions=False) as client, caplog.at_level(logging.ERROR):
         response = client.post("/v1/embeddings", json={"input": ["fine", "please explode now"]})
         assert response.status_code == 500
-        expected = {"message": "internal error", "type": "server_error", "code": "internal_error"}
+        expected = {"message": "internal error", "type": "server_error", "param": None, "code": "internal_error"}
         assert response.json() == {"error": expected}
         assert "secret detail" not in response.text
         assert "secret detail" in caplog.text  # the traceback is in the log
@@ -554,3 +554,13 @@ def test_every_failure_of_tokenize_is_counted_like_the_embedding_routes(make_app
     counted = [line for line in metrics.splitlines()
                if line.startswith("embed_request_failures_total{") and 'route="/tokenize"' in line]  # fmt: skip
     assert sum(float(line.rsplit(" ", 1)[1]) for line in counted) == 3, counted
+
+
+def test_a_validation_error_names_the_field_at_fault_as_openai_does(make_app) -> None:
+    with TestClient(make_app()) as client:
+        cases = [({"input": 5}, "input"), ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+                 ({"input": "x", "dimensions": "8"}, "dimensions")]  # fmt: skip
+        for body, param in cases:
+            assert _error(client.post("/v1/embeddings", json=body), 422, "invalid_request", param)["param"] == param
+        broken = client.post("/v1/embeddings", content=b"{nope", headers={"content-type": "application/json"})
+        assert _error(broken, 422, "invalid_request", "JSON")["param"] is None  # the body as a whole
