@@ -55,6 +55,8 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.app_state.draining or self._loop is None:
+            # a second signal (uvicorn forces the exit only on a second SIGINT): stop waiting for anything
+            self.force_exit = self.app_state.draining
             super().handle_exit(sig, frame)
             return
         self.app_state.draining = True

@@ -149,3 +149,19 @@ def test_versions_listed_in_registry_match_what_is_served(fake_registry, make_ap
     with TestClient(make_app()) as client:
         cards = {m["id"]: m["version"] for m in client.get("/v1/models").json()["data"]}
     assert cards == {name: registry.current_version(fake_registry, name) for name in ("fake-a", "fake-b")}
+
+
+def test_a_second_signal_stops_waiting_for_requests_in_flight(make_app, serve):
+    app = make_app()
+    with serve(app, grace_seconds=30) as (url, server):
+        app.state.engine.models.get("fake-a").backend.delay_s = 3.0
+        thread = threading.Thread(target=lambda: httpx.post(f"{url}/embed", json={"inputs": "slow"}, timeout=30))
+        thread.start()
+        deadline = time.monotonic() + 10
+        while app.state.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.handle_exit(signal.SIGTERM, None)
+        assert app.state.draining and not server.should_exit  # the first: drain, up to the grace
+        server.handle_exit(signal.SIGTERM, None)
+        assert server.should_exit and server.force_exit  # the second: leave without waiting
+        thread.join(timeout=30)
