@@ -30,3 +30,29 @@ def test_gate_service_account_exists_before_the_gate_runs(deploy) -> None:
     assert not [d for d in docs if d["kind"] == "ServiceAccount"]
     assert deploy.pod_spec(deploy.find(docs, "Job", "-gate"))["serviceAccountName"] == "mine"
     assert not [d for d in deploy.render("--set", "gate.enabled=false") if d["metadata"]["name"].endswith("-gate")]
+
+
+def _admits_pod_of_the_namespace(peer: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy `from` entry admits a pod of the policy's own namespace with these labels."""
+    if set(peer) != {"podSelector"}:
+        return False  # ipBlock, or a namespaceSelector (the release's namespace is not assumed to match it)
+    selector = peer["podSelector"]
+    assert not selector.get("matchExpressions"), "extend the test for matchExpressions"
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def test_helm_test_pod_reaches_the_http_port_under_the_production_policy(deploy) -> None:
+    docs = deploy.render_production()
+    labels = deploy.pod_labels(deploy.find(docs, "Pod", "-test-embeddings"))
+    (http_rule,) = [
+        rule for rule in deploy.find(docs, "NetworkPolicy")["spec"]["ingress"]
+        if {"port": "http", "protocol": "TCP"} in rule["ports"]
+    ]  # fmt: skip
+    assert any(_admits_pod_of_the_namespace(peer, labels) for peer in http_rule["from"])
+    # Only the test pod is let in: not the release's other pods, and not other releases' test pods.
+    assert not _admits_pod_of_the_namespace(http_rule["from"][-1], deploy.pod_labels(deploy.find(docs, "Deployment")))
+    assert not _admits_pod_of_the_namespace(http_rule["from"][-1], {**labels, "app.kubernetes.io/instance": "other"})
+    # Without the test pod the policy admits just the configured peers.
+    docs = deploy.render_production("--set", "tests.enabled=false")
+    (http_rule,) = [r for r in deploy.find(docs, "NetworkPolicy")["spec"]["ingress"] if r["ports"][0]["port"] == "http"]
+    assert http_rule["from"] == deploy.values(production=True)["networkPolicy"]["ingressFrom"]

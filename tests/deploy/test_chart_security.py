@@ -152,8 +152,10 @@ def test_metrics_have_their_own_port_and_only_the_scrapers_reach_it(deploy) -> N
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     rules = deploy.find(docs, "NetworkPolicy")["spec"]["ingress"]
     values = deploy.values(production=True)["networkPolicy"]
+    policy_selector = deploy.find(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]
+    helm_test = {"podSelector": {"matchLabels": {**policy_selector, "app.kubernetes.io/component": "helm-test"}}}
     assert rules == [
-        {"ports": [{"port": "http", "protocol": "TCP"}], "from": values["ingressFrom"]},
+        {"ports": [{"port": "http", "protocol": "TCP"}], "from": [*values["ingressFrom"], helm_test]},
         {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": values["metricsFrom"]},
     ]
     scrapers = values["metricsFrom"]
@@ -176,7 +178,9 @@ def test_metrics_port_zero_keeps_the_metrics_on_the_http_port(deploy) -> None:
     assert deploy.find(docs, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "http"
     (rule,) = deploy.find(docs, "NetworkPolicy")["spec"]["ingress"]
     values = deploy.values(production=True)["networkPolicy"]
-    peers = values["ingressFrom"] + values["metricsFrom"]
+    policy_selector = deploy.find(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]
+    helm_test = {"podSelector": {"matchLabels": {**policy_selector, "app.kubernetes.io/component": "helm-test"}}}
+    peers = [*values["ingressFrom"], helm_test, *values["metricsFrom"]]
     assert rule == {"ports": [{"port": "http", "protocol": "TCP"}], "from": peers}
 
 
