@@ -56,3 +56,29 @@ def test_helm_test_pod_reaches_the_http_port_under_the_production_policy(deploy)
     docs = deploy.render_production("--set", "tests.enabled=false")
     (http_rule,) = [r for r in deploy.find(docs, "NetworkPolicy")["spec"]["ingress"] if r["ports"][0]["port"] == "http"]
     assert http_rule["from"] == deploy.values(production=True)["networkPolicy"]["ingressFrom"]
+
+
+SERVICE_NAMES = [
+    "rel-embedder", "rel-embedder.embedder", "rel-embedder.embedder.svc", "rel-embedder.embedder.svc.cluster.local",
+]  # fmt: skip
+
+
+def test_allowed_hosts_keep_the_service_names_callable(deploy) -> None:
+    """The server answers 400 to a Host outside a non-empty allowed_hosts: the Service's names must stay in it."""
+    from service.app import host_name
+    from service.settings import ServiceSettings
+
+    docs = deploy.render("--set", "config.allowed_hosts={embed.example.com}")
+    value = deploy.find(docs, "ConfigMap")["data"]["EMBED_ALLOWED_HOSTS"]
+    assert value.split(",") == ["embed.example.com", *SERVICE_NAMES]
+    names = ServiceSettings(host="0.0.0.0", allowed_hosts=value).host_names()
+    assert names is not None and "evil.example" not in names
+    # `helm test` and the NOTES call http://rel-embedder:80 and http://rel-embedder.embedder.svc:80.
+    for header in (b"rel-embedder:80", b"rel-embedder.embedder.svc:80", b"embed.example.com"):
+        assert host_name(header) in names
+    # A name listed twice is written once; empty keeps the server's default (any name while bound to 0.0.0.0).
+    docs = deploy.render("--set", "config.allowed_hosts={rel-embedder,embed.example.com}")
+    assert deploy.find(docs, "ConfigMap")["data"]["EMBED_ALLOWED_HOSTS"].split(",") == [
+        "rel-embedder", "embed.example.com", *SERVICE_NAMES[1:],
+    ]  # fmt: skip
+    assert deploy.find(deploy.render(), "ConfigMap")["data"]["EMBED_ALLOWED_HOSTS"] == ""
