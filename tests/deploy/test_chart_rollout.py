@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 
 def _hook_weight(doc: dict[str, Any]) -> int:
     return int(doc["metadata"]["annotations"].get("helm.sh/hook-weight", "0"))
@@ -82,3 +84,22 @@ def test_allowed_hosts_keep_the_service_names_callable(deploy) -> None:
         "rel-embedder", "embed.example.com", *SERVICE_NAMES[1:],
     ]  # fmt: skip
     assert deploy.find(deploy.render(), "ConfigMap")["data"]["EMBED_ALLOWED_HOSTS"] == ""
+
+
+def _refused(deploy, *values: str) -> str:
+    """stderr of a render the chart must refuse."""
+    result = deploy.run([deploy.tool("bin/helm"), "template", deploy.release, deploy.chart, *values])
+    assert result.returncode != 0, f"{values} rendered"
+    return result.stderr
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "localhost", "LocalHost", "::1", "[::1]"])
+def test_a_loopback_bind_address_is_refused(deploy, host: str) -> None:
+    """Bound to the pod's loopback the server is out of reach of the probes and the Service: no pod gets ready."""
+    assert "pods must bind 0.0.0.0 (or ::)" in _refused(deploy, "--set-string", f"config.host={host}")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_the_wildcard_bind_addresses_render(deploy, host: str) -> None:
+    docs = deploy.render("--set-string", f"config.host={host}")
+    assert deploy.find(docs, "ConfigMap")["data"]["EMBED_HOST"] == host
