@@ -71,6 +71,7 @@ _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
 CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, TOKENIZE_ROUTE, "/v1/models", "/info"})
 # the routes whose failures embed_request_failures_total counts (by route, model and kind)
 COUNTED_ROUTES = frozenset({*EMBEDDING_ROUTES, TOKENIZE_ROUTE})
+UNMATCHED = "unmatched"  # a span's route when no route of the app matched the path
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
 # What a browser page may read of a response besides the basic headers: the request id, the timings and version
 # (`service.api.tracking`) and the hints of a refusal.
@@ -166,7 +167,7 @@ class GuardMiddleware:
         request_token = REQUEST_ID.set(context.request_id)
         key_token = KEY_ID.set(context.caller.key_id)
         route = path if path in COUNTED_ROUTES else None
-        span = start_request_span(self.tracer, scope["method"], route or path, context)
+        span = start_request_span(self.tracer, scope["method"], route or UNMATCHED, context)
         status = 500
 
         async def send_with_id(message: Message) -> None:
@@ -182,6 +183,10 @@ class GuardMiddleware:
         try:
             await self._guard(scope, receive, send_with_id, context, route, svc)
         finally:
+            if route is None:  # named by the route the app matched, as declared: a bounded set, whatever the path
+                template = getattr(scope.get("route"), "path", UNMATCHED)
+                span.update_name(f"{scope['method']} {template}")
+                span.set_attribute("http.route", template)
             span.set_attribute("http.response.status_code", status)
             record_stages(self.tracer, span, context)
             span.end()

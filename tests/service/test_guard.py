@@ -142,3 +142,18 @@ def test_a_requests_log_line_and_trace_carry_its_request_id_and_key_id(make_sett
         assert span.parent.span_id == server.context.span_id and span.attributes["embedder.request_id"] == "req-1"
         assert server.start_time <= span.start_time <= span.end_time <= server.end_time
     assert spans["queue"].end_time <= spans["batch"].start_time + 1000  # in order (ns; rounding)
+
+
+def test_a_span_is_named_by_the_route_a_request_matches_never_by_a_made_up_path(make_settings, fake_backend_cls):
+    from fastapi.testclient import TestClient
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = create_app(make_settings(), backend_factory=fake_backend_cls, include_adapt=False, tracer_provider=provider)
+    with TestClient(app) as client:
+        client.get("/v1/models/fake-a")
+        client.get("/nope-123")
+        client.get("/nope-456")
+    names = sorted(span.name for span in exporter.get_finished_spans())
+    assert names == ["GET /v1/models/{model}", "GET unmatched", "GET unmatched"], names
