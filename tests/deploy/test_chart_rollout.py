@@ -103,3 +103,31 @@ def test_a_loopback_bind_address_is_refused(deploy, host: str) -> None:
 def test_the_wildcard_bind_addresses_render(deploy, host: str) -> None:
     docs = deploy.render("--set-string", f"config.host={host}")
     assert deploy.find(docs, "ConfigMap")["data"]["EMBED_HOST"] == host
+
+
+def test_port_zero_is_refused_by_the_schema(deploy) -> None:
+    """The server's 0 = any free port: the pod's containerPort, probes and Service would name no real port."""
+    assert "/config/port" in _refused(deploy, "--set", "config.port=0")
+    assert deploy.find(deploy.render("--set", "config.port=8000"), "ConfigMap")["data"]["EMBED_PORT"] == "8000"
+
+
+def test_metrics_port_equal_to_the_http_port_is_refused(deploy) -> None:
+    stderr = _refused(deploy, "--set", "config.metrics_port=8080")
+    assert "config.metrics_port=8080 is config.port too" in stderr
+    assert "config.metrics_port=8000 is config.port too" in _refused(
+        deploy, "--set", "config.port=8000", "--set", "config.metrics_port=8000"
+    )
+    # 0 keeps /metrics on the HTTP port: one port, nothing to clash.
+    deployment = deploy.find(deploy.render("--set", "config.metrics_port=0"), "Deployment")
+    (container,) = deploy.pod_spec(deployment)["containers"]
+    assert [p["containerPort"] for p in container["ports"]] == [8080]
+
+
+def test_min_replicas_above_max_replicas_is_refused(deploy) -> None:
+    assert "autoscaling.minReplicas=8 is above autoscaling.maxReplicas=6" in _refused(
+        deploy, "--set", "autoscaling.minReplicas=8"
+    )
+    hpa = deploy.find(deploy.render("--set", "autoscaling.minReplicas=6"), "HorizontalPodAutoscaler")
+    assert hpa["spec"]["minReplicas"] == hpa["spec"]["maxReplicas"] == 6
+    # Without the HPA the bounds are unused.
+    deploy.render("--set", "autoscaling.enabled=false", "--set", "autoscaling.minReplicas=8")
