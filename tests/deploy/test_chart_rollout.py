@@ -131,3 +131,21 @@ def test_min_replicas_above_max_replicas_is_refused(deploy) -> None:
     assert hpa["spec"]["minReplicas"] == hpa["spec"]["maxReplicas"] == 6
     # Without the HPA the bounds are unused.
     deploy.render("--set", "autoscaling.enabled=false", "--set", "autoscaling.minReplicas=8")
+
+
+def _notes(deploy, *values: str) -> str:
+    helm = deploy.tool("bin/helm")
+    install = [helm, "install", deploy.release, deploy.chart, "-n", deploy.namespace, "--dry-run=client", *values]
+    result = deploy.run(install)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+@pytest.mark.parametrize("keys", [["--set", "auth.apiKeys={k1}"], ["--set", "auth.existingSecret=mine"]])
+def test_notes_send_the_key_from_the_port_forward_too(deploy, keys: list[str]) -> None:
+    """With client keys set, /v1/models without one is answered 401: every curl in the NOTES sends one."""
+    curls = [line for line in _notes(deploy, *keys).splitlines() if "curl -s http" in line]
+    assert [c.split()[2] for c in curls] == ["http://rel-embedder.embedder.svc:80/v1/embeddings",
+                                              "http://127.0.0.1:8080/v1/models"]  # fmt: skip
+    assert 'curl -s http://127.0.0.1:8080/v1/models -H "Authorization: Bearer $EMBED_API_KEY"' in curls[1]
+    assert "Authorization" not in _notes(deploy)
