@@ -149,3 +149,23 @@ def test_notes_send_the_key_from_the_port_forward_too(deploy, keys: list[str]) -
                                               "http://127.0.0.1:8080/v1/models"]  # fmt: skip
     assert 'curl -s http://127.0.0.1:8080/v1/models -H "Authorization: Bearer $EMBED_API_KEY"' in curls[1]
     assert "Authorization" not in _notes(deploy)
+
+
+def test_pods_keep_serving_while_the_service_stops_routing_to_them(deploy) -> None:
+    """On SIGTERM the server answers 503 at once: a preStop sleep comes first, inside the termination grace."""
+    dockerfile = deploy.dockerfile.read_text()
+    assert "ARG BASE=python:3.11.7-slim-bookworm" in dockerfile  # Debian: coreutils' sleep is in the image
+    for production in (False, True):
+        docs = deploy.render_production() if production else deploy.render()
+        values = deploy.values(production=production)
+        spec = deploy.pod_spec(deploy.find(docs, "Deployment"))
+        (container,) = spec["containers"]
+        sleep = values["preStopSleepSeconds"]
+        assert sleep >= 5
+        assert container["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", str(sleep)]}}
+        assert spec["terminationGracePeriodSeconds"] > sleep + values["config"]["shutdown_grace_seconds"]
+    stderr = _refused(deploy, "--set", "terminationGracePeriodSeconds=15")
+    assert "must exceed preStopSleepSeconds (5) + config.shutdown_grace_seconds (10)" in stderr
+    docs = deploy.render("--set", "preStopSleepSeconds=0", "--set", "terminationGracePeriodSeconds=11")
+    (container,) = deploy.pod_spec(deploy.find(docs, "Deployment"))["containers"]
+    assert "lifecycle" not in container
