@@ -76,6 +76,6 @@ USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % (os.environ.get('EMBED_PORT') or '8080'), timeout=4)"]
 ENTRYPOINT ["embedder"]
 CMD ["serve"]

@@ -3,6 +3,12 @@ release's own names pass the Host check, and values the pods could not run with 
 
 from __future__ import annotations
 
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -169,3 +175,41 @@ def test_pods_keep_serving_while_the_service_stops_routing_to_them(deploy) -> No
     docs = deploy.render("--set", "preStopSleepSeconds=0", "--set", "terminationGracePeriodSeconds=11")
     (container,) = deploy.pod_spec(deploy.find(docs, "Deployment"))["containers"]
     assert "lifecycle" not in container
+
+
+def _healthcheck_argv(deploy) -> list[str]:
+    """The Dockerfile's HEALTHCHECK command (exec form)."""
+    text = deploy.dockerfile.read_text().replace("\\\n", " ")
+    (line,) = [line for line in text.splitlines() if line.startswith("HEALTHCHECK")]
+    return json.loads(line.split(" CMD ", 1)[1])
+
+
+def test_image_healthcheck_calls_the_port_of_embed_port(deploy) -> None:
+    """`docker run -e EMBED_PORT=...` moves the server: the HEALTHCHECK must follow it (8080 when unset)."""
+    argv = _healthcheck_argv(deploy)
+    assert argv[:2] == ["python", "-c"]
+    code = argv[2]
+    assert "EMBED_PORT" in code and "'8080'" in code and "/health" in code
+
+    seen: list[str] = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        env = {**os.environ, "EMBED_PORT": str(port)}
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        assert seen == ["/health"]
+    finally:
+        server.shutdown()
+        server.server_close()
