@@ -213,3 +213,21 @@ def test_image_healthcheck_calls_the_port_of_embed_port(deploy) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_volume_without_read_write_many_is_refused_for_several_pods(deploy) -> None:
+    """A ReadWriteOnce volume attaches to one node: pods scheduled elsewhere never start (Multi-Attach errors)."""
+    rwo = ("--set", "persistence.accessModes={ReadWriteOnce}")
+    fixed = ("--set", "autoscaling.enabled=false")
+    stderr = _refused(deploy, *fixed, "--set", "replicaCount=3", *rwo)
+    assert "up to 3 serving pods mount the claim: set persistence.accessModes={ReadWriteMany}" in stderr
+    assert "up to 6 serving pods" in _refused(deploy, *rwo)  # the HPA's maxReplicas
+    assert "and the adapt worker Jobs" in _refused(
+        deploy, *fixed, "--set", "replicaCount=1", *rwo, "--set", "adaptWorker.enabled=true",
+        "--set", "config.adapt_supervise_worker=false", "--set", "adaptStore.url=postgresql://u:p@db:5432/d",
+    )  # fmt: skip
+    # One pod on a ReadWriteOnce claim works, and so do several on ReadWriteMany.
+    docs = deploy.render(*fixed, "--set", "replicaCount=1", *rwo)
+    assert deploy.find(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteOnce"]
+    docs = deploy.render(*fixed, "--set", "replicaCount=3", "--set", "persistence.accessModes={ReadWriteMany}")
+    assert deploy.find(docs, "Deployment")["spec"]["replicas"] == 3
