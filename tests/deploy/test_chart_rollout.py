@@ -231,3 +231,18 @@ def test_a_volume_without_read_write_many_is_refused_for_several_pods(deploy) ->
     assert deploy.find(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteOnce"]
     docs = deploy.render(*fixed, "--set", "replicaCount=3", "--set", "persistence.accessModes={ReadWriteMany}")
     assert deploy.find(docs, "Deployment")["spec"]["replicas"] == 3
+
+
+def test_adapt_without_any_worker_is_refused(deploy) -> None:
+    """With /adapt on, jobs need a worker: supervised by the serving pods or run as the ScaledJob's Jobs."""
+    stderr = _refused(deploy, "--set", "config.adapt_supervise_worker=false")
+    assert "/adapt jobs with no worker" in stderr
+    assert "set adaptWorker.enabled=true" in stderr
+    # /adapt off needs no worker; the ScaledJob is one.
+    docs = deploy.render("--set", "config.adapt_supervise_worker=false", "--set", "config.adapt_enabled=false")
+    assert not [d for d in docs if d["kind"] == "ScaledJob"]
+    docs = deploy.render(
+        "--set", "config.adapt_supervise_worker=false", "--set", "adaptWorker.enabled=true",
+        "--set", "adaptStore.url=postgresql://u:p@db:5432/d",
+    )  # fmt: skip
+    assert deploy.find(docs, "ScaledJob", "-adapt-worker")
