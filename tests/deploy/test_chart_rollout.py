@@ -246,3 +246,29 @@ def test_adapt_without_any_worker_is_refused(deploy) -> None:
         "--set", "adaptStore.url=postgresql://u:p@db:5432/d",
     )  # fmt: skip
     assert deploy.find(docs, "ScaledJob", "-adapt-worker")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["--set", "autoscaling.enabled=false", "--set", "replicaCount=1"],
+        ["--set", "autoscaling.minReplicas=1"],
+        ["--set", "autoscaling.enabled=false", "--set", "podDisruptionBudget.minAvailable=2"],
+        ["--set", "podDisruptionBudget.minAvailable=100%"],
+    ],
+)
+def test_the_disruption_budget_never_blocks_every_drain(deploy, values: list[str]) -> None:
+    """minAvailable not below the fewest replicas lets no eviction through: one pod may go at a time instead."""
+    spec = deploy.find(deploy.render(*values), "PodDisruptionBudget")["spec"]
+    assert spec["maxUnavailable"] == 1
+    assert "minAvailable" not in spec
+
+
+def test_the_disruption_budget_keeps_min_available_when_pods_remain(deploy) -> None:
+    assert deploy.find(deploy.render(), "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    spec = deploy.find(deploy.render_production(), "PodDisruptionBudget")["spec"]
+    assert spec["minAvailable"] == deploy.values(production=True)["podDisruptionBudget"]["minAvailable"]
+    docs = deploy.render("--set", "podDisruptionBudget.minAvailable=50%")
+    assert deploy.find(docs, "PodDisruptionBudget")["spec"] == {
+        "minAvailable": "50%", "selector": deploy.find(docs, "Deployment")["spec"]["selector"],
+    }  # fmt: skip
