@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -272,3 +273,20 @@ def test_the_disruption_budget_keeps_min_available_when_pods_remain(deploy) -> N
     assert deploy.find(docs, "PodDisruptionBudget")["spec"] == {
         "minAvailable": "50%", "selector": deploy.find(docs, "Deployment")["spec"]["selector"],
     }  # fmt: skip
+
+
+def test_the_adapt_worker_deadline_fits_the_base_student_build(deploy) -> None:
+    """A worker Job stopped at its deadline hands its job back and the next Job starts it from scratch: the longest
+    job, the one-time base-student build (its measured seconds on 2 cores in docs/ADAPT.md, plus the teacher's
+    pass), must finish well inside the deadline or it never finishes."""
+    adapt_doc = (deploy.repo / "docs" / "ADAPT.md").read_text()
+    build_seconds = [int(s.replace(",", "")) for s in re.findall(r"(\d,\d{3}) s on a [\w ]*?2-core", adapt_doc)]
+    assert len(build_seconds) == 2, build_seconds
+    docs = deploy.render(
+        "--set", "config.adapt_supervise_worker=false", "--set", "adaptWorker.enabled=true",
+        "--set", "adaptStore.url=postgresql://u:p@db:5432/d",
+    )  # fmt: skip
+    deadline = deploy.find(docs, "ScaledJob", "-adapt-worker")["spec"]["jobTargetRef"]["activeDeadlineSeconds"]
+    assert deadline == deploy.values()["adaptWorker"]["activeDeadlineSeconds"] == 10800
+    assert deadline >= 3 * max(build_seconds)
+    assert "| 10, 10800, 60, 2 CPU" in (deploy.repo / "docs" / "DEPLOY.md").read_text()
