@@ -3,7 +3,7 @@
 * Every HTTP request gets an id: the client's ``x-request-id`` when it is a short token of safe characters (so a
   proxy's id carries through), else a new one; the response carries it back in ``x-request-id``.
 * Log records carry the id and the caller's key id (`service.auth.key_id`, never the key) of the request being
-  handled (context variables set by `service.app.GuardMiddleware`): appended in the text format (the default),
+  handled (context variables set by `service.guard.GuardMiddleware`): appended in the text format (the default),
   as fields in the JSON format (``log_format=json``, one object per line).
 * With ``otel_exporter_otlp_endpoint`` set, each embedding request is a server span with a child span per stage —
   admission, tokenization, queue, batch, response — exported over OTLP/HTTP by the OpenTelemetry SDK; each carries

@@ -68,7 +68,7 @@ def _tracked(request: Request) -> RouteMetrics:
 
 def _context(request: Request) -> RequestContext | None:
     """The request's id, caller and admission ticket (None when the app runs without
-    `service.app.GuardMiddleware`, which also checked the caller's key)."""
+    `service.guard.GuardMiddleware`, which also checked the caller's key)."""
     return request.scope.get("state", {}).get(REQUEST)
 
 

@@ -69,7 +69,7 @@ class RouteMetrics:
     @asynccontextmanager
     async def track(self, route: str, context: RequestContext | None = None) -> AsyncIterator[Track]:
         """Count and time one request from its arrival at the admission (its ``context``'s ticket; now without one: an
-        app run without `service.app.GuardMiddleware`); label a failure with its kind (unexpected errors become
+        app run without `service.guard.GuardMiddleware`); label a failure with its kind (unexpected errors become
         ``internal``)."""
         ticket = context.ticket if context is not None else None
         started = time.perf_counter() if ticket is None else ticket.arrived

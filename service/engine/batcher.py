@@ -3,7 +3,7 @@
 How a batch is formed (TEI's token-budget queue, with length sorting to cut padding):
 
 * Admission (`refusal`) is decided on the event loop before anything is queued — by the server's admission
-  before a request's body is even read (`service.app.GuardMiddleware`), and again here when the texts are
+  before a request's body is even read (`service.guard.GuardMiddleware`), and again here when the texts are
   queued. A request is refused (429, ``Retry-After`` = the estimated seconds to drain the queue) if the texts
   waiting plus the new ones exceed ``max_queue_size`` (memory), or if at least ``queue_wait_min_requests``
   requests are already waiting ahead of it *and* their work would take longer than ``max_queue_wait_seconds``

@@ -74,7 +74,7 @@ SERVICE_NAMES = [
 
 def test_allowed_hosts_keep_the_service_names_callable(deploy) -> None:
     """The server answers 400 to a Host outside a non-empty allowed_hosts: the Service's names must stay in it."""
-    from service.app import host_name
+    from service.guard import host_name
     from service.settings import ServiceSettings
 
     docs = deploy.render("--set", "config.allowed_hosts={embed.example.com}")

@@ -459,17 +459,17 @@ def test_metrics_exist_before_traffic_and_count_requests_and_failures(client):
 def test_embedding_routes_answer_alike_with_and_without_fastapis_routing(make_app, monkeypatch):
     """`service.api.direct` serves a body that validates without FastAPI's routing; every answer — successes,
     the engine's errors, bodies FastAPI rejects, other content types — is the same either way."""
-    import service.app
-    from service.app import GuardMiddleware
+    import service.guard
+    from service.guard import GuardMiddleware
 
     served_directly = []
-    serve = service.app.serve_directly
+    serve = service.guard.serve_directly
 
     async def counting(route, *args):
         served_directly.append(route)
         await serve(route, *args)
 
-    monkeypatch.setattr(service.app, "serve_directly", counting)
+    monkeypatch.setattr(service.guard, "serve_directly", counting)
     json_type = {"content-type": "application/json"}
     requests = [
         ("/v1/embeddings", {"input": "hello there"}, json_type),

@@ -1,4 +1,4 @@
-"""What a request meets before the routes (`service.app.GuardMiddleware`): its id and caller, the key checked before
+"""What a request meets before the routes (`service.guard.GuardMiddleware`): its id and caller, the key checked before
 any capacity is taken, the body's pace bounded, per-key admission metrics, and who-did-what in logs and traces."""
 
 from __future__ import annotations
