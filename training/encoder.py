@@ -18,7 +18,6 @@ Checkpoints are saved as a Hugging Face folder plus sentence-transformers' modul
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -28,12 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import transformers
 from safetensors.torch import load_file, save_file
-from tokenizers import normalizers
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import logging as hf_logging
 
 from core.catalog import resolve_model
@@ -46,24 +43,21 @@ from core.model_folder import (
     transformer_folder,
     write_sentence_transformers_config,
 )
+from training.hf_folder import (
+    backbone_class,
+    custom_code_error,
+    default_max_length,
+    load_config,
+    lowercase_inputs,
+    st_lower_case,
+    usable_positions,
+)
 from training.pooling import check_pooling, pool
 
 log = logging.getLogger(__name__)
 
 # Where architectures keep their stack of transformer layers (T5's encoder: ``encoder.block``).
 _LAYER_PATHS = ("encoder.layer", "encoder.layers", "encoder.block", "transformer.layer", "layers", "h", "layer")
-# Encoder-decoder model types whose encoder transformers builds alone, as sentence-transformers loads sentence-T5 and
-# GTR: the embedding is the encoder's; the decoder is neither needed nor loaded.
-_ENCODER_ONLY_CLASSES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
-# Tokenizers saved without a length limit report int(1e30); no real model takes this many tokens.
-_NO_LIMIT = 100_000
-# The input length of a model that states none: neither its tokenizer nor a position table.
-_FALLBACK_MAX_LENGTH = 512
-CUSTOM_CODE_REFUSAL = (
-    "this model needs its own code (auto_map); the project loads only transformers' built-in architectures"
-)
-
-
 def find_layers(backbone: nn.Module) -> tuple[nn.Module, str]:
     """Return (owner, attribute) of the backbone's ``nn.ModuleList`` of transformer layers."""
     for path in _LAYER_PATHS:
@@ -191,21 +185,21 @@ class Encoder(nn.Module):
         folder = resolve_model(name_or_path, cache_dir)
         found = read_sentence_transformers_config(folder)
         weights = transformer_folder(folder)
-        config = _load_config(weights)
+        config = load_config(weights)
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # an unused pooler head "newly initialised" is expected
         try:
-            backbone = _backbone_class(weights, config).from_pretrained(weights, config=config, trust_remote_code=False)
+            backbone = backbone_class(weights, config).from_pretrained(weights, config=config, trust_remote_code=False)
         except ValueError as err:
-            raise _custom_code_error(weights, err) from None
+            raise custom_code_error(weights, err) from None
         finally:
             hf_logging.set_verbosity(verbosity)
         try:
             tokenizer = AutoTokenizer.from_pretrained(weights, use_fast=True, trust_remote_code=False)
         except ValueError as err:
-            raise _custom_code_error(weights, err) from None
+            raise custom_code_error(weights, err) from None
         if max_seq_length is None:
-            max_seq_length = found.get("max_seq_length") or _default_max_length(tokenizer, backbone)
+            max_seq_length = found.get("max_seq_length") or default_max_length(tokenizer, backbone)
         limit = usable_positions(backbone)
         if limit is not None and max_seq_length > limit:
             log.warning(
@@ -221,7 +215,7 @@ class Encoder(nn.Module):
             max_seq_length=max_seq_length,
             output=OutputLayer.load(folder, found["dense"]) if "dense" in found else None,
             prompts=found.get("prompts"),
-            lower_case=_st_lower_case(weights),
+            lower_case=st_lower_case(weights),
         )
         encoder.source = str(folder)
         return encoder.to(device or "cpu")
@@ -417,101 +411,3 @@ class Encoder(nn.Module):
     def clone(self) -> Encoder:
         """An independent deep copy (e.g. a frozen reference encoder)."""
         return copy.deepcopy(self)
-
-
-def lowercase_inputs(tokenizer: PreTrainedTokenizerBase) -> None:
-    """Make ``tokenizer`` lower-case every text first, as sentence-transformers' ``do_lower_case`` does (it calls
-    ``str.lower()`` on each text before tokenising).
-
-    A fast tokenizer gets a ``Lowercase`` normalizer ahead of its own, so the lower-casing is part of its
-    ``tokenizer.json``: whatever reads that file (a bundle's server, sentence-transformers, a reloaded checkpoint)
-    lower-cases too. A tokenizer that already lower-cases is left as it is. A slow tokenizer lower-cases all but its
-    special tokens in ``tokenize`` when its ``do_lower_case`` is set.
-    """
-    if not tokenizer.is_fast:
-        tokenizer.do_lower_case = True
-        return
-    backend = tokenizer.backend_tokenizer
-    if _lowercases(json.loads(backend.to_str()).get("normalizer")):
-        return
-    current = backend.normalizer
-    backend.normalizer = (
-        normalizers.Lowercase() if current is None else normalizers.Sequence([normalizers.Lowercase(), current])
-    )
-
-
-def _lowercases(normalizer: dict[str, Any] | None) -> bool:
-    """Whether a serialised ``tokenizers`` normalizer lower-cases every text."""
-    if not normalizer:
-        return False
-    if normalizer.get("type") == "Sequence":
-        return any(_lowercases(step) for step in normalizer.get("normalizers", []))
-    return normalizer.get("type") == "Lowercase" or (
-        normalizer.get("type") == "BertNormalizer" and bool(normalizer.get("lowercase"))
-    )
-
-
-def _st_lower_case(weights: Path) -> bool:
-    """``do_lower_case`` of the sentence_bert_config.json beside the weights (False without one)."""
-    path = weights / "sentence_bert_config.json"
-    return path.is_file() and bool(json.loads(path.read_text()).get("do_lower_case", False))
-
-
-def _load_config(weights: Path) -> Any:
-    """The folder's config, refused in one line when its model is defined by code in the folder (``auto_map``).
-
-    transformers would build its own class for a model type it knows even when ``auto_map`` names the folder's code
-    for ``AutoModel`` — different layers under the same name, loaded with freshly initialised weights — so such a
-    folder is refused as well. ``trust_remote_code=False`` keeps transformers from asking on the terminal whether to
-    run the code, which would block a command or the server's export subprocess.
-    """
-    raw = json.loads((weights / "config.json").read_text())
-    if "AutoModel" in (raw.get("auto_map") or {}):
-        raise ValueError(f"{weights}: {CUSTOM_CODE_REFUSAL}")
-    try:
-        return AutoConfig.from_pretrained(weights, trust_remote_code=False)
-    except ValueError as err:
-        raise _custom_code_error(weights, err) from None
-
-
-def _custom_code_error(weights: Path, err: ValueError) -> ValueError:
-    """transformers' refusal to run a folder's own code, as one line; any other error as it is."""
-    return ValueError(f"{weights}: {CUSTOM_CODE_REFUSAL}") if "trust_remote_code" in str(err) else err
-
-
-def _backbone_class(weights: Path, config: Any) -> Any:
-    """The class to load the backbone with: ``AutoModel``, or the encoder alone of an encoder-decoder model.
-
-    The model type decides for T5's family, not ``is_encoder_decoder``: a saved encoder alone records False there."""
-    name = _ENCODER_ONLY_CLASSES.get(config.model_type)
-    if name is not None:
-        return getattr(transformers, name)
-    if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(
-            f"{weights}: {config.model_type} is an encoder-decoder model; the project embeds with encoder or decoder "
-            f"models, and of encoder-decoder ones loads the encoder alone only for {', '.join(_ENCODER_ONLY_CLASSES)}"
-        )
-    return AutoModel
-
-
-def usable_positions(backbone: PreTrainedModel) -> int | None:
-    """How many tokens ``backbone``'s positions cover: ``max_position_embeddings``, less the offset of models that
-    number positions from ``padding_idx + 1`` (RoBERTa, XLM-RoBERTa, MPNet…: 514 positions take 512 tokens). None
-    for a model without a position limit in its config (T5's relative positions)."""
-    positions = getattr(backbone.config, "max_position_embeddings", None)
-    if not positions:
-        return None
-    embeddings = getattr(backbone, "embeddings", None)
-    padding_idx = getattr(embeddings, "padding_idx", None)
-    numbered_after_padding = isinstance(getattr(embeddings, "position_embeddings", None), nn.Embedding)
-    offset = padding_idx + 1 if numbered_after_padding and isinstance(padding_idx, int) and padding_idx >= 0 else 0
-    return int(positions) - offset
-
-
-def _default_max_length(tokenizer: PreTrainedTokenizerBase, backbone: PreTrainedModel) -> int:
-    """A plain folder's input length, as sentence-transformers picks it: the tokenizer's ``model_max_length``, else
-    (a tokenizer saved without a limit) the position table's. The caller cuts it to `usable_positions`."""
-    stated = int(getattr(tokenizer, "model_max_length", 0) or 0)
-    if 2 <= stated <= _NO_LIMIT:
-        return stated
-    return usable_positions(backbone) or _FALLBACK_MAX_LENGTH
