@@ -49,8 +49,9 @@ def _freeze(module: nn.Module) -> nn.Module:
 
 
 def needs_reference(config: TrainConfig) -> bool:
-    """Whether the objective that runs reads a frozen second encoder (scored pairs run CoSENT, which does not)."""
-    return config.objective in TEACHER_OBJECTIVES and not config.pairs
+    """Whether the objective that runs reads a frozen second encoder (scored pairs run CoSENT, which does not;
+    self-supervised SCT's reference is the trained model itself, ``config.online_reference``)."""
+    return config.objective in TEACHER_OBJECTIVES and not config.pairs and not config.online_reference
 
 
 @dataclass
@@ -58,7 +59,8 @@ class Models:
     """The encoders of a run and what the trainer reports about them."""
 
     student: Encoder
-    reference: Encoder | None  # SCT's frozen teacher / frozen copy; None for other objectives
+    # SCT's / MSE's frozen teacher or frozen copy; None for other objectives and self-supervised SCT
+    reference: Encoder | None
     distillation: bool  # the reference is a teacher (a different, usually larger model), not a frozen copy
     layers: int
     probe: list[float] | None
@@ -121,10 +123,8 @@ def build_models(config: TrainConfig, device: torch.device, validation: Validati
         if config.teacher is not None:
             reference = Encoder.from_pretrained(config.teacher, max_seq_length=config.max_seq_length, device=device)
         else:
-            # distillation from the full model when the student is smaller, else SCT's self-supervised mode. There
-            # the reference is a frozen copy of the starting model: a departure from paper 001 §3.1, whose f_ref has
-            # the online network's current weights without gradient (the authors' code re-encodes with the model
-            # being trained under no_grad), so here the reference does not follow training
+            # distillation from the full model when the student is smaller or truncated; MSE distillation of
+            # `model` itself regresses a frozen copy of where it started
             reference = base if student is not base else base.clone()
         distillation = config.teacher is not None or config.student is not None or config.truncate is not None
         _freeze(reference)

@@ -37,7 +37,8 @@ from typing import Any
 OBJECTIVE_NAMES = ("infonce", "simcse", "sct", "barlow_twins", "vicreg", "mse_distillation")
 VIEW_NAMES = ("crop", "dropout", "tokens", "crop+tokens", "texts")
 VALIDATION_METRICS = ("crop_retrieval", "teacher_fidelity")
-# objectives that need a frozen second encoder (a teacher, or a frozen copy of the initial model)
+# objectives that read a second encoder: a teacher, a frozen copy of the initial model, or (self-supervised SCT) the
+# trained model itself without gradient
 TEACHER_OBJECTIVES = ("sct", "mse_distillation")
 STUDENT_NAMES = ("layer_subset", "tiny_bert")
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -67,7 +68,9 @@ class TrainConfig:
     # tiny_bert: an output layer (sentence-transformers Dense) to this width, kept in the saved model; "teacher":
     # the width of `model` (the teacher, unless `teacher` names another); None: none
     student_output_dim: int | str | None = None
-    teacher: str | None = None  # SCT distillation teacher; None with objective "sct" = frozen copy of the start
+    # SCT distillation teacher; None with objective "sct" on `model` itself = self-supervised SCT, whose reference
+    # network is the trained model under stop-gradient (`online_reference`)
+    teacher: str | None = None
     truncate: int | str | None = None  # keep the first l layers; "probe" = TMFT's best layer on validation
     probe_max_layers: int | None = None  # with truncate = "probe": consider only layers 1..this (a speed cap)
     # with truncate = "probe": the deepest layer within this many points of the best wins (near-equal layers
@@ -209,6 +212,15 @@ class TrainConfig:
             problems.append(f"text_names must be >= 0, got {self.text_names}")
         if self.objective == "simcse" and self.views != "dropout":
             problems.append("objective 'simcse' is InfoNCE on dropout views: set views = 'dropout'")
+        if self.validation_metric == "teacher_fidelity" and self.online_reference:
+            problems.append(
+                "validation_metric 'teacher_fidelity' compares the student with its teacher, and self-supervised "
+                "SCT has none (its reference is the trained model itself): set teacher, or validation_metric = "
+                "'crop_retrieval'"
+            )
+        if self.teacher_vectors is not None and self.online_reference:
+            problems.append("teacher_vectors are a teacher's targets, and self-supervised SCT has no teacher: "
+                            "set teacher")  # fmt: skip
         if self.teacher_vectors is not None and (self.views != "texts" or self.objective not in TEACHER_OBJECTIVES):
             problems.append("teacher_vectors are the targets of whole texts: use views = 'texts' with a teacher "
                             f"objective {TEACHER_OBJECTIVES}")  # fmt: skip
@@ -220,6 +232,17 @@ class TrainConfig:
             problems.extend(objective_param_problems(self.objective, self.objective_params))
         if problems:
             raise ConfigError("invalid training config: " + "; ".join(problems))
+
+    @property
+    def online_reference(self) -> bool:
+        """Self-supervised SCT: objective ``sct`` training ``model`` itself (no teacher, student or truncation).
+        Paper 001 §3.1 gives its reference network f_ref "identical" architecture and weights to the online f_θ,
+        under stop-gradient, so the references are the trained model's own embeddings of the views, encoded again
+        without gradient at every step; a distillation run's reference is instead a frozen teacher (§3.4)."""
+        return (
+            self.objective == "sct" and self.teacher is None and self.student is None and self.truncate is None
+            and not self.pairs
+        )  # fmt: skip
 
     @property
     def resolved_output_dir(self) -> Path:

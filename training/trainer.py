@@ -144,9 +144,11 @@ class Run:
         factor = lr_factor(state.step, done, config.warmup, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = config.lr * factor
-        z1 = student(**student.tokenize(first))  # (B, D)
+        tokens1 = student.tokenize(first)
+        z1 = student(**tokens1)  # (B, D)
         whole_texts = config.views == "texts"  # both views are the text itself: encode it once
-        z2 = z1 if whole_texts else student(**student.tokenize(second))  # (B, D): a new dropout mask for dropout views
+        tokens2 = tokens1 if whole_texts else student.tokenize(second)
+        z2 = z1 if whole_texts else student(**tokens2)  # (B, D): a new dropout mask for dropout views
         extra = {}
         if config.pairs:  # CoSENT
             extra["scores"] = torch.tensor(scores, device=z1.device, dtype=z1.dtype)  # (B,)
@@ -156,6 +158,10 @@ class Run:
             with torch.no_grad():
                 extra["reference1"] = reference(**reference.tokenize(first))
                 extra["reference2"] = reference(**reference.tokenize(second))
+        elif config.online_reference:  # paper 001 §3.1: the views "again encoded" by f_ref = f_θ, stop-gradient
+            with torch.no_grad():
+                extra["reference1"] = student(**tokens1)
+                extra["reference2"] = student(**tokens2)
         loss, metrics = self.objective(z1, z2, **extra)
         for prefix, term in self.regularisers.items():
             term_loss, term_metrics = term(z1, z2, first=first, second=first if whole_texts else second)

@@ -456,3 +456,48 @@ def test_anchor_keeps_the_model_near_where_it_started(tmp_path: Path, tiny_bert_
     assert anchored < free
     with pytest.raises(ConfigError, match="anchor_weight must be >= 0"):
         tiny_config(tmp_path, tiny_bert_path, anchor_weight=-1.0)
+
+
+def test_self_supervised_sct_references_are_the_trained_model_without_gradient(
+    tmp_path: Path, tiny_bert_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paper 001 §3.1: f_ref has f_θ's weights under stop-gradient, so at every step the references are what the
+    model being trained computes for the views now (here without dropout, so exactly the online embeddings), not
+    what the starting model computed."""
+    import shutil
+
+    from training.objectives.sct import SCT
+
+    folder = tmp_path / "no-dropout"
+    shutil.copytree(tiny_bert_path, folder)
+    settings = json.loads((folder / "config.json").read_text())
+    settings.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(settings))
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    forward = SCT.forward
+
+    def recording(self, view1, view2, reference1=None, reference2=None):  # type: ignore[no-untyped-def]
+        seen.append((view1.detach().clone(), reference1, reference2))
+        return forward(self, view1, view2, reference1=reference1, reference2=reference2)
+
+    monkeypatch.setattr(SCT, "forward", recording)
+    config = tiny_config(tmp_path, folder, objective="sct", views="crop", objective_params={"queue_size": 8},
+                         validation=None, max_steps=4)  # fmt: skip
+    assert config.online_reference
+    start = Encoder.from_pretrained(folder)
+    result = train(config)
+    assert result.steps == 4 and len(seen) == 4
+    for view1, reference1, reference2 in seen:
+        assert not reference1.requires_grad and not reference2.requires_grad
+        torch.testing.assert_close(reference1, view1, atol=1e-5, rtol=0)
+    with torch.no_grad():  # the run trained, so a frozen copy of the start would have given other references
+        start_vectors = start(**start.tokenize(["probe text about tides"]))
+        trained = Encoder.from_pretrained(result.final_dir)
+        assert not torch.allclose(trained(**trained.tokenize(["probe text about tides"])), start_vectors, atol=1e-4)
+
+
+def test_self_supervised_sct_has_no_teacher_to_be_faithful_to() -> None:
+    with pytest.raises(ConfigError, match="self-supervised SCT has none"):
+        TrainConfig(objective="sct", views="crop", validation_metric="teacher_fidelity")
+    assert not TrainConfig(objective="sct", views="texts", teacher="minilm-l6").online_reference
+    assert not TrainConfig(objective="mse_distillation", views="texts").online_reference

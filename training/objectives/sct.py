@@ -5,13 +5,10 @@ Pipeline (§3.1, Figure 3), with the encoders run by the trainer:
 * online ``z^θ_v = h(f_θ(x_v))`` for views v = 1, 2 — ``view1``/``view2`` here are ``f_θ(x_v)``, the
   projector h (:class:`training.projectors.SCTProjector`) belongs to this module, so its parameters
   must go to the optimiser (``objective.parameters()``);
-* reference ``z^ref_v = f_ref(x_v)`` from a frozen network — ``reference1``/``reference2``;
+* reference ``z^ref_v = f_ref(x_v)`` — ``reference1``/``reference2``: in self-supervised mode f_ref has the online
+  network's architecture and weights (§3.1: "identical"), so the trainer encodes the views again with the model
+  being trained, without gradient (``TrainConfig.online_reference``); in distillation mode, a frozen teacher;
 * two FIFO instance queues D₁, D₂ of reference vectors (:class:`training.queue.InstanceQueue`).
-
-Departure in self-supervised mode: §3.1's f_ref has "identical" architecture and weights to f_θ, i.e. the online
-network's current weights without gradient (the authors' code encodes the views a second time with the model being
-trained, under ``no_grad``). This project's self-supervised ``objective=sct`` instead uses a frozen copy of the
-starting model (built in :func:`training.assembly.build_models`), so the reference does not follow training.
 
 Similarity-score distribution (Eq. 1): ``SR(z, D, τ) = softmax_j(sim(z, d_j)/τ)``, sim a dot product
 of L2-normalised vectors ("all encoder outputs are normalized"; we also normalise the projector
@@ -83,12 +80,12 @@ class SCT(nn.Module):
     ==========  ==========  ==================================================================
     view1       (B, D_s)    online encoder output f_θ(x₁) (gradient flows)
     view2       (B, D_s)    online encoder output f_θ(x₂)
-    reference1  (B, D_ref)  frozen reference / teacher output for x₁ (stop-gradient applied here)
-    reference2  (B, D_ref)  frozen reference / teacher output for x₂
+    reference1  (B, D_ref)  reference f_ref(x₁): online or teacher output (stop-gradient applied here)
+    reference2  (B, D_ref)  reference f_ref(x₂)
     ==========  ==========  ==================================================================
 
-    ``distillation=False``: L = L_SCT with the references as f_ref (a frozen network here, where §3.1's f_ref is
-    the online network itself without gradient; see the module docstring). ``distillation=True``: the references
+    ``distillation=False``: L = L_SCT with the references as f_ref (the online network itself, encoding the views
+    again without gradient, §3.1). ``distillation=True``: the references
     are the teacher's, L = ``sct_weight`` · L_SCT(self-reference, this project's reading) + L_CD.
     ``mse_weight`` > 0 adds ``mse_weight`` · ½ Σ_v mean_b ||P(view_v) − reference_v||² (the teacher's embedding
     itself, Reimers & Gurevych 2020 Eq. 1, as `MSEDistillation` computes it; P is the projector, so the student
