@@ -290,3 +290,49 @@ def test_the_adapt_worker_deadline_fits_the_base_student_build(deploy) -> None:
     assert deadline == deploy.values()["adaptWorker"]["activeDeadlineSeconds"] == 10800
     assert deadline >= 3 * max(build_seconds)
     assert "| 10, 10800, 60, 2 CPU" in (deploy.repo / "docs" / "DEPLOY.md").read_text()
+
+
+def test_state_folders_off_the_volume_are_refused(deploy) -> None:
+    """The registry and the adapt job folder live on the shared volume: moved without them, the pods would write
+    them outside it (refused by the read-only root, or lost with the pod under /tmp), and replicas share nothing."""
+    moved = ("--set", "persistence.mountPath=/data")
+    assert (
+        "config.registry_dir=/var/lib/embedder/registry is not on the shared volume mounted at "
+        "persistence.mountPath=/data" in _refused(deploy, *moved)
+    )
+    stderr = _refused(deploy, *moved, "--set", "config.registry_dir=/data/registry")
+    assert "config.adapt_dir=/var/lib/embedder/adapt-jobs is not on the shared volume" in stderr
+    assert "Set config.adapt_dir to a folder under /data (e.g. /data/adapt-jobs)" in stderr
+    # A folder beside the mount (a common prefix is not enough), and one on the pod's own /tmp.
+    assert "config.registry_dir=/var/lib/embedder-b/registry is not on" in _refused(
+        deploy, "--set", "config.registry_dir=/var/lib/embedder-b/registry"
+    )
+    assert "config.adapt_dir=/tmp/adapt-jobs is not on" in _refused(deploy, "--set", "config.adapt_dir=/tmp/adapt-jobs")
+    # With /adapt off and no worker Jobs nothing uses config.adapt_dir.
+    deploy.render(*moved, "--set", "config.registry_dir=/data/registry", "--set", "config.adapt_enabled=false")
+    # Moved together, every pod mounts the volume where the settings point (trailing slashes and dots are alike).
+    docs = deploy.render(
+        "--set", "persistence.mountPath=/data/", "--set", "config.registry_dir=/data/./registry",
+        "--set", "config.adapt_dir=/data/adapt-jobs/",
+    )  # fmt: skip
+    env = deploy.find(docs, "ConfigMap")["data"]
+    spec = deploy.pod_spec(deploy.find(docs, "Deployment"))
+    for container in spec["containers"] + spec["initContainers"]:
+        (mount,) = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "data"]
+        for name in ("EMBED_REGISTRY_DIR", "EMBED_ADAPT_DIR"):
+            assert os.path.normpath(env[name]).startswith(os.path.normpath(mount) + "/"), (container["name"], name)
+
+
+def test_a_volume_over_the_images_own_bundles_is_refused(deploy) -> None:
+    """Mounted over seedRegistry.path, the volume hides the bundles the seed copy and the default gate read."""
+    onto = ("--set", "persistence.mountPath=/opt/embedder", "--set", "config.registry_dir=/opt/embedder/shared",
+            "--set", "config.adapt_dir=/opt/embedder/adapt-jobs")  # fmt: skip
+    stderr = _refused(deploy, *onto)
+    assert "persistence.mountPath=/opt/embedder covers seedRegistry.path=/opt/embedder/registry" in stderr
+    assert "the seed-registry init container copies nothing" in stderr
+    no_seed = ("--set", "seedRegistry.enabled=false")
+    assert "the gate (gate.candidate empty) finds no bundle" in _refused(
+        deploy, *onto, *no_seed, "--set", "persistence.existingClaim=mine"
+    )
+    # Nothing reads the image's bundles under the mount: no seed copy, and the gate without the volume.
+    deploy.render(*onto, *no_seed)
