@@ -3,6 +3,7 @@ scaler's own database role, and the metrics on a port of their own."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
@@ -182,6 +183,49 @@ def test_metrics_port_zero_keeps_the_metrics_on_the_http_port(deploy) -> None:
     helm_test = {"podSelector": {"matchLabels": {**policy_selector, "app.kubernetes.io/component": "helm-test"}}}
     peers = [*values["ingressFrom"], helm_test, *values["metricsFrom"]]
     assert rule == {"ports": [{"port": "http", "protocol": "TCP"}], "from": peers}
+
+
+def _refused(deploy, *values: str) -> str:
+    """stderr of a render the chart must refuse."""
+    result = deploy.run([deploy.tool("bin/helm"), "template", deploy.release, deploy.chart, *values])
+    assert result.returncode != 0, f"{values} rendered"
+    return result.stderr
+
+
+@pytest.mark.parametrize("service_type", ["LoadBalancer", "NodePort"])
+def test_a_service_reached_from_outside_needs_the_policy_to_admit_address_ranges(deploy, service_type: str) -> None:
+    """Traffic through a NodePort or LoadBalancer comes from outside the cluster (or from the nodes): only an ipBlock
+    peer admits it. The chart refuses a policy that would drop it silently, and keeps the metrics to the scrapers."""
+    external = ("--set", f"service.type={service_type}")
+    stderr = _refused(deploy, *external)
+    assert f"service.type={service_type} exposes port http outside the cluster" in stderr
+    assert "add the clients' ranges to networkPolicy.ingressFrom" in stderr
+    production = ("-f", str(deploy.production_values))
+    assert "(pod and namespace selectors only)" in _refused(deploy, *production, *external)
+    clients = {"ipBlock": {"cidr": "203.0.113.0/24"}}
+    ranges = ("--set-json", "networkPolicy.ingressFrom=" + json.dumps([clients, {"podSelector": {}}]))
+    # The ranges alone would open the metrics port (on the same Service) to them too, without a key.
+    assert "set networkPolicy.metricsFrom to your scrapers" in _refused(deploy, *external, *ranges)
+    for values in ((*external, *ranges, "--set", "config.metrics_port=0"), (*production, *external, *ranges)):
+        http_rule, *metrics_rule = deploy.find(deploy.render(*values), "NetworkPolicy")["spec"]["ingress"]
+        assert http_rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+        assert http_rule["from"][:2] == [clients, {"podSelector": {}}]
+        assert all(clients not in rule["from"] for rule in metrics_rule)
+    assert deploy.find(deploy.render(*production, *external, *ranges), "Service")["spec"]["type"] == service_type
+    # No policy, nothing dropped; and a ClusterIP Service keeps the in-cluster default.
+    assert "NetworkPolicy" not in [d["kind"] for d in deploy.render(*external, "--set", "networkPolicy.enabled=false")]
+    deploy.render(*ranges)
+
+
+def test_the_documented_values_for_outside_clients_render(deploy, tmp_path) -> None:
+    """docs/DEPLOY.md "Reached from outside the cluster" shows values the chart accepts, as written there."""
+    doc = (deploy.repo / "docs" / "DEPLOY.md").read_text()
+    section = doc.split("### Reached from outside the cluster", 1)[1].split("\n## ", 1)[0]
+    values = tmp_path / "outside.yaml"
+    values.write_text(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    docs = deploy.render("-f", str(values))
+    assert deploy.find(docs, "Service")["spec"]["type"] == "LoadBalancer"
+    assert any("ipBlock" in peer for peer in deploy.find(docs, "NetworkPolicy")["spec"]["ingress"][0]["from"])
 
 
 def _docs_sql(deploy) -> str:
