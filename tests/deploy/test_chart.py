@@ -480,12 +480,63 @@ def test_every_container_is_hardened(deploy) -> None:
         assert "emptyDir" in tmp
 
 
-def test_schema_refuses_weakening_the_security_context(deploy) -> None:
-    helm = deploy.tool("bin/helm")
-    weakened = "securityContext.readOnlyRootFilesystem=false"
-    result = deploy.run([helm, "lint", "--strict", deploy.chart, "--set", weakened])
-    assert result.returncode != 0
-    assert "readOnlyRootFilesystem" in result.stdout + result.stderr
+@pytest.mark.parametrize(
+    ("weakened", "where"),
+    [
+        ("securityContext.readOnlyRootFilesystem=false", "/securityContext/readOnlyRootFilesystem"),
+        ("securityContext.readOnlyRootFilesystem=null", "readOnlyRootFilesystem"),
+        ("securityContext.runAsNonRoot=false", "/securityContext/runAsNonRoot"),
+        ("securityContext.runAsUser=0", "/securityContext/runAsUser"),
+        ("securityContext.runAsGroup=0", "/securityContext/runAsGroup"),
+        ("securityContext.allowPrivilegeEscalation=true", "/securityContext/allowPrivilegeEscalation"),
+        ("securityContext.privileged=true", "/securityContext/privileged"),
+        ("securityContext.capabilities.add={NET_ADMIN}", "/securityContext/capabilities/add"),
+        ("securityContext.capabilities.drop={NET_RAW}", "/securityContext/capabilities/drop"),
+        ("securityContext.capabilities=null", "capabilities"),
+        ("securityContext.seccompProfile.type=Unconfined", "/securityContext/seccompProfile/type"),
+        ("securityContext.seccompProfile=null", "seccompProfile"),
+        ("securityContext.appArmorProfile.type=Unconfined", "/securityContext/appArmorProfile/type"),
+        ("securityContext.procMount=Unmasked", "/securityContext/procMount"),
+        ("securityContext.seLinuxOptions.user=system_u", "user"),
+        ("securityContext.windowsOptions.hostProcess=true", "windowsOptions"),
+        ("podSecurityContext.runAsNonRoot=false", "/podSecurityContext/runAsNonRoot"),
+        ("podSecurityContext.runAsUser=0", "/podSecurityContext/runAsUser"),
+        ("podSecurityContext.fsGroup=0", "/podSecurityContext/fsGroup"),
+        ("podSecurityContext.supplementalGroups={0}", "/podSecurityContext/supplementalGroups/0"),
+        ("podSecurityContext.seccompProfile.type=Unconfined", "/podSecurityContext/seccompProfile/type"),
+        ("podSecurityContext.seccompProfile=null", "seccompProfile"),
+        ("podSecurityContext.sysctls[0].name=kernel.msgmax", "sysctls"),
+    ],
+)
+def test_schema_refuses_weakening_the_security_context(deploy, weakened: str, where: str) -> None:
+    """docs/DEPLOY.md promises pods that run as non-root with a read-only root, no escalation, no capabilities and
+    the RuntimeDefault seccomp profile: no value may switch any of it off."""
+    result = deploy.run([deploy.tool("bin/helm"), "lint", "--strict", deploy.chart, "--set", weakened])
+    assert result.returncode != 0, f"{weakened} was accepted"
+    assert where in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["--set", "securityContext.runAsUser=20000", "--set", "podSecurityContext.runAsUser=20000"],
+        # Platforms that assign the UID and GID themselves: leave them out, runAsNonRoot still holds.
+        ["--set", "securityContext.runAsUser=null", "--set", "securityContext.runAsGroup=null",
+         "--set", "podSecurityContext.runAsUser=null", "--set", "podSecurityContext.runAsGroup=null",
+         "--set", "podSecurityContext.fsGroup=null"],
+        ["--set", "securityContext.seccompProfile.type=Localhost",
+         "--set", "securityContext.seccompProfile.localhostProfile=profiles/embedder.json"],
+        ["--set", "securityContext.capabilities.drop={ALL,NET_RAW}"],
+    ],
+    ids=["other-uid", "uid-from-platform", "localhost-seccomp", "drop-more"],
+)  # fmt: skip
+def test_schema_lets_the_security_context_be_tightened_or_moved(deploy, values: list[str]) -> None:
+    spec = deploy.pod_spec(deploy.find(deploy.render(*values), "Deployment"))
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    for container in spec["containers"] + spec["initContainers"]:
+        ctx = container["securityContext"]
+        assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False
+        assert "ALL" in ctx["capabilities"]["drop"] and "add" not in ctx["capabilities"]
 
 
 def test_network_policy_covers_every_pod_of_the_release(deploy) -> None:
