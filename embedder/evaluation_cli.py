@@ -201,8 +201,9 @@ def layers_main(argv: list[str]) -> int:
     """``embedder layers MODEL [--baseline MODEL] [--tasks ...]``: the layer-wise table and plot."""
     parser = argparse.ArgumentParser(
         prog="embedder layers",
-        description="Score the pooled embedding of every layer (layer 0 = embeddings) on offline tasks, as in "
-        "the cropping paper's Figure 4b and the TMFT paper's Figure 2; TMFT truncates at the best layer l.",
+        description="Score the pooled embedding of every layer (layer 0 = embeddings) on offline tasks, without "
+        "fine-tuning, as in the cropping paper's Figure 4b: where to look for the layer l TMFT truncates at (the "
+        "TMFT paper picks l by fine-tuning each truncation, its Figure 2).",
     )
     parser.add_argument("model", help="a torch model: built-in name or checkpoint folder (bundles have no layers)")
     parser.add_argument("--baseline", help="a second torch model on the same axes (e.g. before fine-tuning)")

@@ -6,9 +6,15 @@
   points); `knn_leave_one_out_accuracy` — every point classified once by its k nearest others.
 - `effective_rank` — entropy-based effective rank (Roy & Vetterli, 2007) as defined in the rank
   paper (002) §2.2.1, Eq. 2.
-- `alignment`, `uniformity` — Wang & Isola (2020), the properties the rank paper (002) §3.1 tracks.
-- `layerwise_scores` — the score of every layer's pooled embedding, layer 0 = the embedding layer:
-  cropping paper (000) Figure 4b and the TMFT paper (003) Figure 2 / §3.
+- `alignment`, `uniformity` — Wang & Isola's (2020) own measures of the two properties (their Eq. for
+  L_align with α = 2 and L_uniform with t = 2).
+- `dcl_alignment`, `dcl_uniformity` — the same two properties as the rank paper (002) §3.1 measures them (its Figure
+  3): the two terms of the decoupled contrastive loss (Yeh et al., 2022), Eq. 4 and Eq. 5. The paper names Wang &
+  Isola for the properties but quantifies them with these, which are not the same numbers.
+- `layerwise_scores` — the score of every layer's pooled embedding, layer 0 = the embedding layer, no fine-tuning:
+  cropping paper (000) Figure 4b. The TMFT paper (003) §3 / Figure 2 plots STS Spearman per layer *after*
+  fine-tuning the model truncated at that layer; a curve of the untuned layers is the cheap look before choosing
+  which layers to fine-tune, not that figure's measure.
 """
 
 from __future__ import annotations
@@ -156,7 +162,8 @@ def effective_rank(emb: Any) -> float:
 def alignment(x: Any, y: Any, alpha: float = 2.0) -> float:
     """Alignment loss of positive pairs, Wang & Isola (2020): ``E ||f(x) - f(y)||₂^α`` on unit vectors.
 
-    Rows ``x[i]`` and ``y[i]`` are two views of the same item. Lower is better (0 = identical views).
+    Rows ``x[i]`` and ``y[i]`` are two views of the same item. Lower is better (0 = identical views). Not the
+    alignment the rank paper (002) §3.1 plots: that is `dcl_alignment`.
     """
     a, b = _unit_rows(_as_matrix(x, "x")), _unit_rows(_as_matrix(y, "y"))
     if a.shape != b.shape:
@@ -167,7 +174,8 @@ def alignment(x: Any, y: Any, alpha: float = 2.0) -> float:
 def uniformity(x: Any, t: float = 2.0) -> float:
     """Uniformity loss, Wang & Isola (2020): ``log E_{i≠j} exp(-t ||f(x_i) - f(x_j)||₂²)`` on unit vectors.
 
-    Lower (more negative) is more uniform on the hypersphere; 0 means every point coincides.
+    Lower (more negative) is more uniform on the hypersphere; 0 means every point coincides. Not the uniformity
+    the rank paper (002) §3.1 plots: that is `dcl_uniformity`.
     """
     a = _unit_rows(_as_matrix(x, "x"))
     n = a.shape[0]
@@ -181,6 +189,43 @@ def uniformity(x: Any, t: float = 2.0) -> float:
     return float(peak + np.log(np.mean(np.exp(values - peak))))
 
 
+def _dcl_pairs(x: Any, y: Any, tau: float) -> np.ndarray:
+    """``(N, N)`` cosine similarities ``h_iᵀh'_j / τ`` of two views (rows of ``x`` and ``y``), checked."""
+    a, b = _unit_rows(_as_matrix(x, "x")), _unit_rows(_as_matrix(y, "y"))
+    if a.shape != b.shape:
+        raise ValueError(f"x and y must have the same shape, got {a.shape} and {b.shape}")
+    if a.shape[0] < 2:
+        raise ValueError("the decoupled contrastive terms need at least two pairs")
+    if not tau > 0:
+        raise ValueError(f"tau must be a positive temperature, got {tau}")
+    return (a @ b.T) / tau
+
+
+def dcl_alignment(x: Any, y: Any, tau: float = 0.05) -> float:
+    """Alignment loss as the rank paper (002) §3.1 measures it: Eq. 4, ``−E_i[h_iᵀh'_i / τ]``.
+
+    Rows ``x[i]`` and ``y[i]`` are two views of item i. The reading taken: ``h`` are unit vectors (SimCSE's
+    cosine similarity, which Eq. 1 writes as ``h_iᵀh'_i``) and τ = 0.05, SimCSE's temperature, which the paper
+    keeps. Lower is better; −1/τ when every pair coincides.
+    """
+    sims = _dcl_pairs(x, y, tau)
+    return float(-np.mean(np.diag(sims)))
+
+
+def dcl_uniformity(x: Any, y: Any, tau: float = 0.05) -> float:
+    """Uniformity loss as the rank paper (002) §3.1 measures it: Eq. 5, ``E_i[log Σ_{j≠i} exp(h_iᵀh'_j / τ)]``.
+
+    The negatives of view ``x[i]`` are the other items' second views ``y[j]``, j ≠ i (the decoupled contrastive
+    loss leaves the positive out). Same reading of ``h`` and τ as `dcl_alignment`. Lower is more uniform. The
+    value grows with log(N − 1): compare sets of the same size (the paper's are training batches).
+    """
+    sims = _dcl_pairs(x, y, tau)
+    n = sims.shape[0]
+    off = sims[~np.eye(n, dtype=bool)].reshape(n, n - 1)
+    peak = off.max(axis=1, keepdims=True)  # log-sum-exp, stable
+    return float(np.mean(peak[:, 0] + np.log(np.sum(np.exp(off - peak), axis=1))))
+
+
 def layerwise_scores(
     model: EmbeddingModel,
     task_or_fn: Any,
@@ -191,8 +236,9 @@ def layerwise_scores(
 ) -> list[float]:
     """Score every layer's pooled embedding; index 0 = the embedding layer.
 
-    Paper 000 Figure 4b (kNN accuracy after each layer, before and after fine-tuning) and paper 003
-    Figure 2 (STS Spearman per layer; TMFT picks the layer *l* to truncate at).
+    Paper 000 Figure 4b (kNN accuracy after each layer, before and after fine-tuning). Paper 003 chooses the
+    layer *l* to truncate at by STS Spearman after fine-tuning each truncation (§3, Figure 2, Table 1); these
+    scores of the untuned layers show where a model's layers stand before that.
 
     Args:
         model: an `EmbeddingModel` with layer-wise embeddings (`training.torch_model.TorchModel`).

@@ -1,7 +1,7 @@
 """Report files: ``report.json`` (everything), ``report.md`` (tables) and PNG plots (matplotlib, Agg).
 
 Plots: ``tasks.png`` — per-task bars, candidate vs baseline; ``layers.png`` — layer-wise curves
-(layer 0 = embeddings; paper 000 Figure 4b, paper 003 Figure 2); ``speed.png`` — throughput per setting.
+(layer 0 = embeddings, no fine-tuning; paper 000 Figure 4b); ``speed.png`` — throughput per setting.
 """
 
 from __future__ import annotations
@@ -214,8 +214,10 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
             )
         lines += [
             "",
-            "kNN: paper 000 §3.3, Table 2 (k = 10, 9:1 split; here on BBC); effective rank: paper 002 Eq. 2; alignment "
-            "(crop pairs) and uniformity: Wang & Isola (2020), as tracked in paper 002 §3.1.",
+            "kNN: paper 000 §3.3, Table 2 (k = 10, 9:1 split; here on BBC); effective rank: paper 002 §2.2.1, Eq. 2; "
+            "alignment (crop pairs) and uniformity: Wang & Isola (2020); dcl_alignment and dcl_uniformity (crop "
+            "pairs, τ = 0.05): paper 002 §3.1, Eq. 4 and 5, the terms of the decoupled contrastive loss it plots "
+            "in Figure 3 (the uniformity term grows with the number of pairs).",
         ]
     layer_models = [(role, m) for role, m in _models(report) if m.get("layers")]
     if layer_models:

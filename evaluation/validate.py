@@ -12,7 +12,14 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from core import corpora
-from evaluation.diagnostics import alignment, effective_rank, knn_accuracy, uniformity
+from evaluation.diagnostics import (
+    alignment,
+    dcl_alignment,
+    dcl_uniformity,
+    effective_rank,
+    knn_accuracy,
+    uniformity,
+)
 from evaluation.embedding_model import EmbeddingModel, OnnxModel, load_model
 from evaluation.gate import GateResult, check, check_thresholds
 from evaluation.mteb_bridge import EmbeddingMemo
@@ -23,7 +30,7 @@ from evaluation.tasks import CropPairRetrieval, resolve_task
 from evaluation.tasks.bbc import bbc_task_split
 
 DEFAULT_LAYER_TASKS = ("LeeDocSTS", "BBCNewsKNN")
-DIAGNOSTICS_REVISION = "1"
+DIAGNOSTICS_REVISION = "2"  # 2: paper 002 §3.1's alignment and uniformity of the crop pairs
 
 
 def layer_curves(
@@ -58,7 +65,8 @@ def layer_curves(
 
 def compute_diagnostics(memo: EmbeddingMemo, *, fast: bool = False) -> dict[str, float]:
     """Paper diagnostics on BBC articles (kNN 9:1, effective rank, uniformity) and Lee-background
-    crop pairs (alignment). Parts whose data is missing are left out."""
+    crop pairs (alignment and uniformity, Wang & Isola's and paper 002 §3.1's). Parts whose data is missing are
+    left out."""
     out: dict[str, float] = {}
     try:
         texts, labels = corpora.bbc_articles()
@@ -79,6 +87,8 @@ def compute_diagnostics(memo: EmbeddingMemo, *, fast: bool = False) -> dict[str,
         positives = memo.embed([p for _, p in pairs])
         out["crop_alignment_a2"] = alignment(queries, positives)
         out["crop_uniformity_t2"] = uniformity(positives, t=2)
+        out["crop_dcl_alignment_tau005"] = dcl_alignment(queries, positives, tau=0.05)
+        out["crop_dcl_uniformity_tau005"] = dcl_uniformity(queries, positives, tau=0.05)
     except corpora.DataUnavailableError:
         pass
     return {k: round(float(v), 4) for k, v in out.items()}

@@ -10,6 +10,8 @@ from sklearn.model_selection import RepeatedKFold
 
 from evaluation.diagnostics import (
     alignment,
+    dcl_alignment,
+    dcl_uniformity,
     effective_rank,
     knn_accuracy,
     knn_cross_validated_accuracy,
@@ -135,3 +137,31 @@ def test_uniformity_of_known_points() -> None:
     assert uniformity(square, t=1) == pytest.approx(math.log((2 * math.exp(-2) + math.exp(-4)) / 3))
     with pytest.raises(ValueError, match="at least two"):
         uniformity(np.ones((1, 3)))
+
+
+def test_dcl_alignment_and_uniformity_are_paper_002_eq_4_and_5() -> None:
+    # Views h_i (rows of x) and h'_i (rows of y), scaled to unit rows; tau = 0.5.
+    x = np.array([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    y = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.6, 0.8]])
+    # h_iᵀh'_j: row i of x against row j of y
+    #   i=0: (1, 1, 0)   i=1: (0, 0, 0.6)   i=2: (0, 0, 0.8)
+    tau = 0.5
+    # Eq. 4: -E_i[h_iᵀh'_i / tau] = -(1 + 0 + 0.8) / 3 / 0.5
+    assert dcl_alignment(x, y, tau=tau) == pytest.approx(-(1 + 0 + 0.8) / 3 / tau)
+    # Eq. 5: E_i[log Σ_{j≠i} exp(h_iᵀh'_j / tau)], the positive j = i left out
+    expected = (
+        math.log(math.exp(1 / tau) + math.exp(0 / tau))  # i=0: j=1, 2
+        + math.log(math.exp(0 / tau) + math.exp(0.6 / tau))  # i=1: j=0, 2
+        + math.log(math.exp(0 / tau) + math.exp(0 / tau))  # i=2: j=0, 1
+    ) / 3
+    assert dcl_uniformity(x, y, tau=tau) == pytest.approx(expected)
+    # They are not Wang & Isola's numbers, which the paper cites for the properties only.
+    assert dcl_alignment(x, y, tau=tau) != pytest.approx(alignment(x, y))
+    # Stable at any temperature: exp(1 / 0.001) overflows a float unless the sum is taken in log space.
+    assert math.isfinite(dcl_uniformity(x, y, tau=0.001))
+    with pytest.raises(ValueError, match="same shape"):
+        dcl_alignment(x, y[:2])
+    with pytest.raises(ValueError, match="at least two pairs"):
+        dcl_uniformity(x[:1], y[:1])
+    with pytest.raises(ValueError, match="positive temperature"):
+        dcl_uniformity(x, y, tau=0.0)
