@@ -9,15 +9,25 @@ Versions are integers allocated atomically (a reservation directory made with ``
 concurrent exports of one name never share a version. A bundle is built in a temporary folder
 and renamed into place only when complete: readers never see half a bundle.
 
+Several processes share the registry (replicas, workers, `embedder export`, on one shared volume). Every change to a
+name's entries — reserving a number, renaming a bundle in, dropping a reservation, switching ``current`` — is made
+under the name's lock (``<name>/.lock``, ``flock``), so a process choosing the next number lists a folder no one is
+changing (a directory listing taken while another process renames into it may miss both the new version and its
+reservation, and hand the same number out twice), and ``current`` only ever moves to a newer version: a publish that
+finishes after a newer version of the name was promoted leaves that one current. Readers take no lock.
+
 Pure standard library: the service imports this without torch.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +36,7 @@ MANIFEST = "manifest.json"
 # fullmatch, never match with "$": "$" also matches before a trailing newline, so "acme\n" would pass.
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}", re.ASCII)
 _RESERVED = ".reserved-"
+_LOCK = ".lock"
 
 
 class RegistryError(ValueError):
@@ -96,18 +107,29 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
         raise RegistryError(f"cannot read bundle manifest {path}: {err}") from err
 
 
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold the lock of one name's folder (``flock`` on ``<name>/.lock``, released when the process dies)."""
+    fd = os.open(folder / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def reserve_version(root: Path, name: str) -> str:
     """Claim the next free version number of ``name`` (safe across processes)."""
     folder = Path(root) / validate_name(name)
     folder.mkdir(parents=True, exist_ok=True)
-    while True:
-        taken = _taken_numbers(folder)
-        version = str(max(taken, default=0) + 1)
-        try:
-            os.mkdir(folder / f"{_RESERVED}{version}")
-            return version
-        except FileExistsError:
-            continue  # another exporter got it first: try the next number
+    with _locked(folder):
+        while True:
+            version = str(max(_taken_numbers(folder), default=0) + 1)
+            try:
+                os.mkdir(folder / f"{_RESERVED}{version}")
+                return version
+            except FileExistsError:
+                continue  # taken by a process that does not lock (an older release): try the next number
 
 
 def _taken_numbers(folder: Path) -> list[int]:
@@ -123,25 +145,39 @@ def publish(staging: Path, root: Path, name: str, version: str) -> Path:
     """Rename a complete bundle folder into ``<root>/<name>/<version>`` and release the reservation."""
     folder = Path(root) / validate_name(name)
     target = folder / version
-    if target.exists():
-        raise RegistryError(f"{target} already exists: versions are never overwritten")
-    os.rename(staging, target)
-    release(root, name, version)
+    with _locked(folder):
+        if target.exists():
+            raise RegistryError(f"{target} already exists: versions are never overwritten")
+        os.rename(staging, target)
+        _release(folder, version)
     return target
 
 
 def release(root: Path, name: str, version: str) -> None:
     """Drop a version reservation (after publishing, or when an export failed)."""
-    shutil.rmtree(Path(root) / validate_name(name) / f"{_RESERVED}{version}", ignore_errors=True)
+    folder = Path(root) / validate_name(name)
+    with _locked(folder):
+        _release(folder, version)
 
 
-def promote(root: Path, name: str, version: str) -> None:
-    """Point ``<name>/current`` at ``version`` atomically (symlink + rename)."""
+def _release(folder: Path, version: str) -> None:
+    shutil.rmtree(folder / f"{_RESERVED}{version}", ignore_errors=True)
+
+
+def promote(root: Path, name: str, version: str) -> bool:
+    """Point ``<name>/current`` at ``version`` atomically (symlink + rename), unless a newer version of the name is
+    current already (another process published and promoted it meanwhile: it stays). Returns whether ``version`` is
+    current now."""
     folder = Path(root) / validate_name(name)
     if not (folder / version / MANIFEST).is_file():
         raise RegistryError(f"cannot promote {name} version {version}: no bundle at {folder / version}")
-    tmp = folder / f".{CURRENT}.{os.getpid()}.{version}"
-    if tmp.is_symlink():
-        tmp.unlink()
-    os.symlink(version, tmp)
-    os.replace(tmp, folder / CURRENT)
+    with _locked(folder):
+        current = current_version(root, name)
+        if current is not None and current.isdigit() and version.isdigit() and int(current) > int(version):
+            return False
+        tmp = folder / f".{CURRENT}.{os.getpid()}.{version}"
+        if tmp.is_symlink():
+            tmp.unlink()
+        os.symlink(version, tmp)
+        os.replace(tmp, folder / CURRENT)
+    return True
