@@ -1,9 +1,10 @@
 """``embedder validate``, ``embedder layers`` and ``embedder bench``.
 
-Exit codes: 0 = passed (or nothing to gate), 1 = the gate failed (the failing tasks are printed),
-2 = bad arguments, a model that cannot be loaded, or a gate that could not check: a task named with --tasks that
-neither model scored (its data is missing; --allow-skipped accepts that), or, on the default suite, no task at all
-(the default suite leaves out, and lists, the tasks whose data is not installed).
+Exit codes: 0 = passed (or nothing to gate), 1 = the gate failed (the failing tasks are printed) or the candidate
+returned NaN or infinite embeddings (with or without a baseline: such a model cannot pass), 2 = bad arguments, a
+model that cannot be loaded, a baseline with NaN or infinite embeddings, or a gate that could not check: a task named
+with --tasks that neither model scored (its data is missing; --allow-skipped accepts that), or, on the default suite,
+no task at all (the default suite leaves out, and lists, the tasks whose data is not installed).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def validate_main(argv: list[str]) -> int:
         parser.error("--min-speedup needs the speed measurement: drop --no-speed")
     settings = get_settings()
     device = _setup_torch(args.device, settings)
-    from evaluation.embedding_model import ModelSpecError
+    from evaluation.embedding_model import ModelSpecError, NonFiniteEmbeddingError
     from evaluation.tasks import resolve_task
     from evaluation.validate import DEFAULT_LAYER_TASKS, prepare_out_dir, validate
 
@@ -144,22 +145,27 @@ def validate_main(argv: list[str]) -> int:
     except (ModelSpecError, ValueError) as exc:
         print(f"embedder validate: {exc}", file=sys.stderr)
         return 2
-    report, gate, written = validate(
-        model,
-        baseline,
-        tasks=args.tasks,
-        fast=args.fast,
-        max_drop=args.max_drop,
-        min_speedup=args.min_speedup,
-        allow_skipped=args.allow_skipped or not args.tasks,  # the default suite: what the install holds
-        layer_tasks=DEFAULT_LAYER_TASKS if args.layer_tasks is None else args.layer_tasks,
-        speed=not args.no_speed,
-        diagnostics=not args.no_diagnostics,
-        out_dir=out,
-        cache=None if args.no_cache else settings.cache_dir,
-        progress=not args.quiet,
-        command="embedder validate " + shlex.join(argv),
-    )
+    try:
+        report, gate, written = validate(
+            model,
+            baseline,
+            tasks=args.tasks,
+            fast=args.fast,
+            max_drop=args.max_drop,
+            min_speedup=args.min_speedup,
+            allow_skipped=args.allow_skipped or not args.tasks,  # the default suite: what the install holds
+            layer_tasks=DEFAULT_LAYER_TASKS if args.layer_tasks is None else args.layer_tasks,
+            speed=not args.no_speed,
+            diagnostics=not args.no_diagnostics,
+            out_dir=out,
+            cache=None if args.no_cache else settings.cache_dir,
+            progress=not args.quiet,
+            command="embedder validate " + shlex.join(argv),
+        )
+    except NonFiniteEmbeddingError as exc:  # the candidate fails validation; a broken baseline leaves it unchecked
+        role = "the candidate" if exc.model is model else "the baseline"
+        print(f"embedder validate: {role}: {exc}", file=sys.stderr)
+        return 1 if exc.model is model else 2
     if gate is not None:
         print(gate.format_table())
     else:
@@ -234,12 +240,15 @@ def layers_main(argv: list[str]) -> int:
     except (ModelSpecError, ValueError) as exc:
         print(f"embedder layers: {exc}", file=sys.stderr)
         return 2
-    curves = {
-        m.name: layer_curves(
-            m, args.tasks, fast=args.fast, cache=None if args.no_cache else settings.cache_dir, progress=not args.quiet
-        )
-        for m in models
-    }
+    from evaluation.embedding_model import NonFiniteEmbeddingError
+
+    cache = None if args.no_cache else settings.cache_dir
+    try:
+        curves = {m.name: layer_curves(m, args.tasks, fast=args.fast, cache=cache, progress=not args.quiet)
+                  for m in models}  # fmt: skip
+    except NonFiniteEmbeddingError as exc:
+        print(f"embedder layers: {exc}", file=sys.stderr)
+        return 2
     for label, per_task in curves.items():
         for task, ys in per_task.items():
             best = max(range(len(ys)), key=ys.__getitem__)

@@ -37,6 +37,8 @@ def _as_matrix(x: Any, name: str) -> np.ndarray:
     arr = np.asarray(x, dtype=np.float64)
     if arr.ndim != 2 or arr.shape[0] == 0:
         raise ValueError(f"{name} must be a non-empty (N, dim) matrix, got shape {arr.shape}")
+    if not np.isfinite(arr).all():  # else NaN flows through to a NaN measure that reads as a number
+        raise ValueError(f"{name} holds NaN or infinite values in {int((~np.isfinite(arr)).any(axis=1).sum())} rows")
     return arr
 
 

@@ -37,6 +37,15 @@ class ModelSpecError(ValueError):
     """A model spec that names no loadable model."""
 
 
+class NonFiniteEmbeddingError(ValueError):
+    """A model returned NaN or infinite embeddings (diverged weights, an overflow): nothing it embeds can be scored.
+    Retrieval would rank the NaN similarities in some order and report a plausible score. ``model``: which one."""
+
+    def __init__(self, model: EmbeddingModel, message: str) -> None:
+        super().__init__(message)
+        self.model = model
+
+
 def l2_normalise(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return (x / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)

@@ -17,7 +17,7 @@ from mteb.models.model_meta import ModelMeta
 from mteb.similarity_functions import cos_sim, pairwise_cos_sim
 from tqdm.auto import tqdm
 
-from evaluation.embedding_model import EmbeddingModel
+from evaluation.embedding_model import EmbeddingModel, NonFiniteEmbeddingError
 
 
 class EmbeddingMemo:
@@ -51,12 +51,25 @@ class EmbeddingMemo:
             batch = missing[start : start + self.batch_size]
             if self.all_layers:
                 out = self.model.encode_layers(batch, batch_size=self.batch_size)  # (L + 1, B, dim)
+                self._check_finite(batch, np.isfinite(out).all(axis=(0, 2)))
                 for i, text in enumerate(batch):
                     self._rows[text] = out[:, i, :]
             else:
                 out = self.model.encode(batch, batch_size=self.batch_size)  # (B, dim)
+                self._check_finite(batch, np.isfinite(out).all(axis=1))
                 for i, text in enumerate(batch):
                     self._rows[text] = out[i]
+
+    def _check_finite(self, batch: Sequence[str], finite: np.ndarray) -> None:
+        """Raise `NonFiniteEmbeddingError` unless every text of ``batch`` has a finite embedding (every layer's)."""
+        if finite.all():
+            return
+        first = batch[int(np.argmin(finite))]
+        raise NonFiniteEmbeddingError(
+            self.model,
+            f"{self.model.name} returned NaN or infinite embeddings for {int((~finite).sum())} of {len(batch)} "
+            f"texts in a batch (the first: {first[:60]!r}); diverged weights or an overflow: it cannot be scored",
+        )
 
     def embed(self, texts: Sequence[str], layer: int | None = None) -> np.ndarray:
         """``(N, dim)`` unit rows; ``layer`` picks a layer (0 = embeddings) when the memo keeps all layers."""
