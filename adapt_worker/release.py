@@ -131,7 +131,8 @@ def record(attempt: AnyAttempt, evaluation: Evaluation, decision: GateDecision) 
 def publish(attempt: AnyAttempt, exported: Exported, verdict: Verdict) -> Published:
     """Publish the staged bundle as the next version of its name (its manifest's ``validation``: the evaluation and the
     gate), promoted when the gate passed and the job promotes; fenced by the lease (a worker that lost the job
-    publishes nothing)."""
+    promotes nothing). Promotion leaves a newer version of the name in place (another job's, promoted meanwhile):
+    the result says the job's own version was not promoted, and a ``log`` event says why."""
     ctx, job = attempt.ctx, attempt.job
     ctx.stage("publishing")
     manifest = reg.read_manifest(exported.bundle)
@@ -141,13 +142,22 @@ def publish(attempt: AnyAttempt, exported: Exported, verdict: Verdict) -> Publis
         "evaluation": verdict.evaluation.model_dump(mode="json", by_alias=True),
         "gate": verdict.gate.model_dump(mode="json", by_alias=True),
     }
-    promoted = verdict.gate.passed and attempt.promote
+    promote = verdict.gate.passed and attempt.promote
+    registry, name = attempt.config.registry_dir, manifest["name"]
     ctx.renew()  # the fence: publish only while this worker still holds the job
     try:
-        bundle = publish_bundle(exported.bundle, attempt.config.registry_dir, manifest, promote=promoted)
+        bundle = publish_bundle(exported.bundle, registry, manifest, promote=False)
+        # The fence again, just before the switch: the copy takes a while, and a worker paused meanwhile (a frozen node)
+        # may have lost the job to another attempt, which will publish its own version.
+        if promote:
+            ctx.renew()
+        promoted = promote and reg.promote(registry, name, bundle.name)
     except OSError as err:
         raise stage_failure("publish", err, REGISTRY_VOLUME) from err
-    published = Published(name=manifest["name"], version=bundle.name, promoted=promoted)
+    if promote and not promoted:
+        ctx.log(f"version {bundle.name} of {name} was published, not promoted: version "
+                f"{reg.current_version(registry, name)}, newer, was promoted meanwhile and stays served")  # fmt: skip
+    published = Published(name=name, version=bundle.name, promoted=promoted)
     ctx.result(JobResult(model=published), event="published")
     if promoted:
         ctx.audit("promoted", version=bundle.name)
