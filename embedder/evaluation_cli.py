@@ -174,6 +174,8 @@ def validate_main(argv: list[str]) -> int:
             print(f"{task:<34} {score:8.2f}")
         for task, reason in cand["skipped"].items():
             print(f"{task:<34} skipped: {reason}")
+        for task, reason in cand.get("failed", {}).items():
+            print(f"{task:<34} no score: {reason}")
     for role in ("candidate", "baseline"):
         if report.get(role):
             print(_domain_summary(role, report[role]))

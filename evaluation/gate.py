@@ -69,18 +69,21 @@ def _fmt(value: float | None, signed: bool = False) -> str:
     return f"{value:+.2f}" if signed else f"{value:.2f}"
 
 
-def _scores(report: Mapping[str, Any], which: str) -> tuple[dict[str, float], dict[str, str]]:
-    """Task scores and skip reasons of a `run_suite`/validate report, or of a plain ``{task: points}`` mapping."""
+def _scores(report: Mapping[str, Any], which: str) -> tuple[dict[str, float], dict[str, str], dict[str, str]]:
+    """Task scores, skip reasons and no-score reasons of a `run_suite`/validate report, or of a plain
+    ``{task: points}`` mapping. A NaN or infinite score is no score: it joins the no-score reasons (``failed``),
+    since NaN compares false with every bound and would pass any check."""
     if "scores" in report:
-        scores, skipped = report["scores"], report.get("skipped", {})
+        scores, skipped, failed = report["scores"], report.get("skipped", {}), dict(report.get("failed", {}))
     else:
-        scores, skipped = report, {}
+        scores, skipped, failed = report, {}, {}
     bad = {k: v for k, v in scores.items() if not isinstance(v, int | float) or isinstance(v, bool)}
     if bad:
         raise ValueError(
             f"{which} report: scores must be numbers in points (0-100), got {bad}; pass run_suite()'s result"
         )
-    return {k: float(v) for k, v in scores.items()}, dict(skipped)
+    failed.update({k: f"its score is {v}, not a number" for k, v in scores.items() if not math.isfinite(v)})
+    return {k: float(v) for k, v in scores.items() if k not in failed}, dict(skipped), failed
 
 
 def throughput_speedup(report: Mapping[str, Any], baseline: Mapping[str, Any]) -> float | None:
@@ -102,8 +105,8 @@ def out_of_domain_headline(report: Mapping[str, Any], baseline_report: Mapping[s
     domains = report.get("domains") if "scores" in report else None
     if not domains:
         return None
-    ours, _ = _scores(report, "candidate")
-    theirs, _ = _scores(baseline_report, "baseline")
+    ours, _, _ = _scores(report, "candidate")
+    theirs, _, _ = _scores(baseline_report, "baseline")
     tasks = [t for t in domains["out_of_domain"]["tasks"] if t in ours and t in theirs]
     if not tasks:
         return None
@@ -156,28 +159,34 @@ def check(
     ``max_drop``, so its average cannot drop further.
     """
     check_thresholds(max_drop, min_speedup)
-    ours, our_skips = _scores(report, "candidate")
-    theirs, their_skips = _scores(baseline_report, "baseline")
+    ours, our_skips, our_failed = _scores(report, "candidate")
+    theirs, their_skips, their_failed = _scores(baseline_report, "baseline")
     failures: list[str] = []
     unchecked_failures: list[str] = []  # tasks that could not be compared, apart from scores found wanting
     table: list[dict[str, Any]] = []
     unchecked = {
-        task: our_skips.get(task) or their_skips[task]
-        for task in [*their_skips, *our_skips]
-        if task not in ours and task not in theirs
+        task: our_skips.get(task) or their_skips.get(task) or their_failed[task]
+        for task in [*their_skips, *their_failed, *our_skips]
+        if task not in ours and task not in theirs and task not in our_failed
     }
     headline = out_of_domain_headline(report, baseline_report)
     if headline is not None:
         label = f"out-of-domain average ({len(headline['tasks'])} tasks)"
         scores = {k: headline[k] for k in ("candidate", "baseline", "delta")}
         table.append({"task": label, **scores, "status": "headline"})
-    for task in list(theirs) + [t for t in ours if t not in theirs]:
+    candidate_only = [t for t in [*ours, *our_failed] if t not in theirs and t not in unchecked]
+    for task in list(theirs) + list(dict.fromkeys(candidate_only)):
         cand, base = ours.get(task), theirs.get(task)
         row: dict[str, Any] = {"task": task, "candidate": cand, "baseline": base, "delta": None, "status": "ok"}
-        if base is None:
-            row["status"] = "new" if task not in their_skips else "skipped"
+        if task in our_failed:  # the candidate ran it and got no score: its failure, whatever the baseline has
+            row["status"], row["reason"] = "FAIL", f"the candidate has no score: {our_failed[task]}"
+            failures.append(f"{task}: the candidate has no score ({our_failed[task]})")
+        elif base is None:
+            row["status"] = "skipped" if task in their_skips or task in their_failed else "new"
             if task in their_skips:
                 row["reason"] = f"the baseline skipped it: {their_skips[task]}"
+            elif task in their_failed:
+                row["reason"] = f"the baseline has no score: {their_failed[task]}"
         elif cand is None:
             reason = our_skips.get(task, "not run")
             row["status"] = "FAIL"

@@ -196,6 +196,10 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
     skipped = {**(base or {}).get("skipped", {}), **cand.get("skipped", {})}
     if skipped:
         lines += ["", "Skipped:", ""] + [f"- {t}: {r}" for t, r in skipped.items()]
+    for role, model in _models(report):
+        if model.get("failed"):
+            lines += ["", f"No score ({role} `{model['model']['name']}`):", ""]
+            lines += [f"- {t}: {r}" for t, r in model["failed"].items()]
     if "tasks" in plots:
         lines += ["", f"![tasks]({plots['tasks']})"]
     diag_models = [(role, m) for role, m in _models(report) if m.get("diagnostics")]

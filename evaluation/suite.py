@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -89,6 +90,15 @@ def score_task(memo: EmbeddingMemo, task: OfflineTask, *, layer: int | None = No
     }
 
 
+def no_score_reason(entry: Mapping[str, Any]) -> str:
+    """Why a task whose main metric came out NaN (or infinite) has no score."""
+    value = entry["details"].get("main_score", entry["score"])
+    return (
+        f"{entry['main_metric']} came out {value} (a correlation is undefined when the model gives every pair the "
+        "same similarity: its embeddings collapsed)"
+    )
+
+
 def result_cache_dir(model: EmbeddingModel, cache: Path) -> Path:
     """Where ``model``'s results are kept under the cache root ``cache``."""
     return Path(cache) / "evaluation" / model.hash[:24]
@@ -151,8 +161,10 @@ def run_suite(
     Returns:
         ``{"model": info, "fast": bool, "scores": {task: points 0-100}, "tasks": {task: {"score",
         "main_metric", "details", "seconds", "cached", "source_corpus", "in_domain"}}, "skipped": {task: reason},
-        "domains": `domain_split` for the model's ``trained_on``, "seconds": float}``.
-        A task whose data package is missing is listed in ``skipped`` with the reason, never raised.
+        "failed": {task: reason}, "domains": `domain_split` for the model's ``trained_on``, "seconds": float}``.
+        A task whose data package is missing is listed in ``skipped`` with the reason, never raised. A task whose main
+        metric came out NaN (an STS correlation of a collapsed model) is listed in ``failed``, and in neither
+        ``scores`` nor ``tasks``: a NaN passes every comparison a gate makes.
     """
     emb_model = load_model(model)
     memo = memo or EmbeddingMemo(emb_model, batch_size=batch_size, progress=progress)
@@ -163,6 +175,7 @@ def run_suite(
         "scores": {},
         "tasks": {},
         "skipped": {},
+        "failed": {},
     }
     sources: dict[str, str] = {}
     start = time.perf_counter()
@@ -184,6 +197,9 @@ def run_suite(
             entry = {**entry, "cached": False}
         else:
             entry = {**entry, "cached": True}
+        if not math.isfinite(entry["score"]):  # NaN compares false with every bound: it must never read as a score
+            report["failed"][name] = no_score_reason(entry)
+            continue
         sources[name] = task.source_corpus  # not cached: the model's trained_on is not part of its content hash
         in_domain = data.is_in_domain(task.source_corpus, emb_model.trained_on)
         report["tasks"][name] = {**entry, "source_corpus": task.source_corpus, "in_domain": in_domain}
