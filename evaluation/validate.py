@@ -4,7 +4,9 @@ speed → gate → report files. The library behind ``embedder validate``; expor
 from __future__ import annotations
 
 import datetime
+import os
 import re
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -145,6 +147,12 @@ def prepare_out_dir(out_dir: str | Path | None, model: EmbeddingModel, cache_dir
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot create the report folder {folder}: {exc}") from exc
+    try:  # an existing folder may still refuse files (its mode, a read-only mount): try one, as the report will
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"cannot write the report into {folder}: {exc}") from exc
     return folder
 
 
