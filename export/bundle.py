@@ -40,6 +40,7 @@ from export.openvino_int8 import (
 from export.parity import ParityError, check_parity
 from export.probes import probe_texts
 from export.quantize import choose_int8
+from export.tokenizer_files import write_tokenizer
 from training.encoder import Encoder
 from training.pooling import check_pooling
 
@@ -194,7 +195,7 @@ def build_bundle(
         progress.update()
 
         stage("trace")
-        encoder.tokenizer.save_pretrained(staging)
+        tokenizer = write_tokenizer(encoder.tokenizer, staging, encoder.max_seq_length)
         traced = staging / "traced.onnx"
         with torch.no_grad():
             graph.export_onnx(encoder, traced)
@@ -226,6 +227,7 @@ def build_bundle(
             "prompts": dict(encoder.prompts.texts),  # put before a text by the server, outside the graph
             "default_prompt_name": encoder.prompts.default,
             "pad_token_id": int(encoder.tokenizer.pad_token_id or 0),
+            "tokenizer": tokenizer,
             "inputs": graph.input_names(encoder),
             "output": "sentence_embedding",
             "opset": graph.DEFAULT_OPSET,

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
-from core.runtime import OnnxBundle, ParityBars, cosines, int8_failures
+from core.runtime import OnnxBundle, ParityBars, cosines, cpu_features, int8_failures
 from export.quantize import CANDIDATES
+from export.tokenizer_files import plain_ids
 from training.encoder import Encoder
 
 
@@ -49,8 +51,12 @@ def _advice(failures: Sequence[str]) -> str:
 
 
 def _tokenizer_mismatches(encoder: Encoder, bundle: OnnxBundle, texts: Sequence[str]) -> list[int]:
+    """The probes whose ids differ from torch's, as the service tokenises them or as ``tokenizer.json`` does read
+    on its own (`export.tokenizer_files`: how a user outside this project reads it)."""
     torch_ids = encoder.tokenizer(list(texts), truncation=True, max_length=encoder.max_seq_length)["input_ids"]
-    return [i for i, (enc, ids) in enumerate(zip(bundle.tokenize(texts), torch_ids, strict=True)) if enc.ids != ids]
+    served = [enc.ids for enc in bundle.tokenize(texts)]
+    plain = plain_ids(bundle.path, list(texts))
+    return [i for i, ids in enumerate(torch_ids) if served[i] != ids or plain[i] != ids]
 
 
 def check_parity(
@@ -66,12 +72,15 @@ def check_parity(
     """Compare each ONNX ``variant`` of the bundle with ``encoder`` on ``texts``.
 
     ``reference``: the torch encoder's ``(N, dim)`` embeddings of ``texts`` when already computed.
-    Returns the figures (per variant: min/mean cosine, max abs difference, max norm error, plus
-    the probe count and the bars). Raises `ParityError` listing every failed check.
+    Returns the figures (per variant: min/mean cosine, max abs difference, max norm error, plus the probe count,
+    the bars, and the CPU and onnxruntime version that measured them). Raises `ParityError` listing every failed
+    check.
     """
     if reference is None:
         reference = encoder.encode(list(texts), batch_size=batch_size)  # (N, dim)
-    figures: dict[str, Any] = {"probes": len(texts), "bars": dict(vars(bars))}
+    figures: dict[str, Any] = {
+        "probes": len(texts), "bars": dict(vars(bars)), "checked_on": cpu_features(), "onnxruntime": ort.__version__,
+    }  # fmt: skip
     failures: list[str] = []
     for variant in variants:
         bundle = OnnxBundle(bundle_dir, variant=variant, intra_op_threads=2)
@@ -80,8 +89,8 @@ def check_parity(
             figures["tokenizer_mismatches"] = len(mismatched)
             if mismatched:
                 failures.append(
-                    f"tokenizer: the bundle's tokenizer.json gives different ids than the model's tokenizer "
-                    f"on {len(mismatched)} probe(s), e.g. {texts[mismatched[0]][:60]!r}"
+                    f"tokenizer: the bundle's tokenizer.json (as served or read on its own) gives different ids than "
+                    f"the model's tokenizer on {len(mismatched)} probe(s), e.g. {texts[mismatched[0]][:60]!r}"
                 )
         try:
             out = bundle.encode(list(texts), batch_size=batch_size)

@@ -1,0 +1,53 @@
+"""The bundle's tokenizer files, made to tokenise as the bundle serves when read on their own.
+
+A model folder's ``tokenizer.json`` keeps whatever truncation and padding it was saved with: all-MiniLM-L6-v2's
+cuts at 128 tokens and pads every text to 128, while the model serves 256 (``sentence_bert_config.json``). The
+service sets both when it loads the file (`core.runtime.OnnxBundle`), but onnxruntime with ``tokenizers`` or
+transformers' ``AutoTokenizer`` outside this project reads them as they are, and would embed a longer text cut
+short. So the bundle's copy says what the manifest says: truncation at ``max_seq_length`` from the right, no
+padding (a batch is padded to its longest text, ``attention_mask`` 0 there), and ``model_max_length`` the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerBase
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def write_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: Path, max_length: int) -> dict[str, Any]:
+    """Save ``tokenizer`` into ``folder`` cutting at ``max_length`` tokens and padding nothing; return the
+    manifest's ``tokenizer`` record."""
+    tokenizer.save_pretrained(folder)
+    path = Path(folder) / TOKENIZER_FILE
+    if not path.is_file():  # a slow tokenizer: `export.bundle` refuses one before tracing
+        raise ValueError(f"the tokenizer saved no {TOKENIZER_FILE}; a bundle serves a fast tokenizer's")
+    fast = Tokenizer.from_file(str(path))
+    fast.no_padding()
+    fast.enable_truncation(max_length=max_length)  # from the right, as the service cuts by default
+    fast.save(str(path))
+    config_path = Path(folder) / TOKENIZER_CONFIG
+    if config_path.is_file():
+        config = json.loads(config_path.read_text())
+        config["model_max_length"] = max_length
+        if "max_length" in config:  # a saved call argument transformers keeps: the same limit, not an older one
+            config["max_length"] = max_length
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return {
+        "file": TOKENIZER_FILE,
+        "truncation": {"max_length": max_length, "direction": "right"},
+        "padding": "none in the file: pad a batch on the right to its longest text with pad_token_id, "
+        "attention_mask 0 there",
+    }
+
+
+def plain_ids(folder: Path, texts: list[str]) -> list[list[int]]:
+    """The ids of ``texts`` from the bundle's ``tokenizer.json`` read as it is, as a user outside this project
+    reads it (no truncation or padding set by the reader)."""
+    return [encoding.ids for encoding in Tokenizer.from_file(str(Path(folder) / TOKENIZER_FILE)).encode_batch(texts)]

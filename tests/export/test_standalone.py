@@ -1,0 +1,62 @@
+"""A bundle used outside this project: onnxruntime and `tokenizers` alone, as docs/ARCHITECTURE.md shows, embed as
+the service does — the bundle's tokenizer file cuts where the manifest says — and the manifest says what a user
+needs and which CPU measured its parity figures."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+
+from core import runtime
+from core.runtime import OnnxBundle
+from export import bundle as exporter
+
+REPO = Path(__file__).resolve().parents[2]
+LONG = "tokens of a long text " * 60  # past 64 and 128 tokens
+
+
+def documented_embed() -> Any:
+    """The ``embed`` function of docs/ARCHITECTURE.md's "A bundle without this project", as written there."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    section = text.split("### A bundle without this project", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "ARCHITECTURE.md", "exec"), namespace)  # the project's own documentation
+    return namespace["embed"]
+
+
+def short_model(tiny_bert_path: Path, folder: Path) -> Path:
+    """The tiny model serving 64 tokens; its tokenizer.json, as all-MiniLM-L6-v2's, cuts at 128 and pads to 128."""
+    folder = shutil.copytree(tiny_bert_path, folder)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    saved = json.loads((folder / "tokenizer.json").read_text())
+    assert saved["truncation"]["max_length"] == 128 and saved["padding"] is not None
+    return folder
+
+
+def test_a_bundle_embeds_outside_the_project_as_served(tiny_bert_path: Path, tmp_path: Path) -> None:
+    bundle = exporter.export_bundle(short_model(tiny_bert_path, tmp_path / "short"), tmp_path / "registry", "short")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["max_seq_length"] == 64
+    assert len(Tokenizer.from_file(str(bundle / "tokenizer.json")).encode(LONG).ids) == 64  # read as it is
+    assert manifest["tokenizer"]["truncation"] == {"max_length": 64, "direction": "right"}
+    texts = ["ok", LONG, "a sentence of middling length"]
+    served = OnnxBundle(bundle, variant="fp32").encode(texts)
+    plain = documented_embed()(str(bundle), texts)
+    assert plain.shape == served.shape == (3, manifest["dim"])
+    assert np.abs(plain - served).max() < 1e-5  # the long text cut at 64 tokens, as served
+    assert AutoTokenizer.from_pretrained(bundle).model_max_length == 64
+
+
+def test_the_manifest_says_which_cpu_measured_parity(tiny_bert_path: Path, tmp_path: Path) -> None:
+    bundle = exporter.export_bundle(tiny_bert_path, tmp_path / "registry", "tiny")
+    parity = json.loads((bundle / "manifest.json").read_text())["parity"]
+    assert parity["checked_on"] == runtime.cpu_features()
+    assert parity["onnxruntime"] == runtime.ort.__version__
