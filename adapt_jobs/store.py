@@ -280,6 +280,18 @@ class JobStore(StoreUpkeep):
             )  # fmt: skip
             return row_to_job(self._row(conn, row.id))
 
+    def held_by(self, worker_id: str) -> Job | None:
+        """The running job ``worker_id`` holds, if any: what a worker looks for when the store was lost while its claim
+        committed (`adapt_jobs.store_core.CommitUnknown`), since the claim may have been applied."""
+        with self._transaction() as conn:
+            row = conn.execute(
+                sa.select(jobs_table)
+                .where(jobs_table.c.worker_id == worker_id, jobs_table.c.state.in_(ACTIVE_STATES))
+                .order_by(jobs_table.c.seq)
+                .limit(1)
+            ).first()
+        return row_to_job(row) if row is not None else None
+
     def renew(self, lease: Lease, lease_s: float) -> None:
         """The heartbeat: extend the lease by ``lease_s`` from now; `LeaseLost` if it is no longer ours."""
         with self._transaction(write=True) as conn:

@@ -34,6 +34,7 @@ from adapt_jobs.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, Job, LeaseLost
 from adapt_jobs.retention import release_orphans
 from adapt_jobs.settings import AdaptConfig
 from adapt_jobs.store import JobStore
+from adapt_jobs.store_core import CommitUnknown
 from adapt_worker.context import JobCancelled, JobContext, JobFailed, WorkerStopping
 from adapt_worker.pipeline import run_job
 from adapt_worker.stages import scratch_dir
@@ -154,6 +155,10 @@ class Worker:
         self.pipeline = pipeline
         self.store: JobStore | None = None
         self._last_rescue = float("-inf")
+        # The store was lost while a claim committed: the claim may have been applied, so this worker may hold a job
+        # it was never told of. It looks for it before claiming anything else (else the job would sit claimed by an
+        # idle worker until its lease lapsed, and be retried at the cost of an attempt).
+        self._claim_unknown = False
 
     def _open(self) -> JobStore:
         while self.store is None:
@@ -166,10 +171,17 @@ class Worker:
         return self.store
 
     def claim(self) -> Job | None:
-        """Rescue lapsed jobs, then claim the next one (None when nothing can run now or the store is down)."""
+        """Rescue lapsed jobs, then claim the next one (None when nothing can run now or the store is down). After a
+        claim whose commit went unanswered, first the job that claim took, if it was applied."""
         settings = self.config.settings
         store = self._open()
         try:
+            if self._claim_unknown:
+                held = store.held_by(self.worker_id)
+                self._claim_unknown = False
+                if held is not None:
+                    log.warning("%s: the store was lost while this worker's claim committed; it was applied", held.id)
+                    return held
             if time.monotonic() - self._last_rescue >= settings.heartbeat_seconds:  # a write: not at every poll
                 store.rescue_expired()
                 release_orphans(store)
@@ -178,6 +190,7 @@ class Worker:
                 self.worker_id, max_running=settings.max_concurrent_jobs, lease_s=settings.lease_seconds
             )
         except StoreUnavailable as err:
+            self._claim_unknown = self._claim_unknown or isinstance(err, CommitUnknown)
             log.warning("adapt worker %s: the job store is unavailable (%s)", self.worker_id, err)
             return None
 
@@ -190,7 +203,7 @@ class Worker:
             try:
                 job = self.claim()
                 if job is None:
-                    if once:
+                    if once and not self._claim_unknown:  # a --once worker still looks for a claim it was not told of
                         return
                     _wait(wake, self.stop, self.config.settings.poll_seconds)
                     continue
