@@ -145,9 +145,11 @@ def export_bundle(
     Raises:
         ParityError: ONNX disagrees with torch on the probe set (or, with ``quantize="int8"``, no int8
             setting passes); lists every failed check.
-        ValueError: bad ``layers``, ``quantize`` or ``pooling``; RegistryError: bad ``name``.
+        ValueError: bad ``layers``, ``quantize`` or ``pooling``; RegistryError: bad ``name``, or a registry it
+            cannot write in (checked before anything is built).
     """
     reg.validate_name(name)  # before the name becomes part of a temporary folder's path
+    check_writable(Path(registry) / name)
     staging = Path(tempfile.mkdtemp(prefix=f"embedder-export-{name}-"))
     try:
         manifest = build_bundle(
@@ -160,6 +162,24 @@ def export_bundle(
         return publish_bundle(staging, registry, manifest, promote=promote)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_writable(folder: Path) -> None:
+    """Raise RegistryError unless a bundle could be published into ``folder``: it, or the nearest folder above it
+    that exists (the export makes the rest), must be a folder this process can write in. Checked before an export
+    starts, so an unwritable registry fails at once, not after minutes of tracing, quantising and parity."""
+    existing = Path(folder).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise reg.RegistryError(f"cannot publish into {folder}: {existing} is not a folder; nothing was exported")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise reg.RegistryError(
+            f"cannot publish into {folder}: {existing} is not writable ({err.strerror}); nothing was exported"
+        ) from None
 
 
 def build_bundle(

@@ -5,17 +5,20 @@ needs and which CPU measured its parity figures."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from core import runtime
 from core.runtime import OnnxBundle
+from embedder.cli import main as embedder_main
 from export import bundle as exporter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,3 +63,33 @@ def test_the_manifest_says_which_cpu_measured_parity(tiny_bert_path: Path, tmp_p
     parity = json.loads((bundle / "manifest.json").read_text())["parity"]
     assert parity["checked_on"] == runtime.cpu_features()
     assert parity["onnxruntime"] == runtime.ort.__version__
+
+
+# --- where the bundle would go: checked before the export's work -------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["a file", "a read-only folder"])
+def test_a_registry_it_cannot_write_in_fails_before_any_work(
+    where: str, tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    if where == "a file":
+        registry = tmp_path / "registry"
+        registry.write_text("not a folder")
+        reason = "is not a folder"
+    elif os.geteuid() == 0:  # root writes in any folder of a writable filesystem
+        registry = Path("/proc") / "registry"
+        reason = "/proc is not writable"
+    else:
+        registry = tmp_path / "read-only"
+        registry.mkdir(mode=0o500)
+        reason = "is not writable"
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the export started although it could not be published")
+
+    monkeypatch.setattr(exporter, "build_bundle", no_work)
+    argv = ["export", str(tiny_bert_path), "--name", "tiny", "--registry", str(registry), "--quantize", "none"]
+    assert embedder_main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"embedder export: cannot publish into {registry / 'tiny'}: " in err and reason in err
+    assert "nothing was exported" in err
