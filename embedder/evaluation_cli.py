@@ -60,7 +60,7 @@ def _load(spec: str, device: str, settings: Settings):  # type: ignore[no-untype
     from training.torch_model import load_any
 
     try:
-        return load_any(spec, device=device, registry_dir=settings.registry_dir, threads=settings.num_threads)
+        model = load_any(spec, device=device, registry_dir=settings.registry_dir, threads=settings.num_threads)
     except ModelSpecError:
         raise
     except (OSError, RegistryError) as exc:
@@ -68,6 +68,10 @@ def _load(spec: str, device: str, settings: Settings):  # type: ignore[no-untype
     except _onnxruntime_load_errors() as exc:
         message = " ".join(str(exc).split("\n"))
         raise ModelSpecError(f"cannot load model {spec!r}: {type(exc).__name__}: {message}") from exc
+    if model.source is None:  # reports name the folder, not only its last part ("best" of runs/<run>/best)
+        path = Path(spec).expanduser()
+        model.source = str(path.resolve()) if path.exists() else spec
+    return model
 
 
 def validate_main(argv: list[str]) -> int:

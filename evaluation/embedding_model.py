@@ -56,6 +56,8 @@ class EmbeddingModel(ABC):
 
     name: str
     kind: str
+    # what it was loaded from — a folder (resolved), a built-in name — for reports; None when built in memory
+    source: str | None = None
 
     @abstractmethod
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
@@ -112,6 +114,7 @@ class EmbeddingModel(ABC):
     def info(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "source": self.source,
             "kind": self.kind,
             "hash": self.hash,
             "dim": self.dim,
@@ -158,6 +161,11 @@ class OnnxModel(EmbeddingModel):
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         return l2_normalise(self.bundle.encode(list(texts), batch_size=batch_size))
 
+    def info(self) -> dict[str, Any]:
+        """`EmbeddingModel.info` with the graph scored (``fp32`` or ``int8``) and the engine that ran it."""
+        engine = f"{self.bundle.runtime}-{self.bundle.precision}"
+        return {**super().info(), "variant": self.bundle.variant, "engine": engine}
+
     def _compute_hash(self) -> str:
         manifest = self.bundle.manifest
         onnx_file = manifest["onnx"][self.bundle.variant]
@@ -180,8 +188,11 @@ def _load_bundle(path: Path, variant: str | None, threads: int | None) -> OnnxMo
     threads = threads or os.cpu_count() or 1
     if variant is None:  # the int8 graph where it keeps the parity bars on this CPU, else fp32: the least precise
         # graph the service may serve here, checked without the service's timing rounds (seconds per load)
-        return OnnxModel(load_engine(path, engine="onnxruntime-int8", intra_op_threads=threads)[0])
-    return OnnxModel(OnnxBundle(path, variant=variant, intra_op_threads=threads))
+        model = OnnxModel(load_engine(path, engine="onnxruntime-int8", intra_op_threads=threads)[0])
+    else:
+        model = OnnxModel(OnnxBundle(path, variant=variant, intra_op_threads=threads))
+    model.source = str(path.resolve())  # registry:NAME too: the version folder it named at load
+    return model
 
 
 def _registry_bundle(spec: str, registry_dir: Path | None) -> Path:

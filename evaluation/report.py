@@ -7,6 +7,7 @@ Plots: ``tasks.png`` — per-task bars, candidate vs baseline; ``layers.png`` �
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -28,6 +29,19 @@ def _atomic_write(path: Path, text: str) -> None:
         handle.write(text)
     os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are meant to be read by others
     os.replace(tmp, path)
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None: mteb leaves some secondary metrics undefined (a
+    retrieval nAUC when every query finds its document in the top k), and ``NaN`` is not JSON — JavaScript, Go or
+    a strict Python parser refuse the whole file."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict_json(v) for v in value]
+    return value
 
 
 def _models(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -161,9 +175,18 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str]) -> str:
         lines.append("- **fast mode**: a few documents per task; scores are smoke-test numbers, not comparable")
     for role, model in _models(report):
         info = model["model"]
+        source = f" from `{info['source']}`" if info.get("source") else ""
+        source += f", {info['variant']} graph on {info['engine']}" if info.get("variant") else ""
         lines.append(
-            f"- {role}: `{info['name']}` ({info['kind']}, {info['num_layers']} layers, dim {info['dim']}, "
+            f"- {role}: `{info['name']}`{source} ({info['kind']}, {info['num_layers']} layers, dim {info['dim']}, "
             f"max_seq_length {info['max_seq_length']}, hash `{info['hash'][:12]}`)"
+        )
+    env = report.get("environment")
+    if env:
+        versions = ", ".join(f"{name} {version}" for name, version in env["packages"].items() if version)
+        lines.append(
+            f"- machine: {env['cpu']['model']} ({env['cpu_count']} cores; {', '.join(env['cpu']['flags']) or '-'}), "
+            f"{env['platform']}, Python {env['python']}; {versions}"
         )
     if gate is not None:
         verdict = "**PASSED**" if gate["passed"] else "**FAILED**"
@@ -266,7 +289,8 @@ def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         written["speed.png"] = plot_speed(report, out_dir / "speed.png")
         plots["speed"] = "speed.png"
     report = {**report, "plots": plots}
-    _atomic_write(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+    text = json.dumps(_strict_json(report), indent=1, default=str, allow_nan=False)
+    _atomic_write(out_dir / "report.json", text + "\n")
     written["report.json"] = out_dir / "report.json"
     _atomic_write(out_dir / "report.md", render_markdown(report, plots))
     written["report.md"] = out_dir / "report.md"

@@ -63,7 +63,7 @@ def task_texts(task: OfflineTask) -> list[str]:
 def score_task(memo: EmbeddingMemo, task: OfflineTask, *, layer: int | None = None) -> dict[str, Any]:
     """Run one task through mteb with the memo's embeddings (``layer``: that layer's, 0 = embeddings).
 
-    Returns ``{"score": points, "main_metric", "details": {metric: raw value}, "seconds"}``.
+    Returns ``{"score": points, "main_metric", "details": {metric: raw value}, "seconds", "mteb_version"}``.
     """
     _quiet_libraries()
     start = time.perf_counter()
@@ -87,6 +87,7 @@ def score_task(memo: EmbeddingMemo, task: OfflineTask, *, layer: int | None = No
         "main_metric": task.metadata.main_score,
         "details": details,
         "seconds": round(time.perf_counter() - start, 2),
+        "mteb_version": task_result.mteb_version,
     }
 
 
@@ -159,8 +160,9 @@ def run_suite(
         memo: share embeddings with another call (e.g. layer-wise curves after the suite).
 
     Returns:
-        ``{"model": info, "fast": bool, "scores": {task: points 0-100}, "tasks": {task: {"score",
-        "main_metric", "details", "seconds", "cached", "source_corpus", "in_domain"}}, "skipped": {task: reason},
+        ``{"model": info, "fast": bool, "scores": {task: points 0-100}, "tasks": {task: {"score", "main_metric",
+        "details", "seconds", "mteb_version", "cached", "revision", "source_corpus", "in_domain"}},
+        "skipped": {task: reason},
         "failed": {task: reason}, "domains": `domain_split` for the model's ``trained_on``, "seconds": float}``.
         A task whose data package is missing is listed in ``skipped`` with the reason, never raised. A task whose main
         metric came out NaN (an STS correlation of a collapsed model) is listed in ``failed``, and in neither
@@ -202,7 +204,9 @@ def run_suite(
             continue
         sources[name] = task.source_corpus  # not cached: the model's trained_on is not part of its content hash
         in_domain = data.is_in_domain(task.source_corpus, emb_model.trained_on)
-        report["tasks"][name] = {**entry, "source_corpus": task.source_corpus, "in_domain": in_domain}
+        report["tasks"][name] = {
+            **entry, "revision": task.revision, "source_corpus": task.source_corpus, "in_domain": in_domain
+        }
         report["scores"][name] = entry["score"]
     report["domains"] = domain_split(emb_model.trained_on, sources, report["scores"])
     report["seconds"] = round(time.perf_counter() - start, 2)

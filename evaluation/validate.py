@@ -4,7 +4,9 @@ speed → gate → report files. The library behind ``embedder validate``; expor
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import os
+import platform
 import re
 import tempfile
 from collections.abc import Sequence
@@ -14,6 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from core import corpora
+from core.runtime import cpu_features
 from evaluation.diagnostics import (
     alignment,
     dcl_alignment,
@@ -32,6 +35,10 @@ from evaluation.tasks import CropPairRetrieval, resolve_task
 from evaluation.tasks.bbc import bbc_task_split
 
 DEFAULT_LAYER_TASKS = ("LeeDocSTS", "BBCNewsKNN")
+REPORT_FORMAT = 1  # report.json's layout (docs/EVALUATION.md, "Reports and caching"): bumped when a key changes meaning
+# the libraries whose versions can move a score or a timing
+SCORING_PACKAGES = ("mteb", "scikit-learn", "numpy", "scipy", "torch", "transformers", "sentence-transformers",
+                    "tokenizers", "onnxruntime", "openvino")  # fmt: skip
 DIAGNOSTICS_REVISION = "2"  # 2: paper 002 §3.1's alignment and uniformity of the crop pairs
 
 
@@ -126,6 +133,24 @@ def evaluate_model(
     return report
 
 
+def run_environment() -> dict[str, Any]:
+    """Where a report was made: the CPU (model and the instruction sets that choose int8 kernels), its cores, the OS,
+    Python and the versions of `SCORING_PACKAGES` (None for one not installed). Speed means nothing without it."""
+    packages: dict[str, str | None] = {}
+    for name in SCORING_PACKAGES:
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            packages[name] = None
+    return {
+        "cpu": cpu_features(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": packages,
+    }
+
+
 def default_out_dir(model: EmbeddingModel, cache_dir: Path | None) -> Path:
     """Next to the bundle for a bundle; else ``<cache_dir>/reports/<name>-<hash>``."""
     if isinstance(model, OnnxModel):
@@ -200,8 +225,10 @@ def validate(
         "progress": progress,
     }
     report: dict[str, Any] = {
+        "format_version": REPORT_FORMAT,
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
+        "environment": run_environment(),
         "fast": fast,
         "max_drop": max_drop,
         "min_speedup": min_speedup,
