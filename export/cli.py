@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from core.model_folder import POOLING_MODES
@@ -54,6 +58,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Stopped(BaseException):
+    """SIGTERM during an export, raised where the export is so that its clean-up runs (a BaseException: no
+    ``except Exception`` of a library on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into `_Stopped` while the export runs. Python's default for SIGTERM ends the process at once,
+    leaving the export's temporary folder (the traced, optimised and quantised graphs: hundreds of MB) behind, and
+    a copy half made into the registry; this is what a service stopping, ``kill`` or a container's stop sends."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -71,19 +104,23 @@ def main(argv: list[str]) -> int:
 
         torch.set_num_threads(settings.num_threads)
     try:
-        bundle = export_bundle(
-            args.model,
-            registry_dir,
-            args.name,
-            layers=args.layers,
-            quantize=args.quantize,
-            promote=args.promote,
-            parent=args.parent,
-            pooling=args.pooling,
-        )
+        with _stopped_by_sigterm():
+            bundle = export_bundle(
+                args.model,
+                registry_dir,
+                args.name,
+                layers=args.layers,
+                quantize=args.quantize,
+                promote=args.promote,
+                parent=args.parent,
+                pooling=args.pooling,
+            )
     except (ParityError, RegistryError, ModelNotFoundError, ChecksumError, ValueError, OSError) as err:
         print(f"embedder export: {err}", file=sys.stderr)
         return 1
+    except _Stopped as stop:
+        print(f"embedder export: stopped by {stop.signal_name} before it finished", file=sys.stderr)
+        return 128 + stop.signum
     manifest = json.loads((bundle / "manifest.json").read_text())
     print(bundle)
     parity = manifest["parity"]

@@ -8,6 +8,9 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from core import runtime
+from core import registry, runtime
 from core.runtime import OnnxBundle
 from embedder.cli import main as embedder_main
 from export import bundle as exporter
@@ -93,3 +96,46 @@ def test_a_registry_it_cannot_write_in_fails_before_any_work(
     err = capsys.readouterr().err
     assert f"embedder export: cannot publish into {registry / 'tiny'}: " in err and reason in err
     assert "nothing was exported" in err
+
+
+# --- an export stopped midway ------------------------------------------------------------------------------------
+
+STOPPED_EXPORT = """
+import os, signal, sys
+from embedder.cli import main
+from export import bundle, graph
+
+def stop_after(module, name):
+    original = getattr(module, name)
+    def stopping(*args, **kwargs):
+        result = original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return result
+    setattr(module, name, stopping)
+
+if sys.argv[1] == "optimise":
+    stop_after(graph, "optimize_graph")
+else:  # the bundle's copy into the registry, before its rename
+    stop_after(bundle.shutil, "copytree")
+sys.exit(main(["export", sys.argv[2], "--name", "tiny", "--registry", sys.argv[3], "--quantize", "none"]))
+"""
+
+
+@pytest.mark.parametrize("stage", ["optimise", "copy"])
+def test_sigterm_midway_leaves_no_temporary_files_and_no_half_bundle(
+    stage: str, tiny_bert_path: Path, tmp_path: Path
+) -> None:
+    """SIGTERM (a stopping service or container, ``kill``) while the graphs are built, or while the bundle is copied
+    into the registry: the export's temporary folder and the registry's partial copy are removed, and no version is
+    published or left reserved."""
+    temporary, root = tmp_path / "tmp", tmp_path / "registry"
+    temporary.mkdir()
+    env = {**os.environ, "TMPDIR": str(temporary), "HF_HUB_OFFLINE": "1", "EMBED_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", STOPPED_EXPORT, stage, str(tiny_bert_path), str(root)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert "embedder export: stopped by SIGTERM before it finished" in done.stderr
+    assert list(temporary.glob("embedder-export-*")) == []
+    left = sorted(p.name for p in (root / "tiny").iterdir()) if (root / "tiny").exists() else []
+    assert [name for name in left if name != ".lock"] == []
+    assert registry.list_versions(root, "tiny") == []
