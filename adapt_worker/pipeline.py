@@ -28,7 +28,7 @@ from adapt_jobs.results import Published
 from adapt_jobs.settings import AdaptConfig
 from adapt_worker.attempt import ADAPT_STUDENT, AnyAttempt, Attempt, BuildAttempt
 from adapt_worker.context import JobContext
-from adapt_worker.release import decide, evaluate, export_model, publish, record
+from adapt_worker.release import decide, evaluate, export_model, publish, published_before, record
 from adapt_worker.student import adapt_teacher_first, make_student
 from adapt_worker.student_build import accept_as_built, evaluate_base_student, export_base_student, train_base_student
 from adapt_worker.teacher import adapt_teacher
@@ -56,10 +56,12 @@ PIPELINES: dict[str, Pipeline] = {
 
 def run_job(job: Job, ctx: JobContext, config: AdaptConfig) -> None:
     """Run every stage of one job, reporting through ``ctx``; raise `JobFailed` (or let ``ctx.check`` raise) to end
-    it early. Publishing is fenced by the lease: a worker that lost the job publishes nothing."""
+    it early. Promoting is fenced by the lease: a worker that lost the job promotes nothing. A retry whose earlier
+    attempt published the job's model before it stopped ends with that version (`release.published_before`)."""
     attempt = PIPELINES[job.kind].opens(job, ctx, config)  # an adapt job opens alike with or without a student
     ctx.check()
-    run_stages(attempt, PIPELINES[attempt.kind].stages)
+    if published_before(attempt) is None:
+        run_stages(attempt, PIPELINES[attempt.kind].stages)
 
 
 def run_stages(attempt: AnyAttempt, stages: tuple[Stage, ...]) -> None:

@@ -142,24 +142,57 @@ def publish(attempt: AnyAttempt, exported: Exported, verdict: Verdict) -> Publis
         "evaluation": verdict.evaluation.model_dump(mode="json", by_alias=True),
         "gate": verdict.gate.model_dump(mode="json", by_alias=True),
     }
-    promote = verdict.gate.passed and attempt.promote
-    registry, name = attempt.config.registry_dir, manifest["name"]
     ctx.renew()  # the fence: publish only while this worker still holds the job
     try:
-        bundle = publish_bundle(exported.bundle, registry, manifest, promote=False)
-        # The fence again, just before the switch: the copy takes a while, and a worker paused meanwhile (a frozen node)
-        # may have lost the job to another attempt, which will publish its own version.
-        if promote:
-            ctx.renew()
-        promoted = promote and reg.promote(registry, name, bundle.name)
+        bundle = publish_bundle(exported.bundle, attempt.config.registry_dir, manifest, promote=False)
+    except OSError as err:
+        raise stage_failure("publish", err, REGISTRY_VOLUME) from err
+    return _release(attempt, manifest["name"], bundle.name, verdict.gate.passed and attempt.promote)
+
+
+def published_before(attempt: AnyAttempt) -> Published | None:
+    """End the job with the version an earlier attempt of it published, if one did: that attempt stopped between
+    publishing and ending the job (its worker killed, or paused past its lease), and left the version in the registry,
+    perhaps promoted. Its manifest holds the evaluation and the gate that attempt decided on; they are recorded again
+    and the version is promoted as `publish` would, so the job ends with the model the registry has from it rather
+    than training again and publishing a second one. None when no attempt of the job published."""
+    job, registry, name = attempt.job, attempt.config.registry_dir, attempt.spec.name
+    if job.attempt <= 1:
+        return None
+    for version in reversed(reg.list_versions(registry, name)):
+        try:
+            validation = reg.read_manifest(registry / name / version).get("validation") or {}
+        except reg.RegistryError:
+            continue
+        if validation.get("job") == job.id:
+            break
+    else:
+        return None
+    attempt.ctx.stage("publishing")
+    attempt.ctx.log(f"version {version} of {name} was published by attempt {validation.get('attempt')} of this job, "
+                    "which stopped before the job ended: the job ends with it")  # fmt: skip
+    evaluation = Evaluation.model_validate(validation["evaluation"])
+    verdict = record(attempt, evaluation, GateDecision.model_validate(validation["gate"]))
+    return _release(attempt, name, version, verdict.gate.passed and attempt.promote)
+
+
+def _release(attempt: AnyAttempt, name: str, version: str, promote: bool) -> Published:
+    """Promote a published version if asked — under the lease, checked just before the switch: the copy into the
+    registry takes a while, and a worker paused meanwhile (a frozen node) may have lost the job to another attempt —
+    and record it as the job's model."""
+    ctx, registry = attempt.ctx, attempt.config.registry_dir
+    if promote:
+        ctx.renew()
+    try:
+        promoted = promote and reg.promote(registry, name, version)
     except OSError as err:
         raise stage_failure("publish", err, REGISTRY_VOLUME) from err
     if promote and not promoted:
-        ctx.log(f"version {bundle.name} of {name} was published, not promoted: version "
+        ctx.log(f"version {version} of {name} was published, not promoted: version "
                 f"{reg.current_version(registry, name)}, newer, was promoted meanwhile and stays served")  # fmt: skip
-    published = Published(name=name, version=bundle.name, promoted=promoted)
+    published = Published(name=name, version=version, promoted=promoted)
     ctx.result(JobResult(model=published), event="published")
     if promoted:
-        ctx.audit("promoted", version=bundle.name)
+        ctx.audit("promoted", version=version)
     ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))
     return published
