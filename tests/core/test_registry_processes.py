@@ -39,6 +39,19 @@ def _publish_many(root: str, name: str, times: int, out: multiprocessing.Queue) 
         out.put(f"{type(err).__name__}: {err}")
 
 
+def _read_until(root: str, name: str, stop: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+    """A replica's poll, as fast as it goes: every bundle `current` names must be whole when it is read."""
+    seen, broken = set(), []
+    while not stop.is_set():
+        bundle = registry.served_models(Path(root)).get(name)
+        if bundle is not None:
+            seen.add(bundle.name)
+            model = bundle / "model.onnx"
+            if not (model.is_file() and model.stat().st_size == 4096 and registry.read_manifest(bundle)):
+                broken.append(bundle.name)
+    out.put((sorted(seen, key=int), broken))
+
+
 def test_a_slower_publish_never_takes_current_back_to_an_older_version(tmp_path: Path) -> None:
     """Two jobs publish one name at once: the one that reserved version 1 is still copying when the other publishes
     and promotes version 2. When the first one promotes, version 2 stays current (it is newer), and the first is told
@@ -69,19 +82,26 @@ def test_a_slower_publish_never_takes_current_back_to_an_older_version(tmp_path:
 
 
 def test_processes_promoting_one_name_at_once_end_on_the_newest_version(tmp_path: Path) -> None:
-    """Four processes each publish and promote the same name five times, all at once: no number is handed out twice
-    (a listing taken while another process renamed its bundle in and dropped its reservation used to miss both, and
-    the second publish of that number failed), and `current` ends on the highest."""
+    """Four processes each publish and promote the same name five times, all at once, while a fifth reads what is
+    current as fast as it can: it only ever finds whole bundles, no number is handed out twice (a listing taken while
+    another process renamed its bundle in and dropped its reservation used to miss both, and the second publish of
+    that number failed), and `current` ends on the highest."""
     root = tmp_path / "registry"
     root.mkdir()
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_publish_many, args=(str(root), "acme", 5, out)) for _ in range(4)]
+    stop, read = ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=_read_until, args=(str(root), "acme", stop, read))
+    reader.start()
     for p in procs:
         p.start()
     answers = [out.get(timeout=120) for _ in procs]
-    for p in procs:
+    stop.set()
+    seen, broken = read.get(timeout=60)
+    for p in [*procs, reader]:
         p.join(timeout=60)
+    assert seen and broken == []  # the reader saw versions come and go, each one whole
     assert [a for a in answers if isinstance(a, str)] == []
     results = [r for answer in answers for r in answer]
     versions = sorted(int(v) for v, _ in results)
