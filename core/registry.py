@@ -110,7 +110,10 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     """Hold the lock of one name's folder (``flock`` on ``<name>/.lock``, released when the process dies)."""
-    fd = os.open(folder / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(folder / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError:  # made by another user (an export run as root): locking needs only to read it
+        fd = os.open(folder / _LOCK, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
