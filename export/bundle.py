@@ -40,7 +40,7 @@ from export.openvino_int8 import (
 from export.parity import ParityError, check_parity
 from export.probes import probe_texts
 from export.quantize import choose_int8
-from export.tokenizer_files import write_tokenizer
+from export.tokenizer_files import check_fast_tokenizer, check_is_fast, write_tokenizer
 from training.encoder import Encoder
 from training.pooling import check_pooling
 
@@ -57,6 +57,7 @@ def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple
     (`core.model_folder.embedding_file_digests`: weights, configs, tokenizer, pooling, prompts, Dense layer), which
     `embedder serve --models ./folder` compares to export the folder again after any of them changed."""
     if isinstance(model, Encoder):
+        check_is_fast(model.tokenizer, model.source or "the Encoder")
         encoder = model.clone()
         source: dict[str, Any] = {"model": encoder.source or "in-memory Encoder", "sha256": _state_dict_sha256(encoder)}
         if pooling is not None:
@@ -64,6 +65,7 @@ def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple
     else:
         folder = resolve_model(model)
         files = embedding_file_digests(folder)  # before loading: a file changed meanwhile makes the next start export
+        check_fast_tokenizer(folder)
         encoder = Encoder.from_pretrained(folder, pooling=pooling)
         weights = weights_file(folder)
         digest = sha256_file(weights) if weights is not None else _state_dict_sha256(encoder)

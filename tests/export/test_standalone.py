@@ -139,3 +139,35 @@ def test_sigterm_midway_leaves_no_temporary_files_and_no_half_bundle(
     left = sorted(p.name for p in (root / "tiny").iterdir()) if (root / "tiny").exists() else []
     assert [name for name in left if name != ".lock"] == []
     assert registry.list_versions(root, "tiny") == []
+
+
+# --- a model folder whose tokenizer has no tokenizer.json --------------------------------------------------------
+
+
+def _export_lines(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> tuple[int, list[str]]:
+    argv = ["export", str(folder), "--name", "user", "--registry", str(tmp_path / "registry"), "--quantize", "none"]
+    code = embedder_main(argv)
+    err = capsys.readouterr().err
+    return code, [line for line in err.splitlines() if line.strip() and not line.startswith("export user")]
+
+
+def test_a_slow_tokenizer_is_converted_or_refused_in_one_line(
+    tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    bert = shutil.copytree(tiny_bert_path, tmp_path / "vocab-only")
+    (bert / "tokenizer.json").unlink()  # vocab.txt alone: transformers makes the fast tokenizer
+    code, err = _export_lines(bert, tmp_path, capsys)
+    assert code == 0, err
+    bundle = tmp_path / "registry" / "user" / "1"
+    assert OnnxBundle(bundle).tokenize(["Hello there"])[0].ids == [101, 7592, 2045, 102]
+
+    sentencepiece = shutil.copytree(tiny_bert_path, tmp_path / "sentencepiece")
+    for name in ("tokenizer.json", "vocab.txt", "special_tokens_map.json"):
+        (sentencepiece / name).unlink()
+    config = {"tokenizer_class": "XLMRobertaTokenizer", "model_max_length": 128}
+    (sentencepiece / "tokenizer_config.json").write_text(json.dumps(config))
+    (sentencepiece / "sentencepiece.bpe.model").write_bytes(bytes(range(256)) * 4)  # unreadable without or with
+    code, err = _export_lines(sentencepiece, tmp_path, capsys)
+    assert code == 1 and len(err) == 1, err
+    assert "(XLMRobertaTokenizer) has no tokenizer.json and transformers could not make one" in err[0]
+    assert registry.list_versions(tmp_path / "registry", "user") == ["1"]
