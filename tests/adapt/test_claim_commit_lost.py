@@ -17,9 +17,13 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from adapt_jobs.jobs import SUCCEEDED
 from adapt_jobs.store import JobStore
 from tests.adapt.cluster import ROOT
+
+pytestmark = pytest.mark.slow  # worker processes that import the torch stack
 
 LEASE_S = 30.0  # longer than the test: only the worker's own recovery can run the job
 

@@ -24,6 +24,8 @@ from adapt_jobs.store import JobStore
 from core import registry
 from tests.adapt.cluster import ROOT, wait_for
 
+pytestmark = pytest.mark.slow  # worker processes that import the torch stack
+
 LEASE_S = 2.0
 NAME = "acme"
 
