@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 STATE_FILE = "state.pt"
+# the model folders a run writes into its output folder: the best-validated model and the last one
+BEST_DIR, FINAL_DIR = "best", "final"
 
 T = TypeVar("T")
 

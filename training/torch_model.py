@@ -4,6 +4,7 @@ torch code: evaluation defines the interface, training implements it."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from core.catalog import ModelNotFoundError
 from core.model_folder import Prompts, read_trained_on
 from evaluation.embedding_model import EmbeddingModel, ModelSpecError, is_bundle_spec, l2_normalise, load_model
 from training.encoder import Encoder
+from training.state import BEST_DIR, FINAL_DIR
 
 
 class TorchModel(EmbeddingModel):
@@ -71,8 +73,10 @@ class TorchModel(EmbeddingModel):
                 for k, v in enc.backbone.config.to_dict().items()
                 if not k.startswith("_") and k != "transformers_version"  # paths and versions: not content
             },
-            "vocab": len(enc.tokenizer),
+            "tokenizer": _tokenizer_digest(enc.tokenizer),
         }
+        if enc.output is not None:  # a Dense layer after pooling: its shape and activation, its weights below
+            settings["output"] = dataclasses.asdict(enc.output.spec)
         if enc.prompts.texts:  # the prompts change what `encode_as` scores (none: the key checkpoints always had)
             settings["prompts"] = [dict(enc.prompts.texts), enc.prompts.default]
         digest.update(json.dumps(settings, sort_keys=True).encode())
@@ -81,7 +85,23 @@ class TorchModel(EmbeddingModel):
                 continue
             digest.update(key.encode())
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        if enc.output is not None:
+            for key, tensor in sorted(enc.output.state_dict().items()):
+                digest.update(f"output.{key}".encode())
+                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
         return digest.hexdigest()
+
+
+def _tokenizer_digest(tokenizer: Any) -> str:
+    """What decides the tokens a text becomes: a fast tokenizer's whole definition (vocabulary, normaliser —
+    lower-casing among others —, pre-tokeniser, post-processor), else a slow one's vocabulary and settings."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        settings = {k: v for k, v in tokenizer.init_kwargs.items() if isinstance(v, str | int | float | bool)}
+        text = json.dumps([sorted(tokenizer.get_vocab().items()), settings], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_any(
@@ -107,4 +127,13 @@ def load_any(
             f"{exc}\nBundles are accepted too: a folder holding manifest.json, or registry:NAME[@VERSION]."
         ) from exc
     path = Path(text).expanduser()
-    return TorchModel(encoder, name=text if path.name == "" or not path.exists() else path.name)
+    return TorchModel(encoder, name=text if path.name == "" or not path.exists() else checkpoint_name(path))
+
+
+def checkpoint_name(folder: Path) -> str:
+    """A model folder's name in reports: a training run's ``best``/``final`` named with its run (``sct-tiny/best``),
+    so two runs' checkpoints compared side by side are told apart."""
+    folder = folder.resolve()
+    if folder.name in (BEST_DIR, FINAL_DIR) and folder.parent.name:
+        return f"{folder.parent.name}/{folder.name}"
+    return folder.name

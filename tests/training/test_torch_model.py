@@ -34,6 +34,42 @@ def test_hash_is_content_based(tiny_bert_path: Path) -> None:
     assert first.hash != second.hash
 
 
+def test_hash_follows_the_tokenizer_and_the_output_layer(tiny_bert_path: Path, tmp_path: Path) -> None:
+    """A cached score belongs to what the model computes: a tokenizer that stops lower-casing, or other weights in
+    the Dense layer after pooling, give other embeddings and so another hash."""
+    import json
+    import shutil
+
+    import torch
+
+    from core.model_folder import DenseLayer
+    from training.encoder import OutputLayer
+
+    cased = tmp_path / "cased"
+    shutil.copytree(tiny_bert_path, cased)
+    spec = json.loads((cased / "tokenizer.json").read_text())
+    assert spec["normalizer"]["lowercase"] is True
+    spec["normalizer"]["lowercase"] = False
+    (cased / "tokenizer.json").write_text(json.dumps(spec))
+    settings = json.loads((cased / "tokenizer_config.json").read_text())
+    settings["do_lower_case"] = False  # or the loader lower-cases again, as the folder asks
+    (cased / "tokenizer_config.json").write_text(json.dumps(settings))
+    plain, other = load_any(str(tiny_bert_path)), load_any(str(cased))
+    assert plain.encode(["Hello World"]).tolist() != other.encode(["Hello World"]).tolist()
+    assert plain.hash != other.hash
+
+    first, second = load_any(str(tiny_bert_path)), load_any(str(tiny_bert_path))
+    dense = OutputLayer(DenseLayer(in_features=first.dim, out_features=8))
+    first.encoder.output = dense
+    second.encoder.output = OutputLayer(dense.spec)
+    second.encoder.output.load_state_dict(dense.state_dict())
+    assert first.hash == second.hash
+    with torch.no_grad():
+        second.encoder.output.linear.weight[0, 0] += 1.0
+    del second.__dict__["hash"]
+    assert first.hash != second.hash
+
+
 def test_bundle_folder_and_registry_specs(
     tiny_registry: Path, tiny_bert_path: Path, varied_texts: list[str]
 ) -> None:
@@ -56,3 +92,12 @@ def test_unknown_spec_explains_what_is_accepted(tmp_path: Path) -> None:
         load_any(str(tmp_path / "nowhere"))
     with pytest.raises(ModelSpecError, match=r"not an exported bundle .* load checkpoints and built-in models with"):
         load_model("minilm-l6")  # evaluation never loads torch checkpoints itself
+
+
+def test_a_runs_checkpoints_are_named_with_the_run(tiny_bert_path: Path, tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "sct-tiny-seed1"
+    shutil.copytree(tiny_bert_path, run / "best")
+    assert load_any(str(run / "best")).name == "sct-tiny-seed1/best"
+    assert load_any(str(tiny_bert_path)).name == tiny_bert_path.name
