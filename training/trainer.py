@@ -51,7 +51,7 @@ from training.config import TrainConfig
 from training.data import corpus_names
 from training.encoder import Encoder
 from training.inputs import TrainingData, load_training_data
-from training.state import STATE_FILE, TrainState, seed_everything, without_rng_side_effects
+from training.state import BEST_DIR, FINAL_DIR, STATE_FILE, TrainState, seed_everything, without_rng_side_effects
 from training.targets import TEACHER_EMBEDDINGS, TeacherTargets
 from training.validation import TeacherFidelityValidation, Validation
 from training.views import PairStream
@@ -135,6 +135,11 @@ class Run:
             return "cancelled"
         return ""
 
+    def _diverged(self, what: str) -> FloatingPointError:
+        return FloatingPointError(
+            f"{what} at step {self.state.step}: lower lr (now {self.config.lr}) or check the objective's temperature"
+        )
+
     def step(self, batches: Iterator[Batch]) -> dict[str, Any]:
         """Train on the next batch; returns the step's record (loss, lr, speed and the objective's metrics)."""
         config, state, student, reference = self.config, self.state, self.models.student, self.models.reference
@@ -149,6 +154,8 @@ class Run:
         whole_texts = config.views == "texts"  # both views are the text itself: encode it once
         tokens2 = tokens1 if whole_texts else student.tokenize(second)
         z2 = z1 if whole_texts else student(**tokens2)  # (B, D): a new dropout mask for dropout views
+        if not (torch.isfinite(z1).all() and torch.isfinite(z2).all()):  # before the objective's diagnostics read them
+            raise self._diverged("the embeddings became non-finite")
         extra = {}
         if config.pairs:  # CoSENT
             extra["scores"] = torch.tensor(scores, device=z1.device, dtype=z1.dtype)  # (B,)
@@ -168,10 +175,7 @@ class Run:
             loss = loss + term_loss
             metrics = {**metrics, **{f"{prefix}_{k}": v for k, v in term_metrics.items()}}
         if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"loss became {loss.item()} at step {state.step}: lower lr (now {config.lr}) or check the "
-                "objective's temperature"
-            )
+            raise self._diverged(f"loss became {loss.item()}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = None
@@ -218,7 +222,7 @@ class Run:
         score = scores[self.validation.metric]
         improved = state.record_validation(score)
         if improved:
-            save_model(student, self.out / "best", self.models.saved_max_seq_length)
+            save_model(student, self.out / BEST_DIR, self.models.saved_max_seq_length)
         record = {"kind": "eval", "step": state.step, "elapsed": round(state.elapsed(), 3), "score": score, **scores}
         record["best"] = improved
         state.evaluations.append(record)
@@ -334,9 +338,9 @@ def train(
         if validation is not None and (not state.evaluations or state.evaluations[-1]["step"] != state.step):
             run.validate()
         run.save_checkpoint()
-        save_model(student, out / "final", models.saved_max_seq_length)
+        save_model(student, out / FINAL_DIR, models.saved_max_seq_length)
         if validation is None:
-            save_model(student, out / "best", models.saved_max_seq_length)
+            save_model(student, out / BEST_DIR, models.saved_max_seq_length)
             state.best_step = state.step
 
     if targets is not None:
@@ -344,8 +348,8 @@ def train(
         setup["teacher_vectors_from_cache"] = targets.loaded
     result = TrainResult(
         output_dir=out,
-        best_dir=out / "best",
-        final_dir=out / "final",
+        best_dir=out / BEST_DIR,
+        final_dir=out / FINAL_DIR,
         steps=state.step,
         history=state.history,
         evaluations=state.evaluations,
@@ -390,7 +394,7 @@ def _teacher_side(
 def _prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:
     """Clear a previous run's outputs unless resuming it; record the recipe."""
     if fresh:
-        for stale in ("checkpoint", "best", "final", "metrics.jsonl", "result.json"):
+        for stale in ("checkpoint", BEST_DIR, FINAL_DIR, "metrics.jsonl", "result.json"):
             target = out / stale
             shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)

@@ -501,3 +501,11 @@ def test_self_supervised_sct_has_no_teacher_to_be_faithful_to() -> None:
         TrainConfig(objective="sct", views="crop", validation_metric="teacher_fidelity")
     assert not TrainConfig(objective="sct", views="texts", teacher="minilm-l6").online_reference
     assert not TrainConfig(objective="mse_distillation", views="texts").online_reference
+
+
+def test_a_diverged_run_says_to_lower_the_learning_rate(tmp_path: Path, tiny_bert_path: Path) -> None:
+    """Weights blown up by a far too large step give non-finite embeddings: the run stops with the advice, not
+    with what a diagnostic makes of NaN vectors."""
+    config = tiny_config(tmp_path, tiny_bert_path, lr=1e12, max_steps=6, validation=None, warmup=0)
+    with pytest.raises(FloatingPointError, match=r"non-finite at step \d: lower lr \(now 1000000000000.0\)"):
+        train(config)
