@@ -27,11 +27,13 @@ import httpx
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT)
+OVERTAKEN = 4  # gate passed, yet a newer version of the name was promoted meanwhile and stays served
 EXIT_CODES = """exit codes:
   0    the job succeeded and its model was promoted (or --promote never; with --no-follow: it was queued)
   1    the job failed or was cancelled, or the server refused, could not be reached or answered no job
   2    bad arguments (also an unreadable corpus, a malformed --job id or --url)
   3    the job succeeded but the gate kept its model from being promoted (the reasons are printed)
+  4    the job succeeded and its gate passed, but a newer version of the name, promoted meanwhile, stays served
   130  interrupted (Ctrl-C): the job keeps running on the server; --job ID follows it again
 """
 JOB_ID = re.compile(r"adaptjob-[0-9a-f]{24}")  # the server's job ids (adapt_jobs.jobs.new_job_id)
@@ -296,8 +298,13 @@ def run(client: httpx.Client, args: argparse.Namespace) -> int:
         print(json.dumps(job, indent=2))
     if job["state"] != "succeeded":
         return 1
-    promoted = (job.get("model") or {}).get("promoted")
-    return 0 if promoted or args.promote == "never" else 3
+    if model.get("promoted") or args.promote == "never":
+        return 0
+    if (job.get("gate") or {}).get("passed"):
+        print(f"  not promoted: a newer version of {model.get('name', job['name'])} was promoted meanwhile and "
+              "stays served", file=sys.stderr)  # fmt: skip
+        return OVERTAKEN
+    return 3
 
 
 def main(argv: list[str]) -> int:

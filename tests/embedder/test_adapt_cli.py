@@ -238,10 +238,33 @@ def test_help_lists_the_exit_codes_docs_adapt_documents(capsys: pytest.CaptureFi
     codes = dict(
         line.split(maxsplit=1) for line in help_text.split("exit codes:\n", 1)[1].splitlines() if line.strip()
     )
-    assert list(codes) == ["0", "1", "2", "3", "130"]
+    assert list(codes) == ["0", "1", "2", "3", "4", "130"]
     assert "bad arguments" in codes["2"] and "gate" in codes["3"] and "keeps running" in codes["130"]
     assert "embedder adapt --job adaptjob-" in help_text  # the examples, kept as written
     doc = (Path(__file__).resolve().parents[2] / "docs" / "ADAPT.md").read_text()
     terminal = " ".join(doc.split("From a terminal, `embedder adapt", 1)[1].split("\n\n", 1)[0].split())
-    for documented in ("exit 0 when", "3 when the gate", "1 on failure", "2 on bad arguments", "130 on Ctrl-C"):
+    for documented in ("exit 0 when", "3 when the gate", "4 when its gate passed", "1 on failure", "2 on bad arguments",
+                       "130 on Ctrl-C"):
         assert documented in terminal
+
+
+@pytest.mark.parametrize(
+    "gate,promote,code",
+    [({"passed": True}, None, 4), ({"passed": False, "reasons": ["in-domain fell"]}, None, 3),
+     ({"passed": True}, "never", 0)],
+)
+def test_a_model_another_jobs_newer_version_overtook_is_not_blamed_on_the_gate(
+    gate: dict, promote: str | None, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job whose gate passed, but whose version stayed behind a newer one promoted meanwhile, exits 4 and says
+    so; a gate that kept the model back exits 3."""
+    done = {**JOB, "state": "succeeded", "gate": gate, "model": {"name": "acme", "version": "3", "promoted": False}}
+
+    class Server(_Answers):
+        def stream(self, method: str, url: str, timeout: float | None = None) -> contextlib.AbstractContextManager:
+            return _Events([("done", done)]).stream(method, url, timeout)
+
+    argv = ["--job", JOB["id"]] + (["--promote", promote] if promote else [])
+    assert adapt_cli.run(Server(json.dumps(JOB)), adapt_cli.parse_args(argv)) == code
+    err = capsys.readouterr().err
+    assert ("a newer version of acme was promoted meanwhile and stays served" in err) == (code == 4)
