@@ -39,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto (default, as the server's own default bundle): also write a dynamically quantised graph — each "
         "of optimum's CPU presets is tried and the fastest that keeps cosine to torch ≥ 0.99 mean / 0.97 min on "
-        "this CPU is kept, else fp32 only; the service re-checks it on its own CPU and serves fp32 where it misses "
-        "(1.4-2.4x fp32's texts/s on the CPUs in docs/BENCHMARKS.md, for ~20 s more export). int8: "
+        "this CPU, in length-sorted and mixed-length batches, is kept, else fp32 only; the service re-checks it on "
+        "its own CPU and serves fp32 where it misses (1.4-2.4x fp32's texts/s on the CPUs in docs/BENCHMARKS.md, "
+        "for ~20 s more export). int8: "
         "the same, but fail if no preset keeps the bars. none: fp32 only",
     )
     parser.add_argument(

@@ -23,6 +23,7 @@ from core import registry, runtime
 from core.runtime import OnnxBundle
 from embedder.cli import main as embedder_main
 from export import bundle as exporter
+from export.probes import mixed_batches
 
 REPO = Path(__file__).resolve().parents[2]
 LONG = "tokens of a long text " * 60  # past 64 and 128 tokens
@@ -171,3 +172,50 @@ def test_a_slow_tokenizer_is_converted_or_refused_in_one_line(
     assert code == 1 and len(err) == 1, err
     assert "(XLMRobertaTokenizer) has no tokenizer.json and transformers could not make one" in err[0]
     assert registry.list_versions(tmp_path / "registry", "user") == ["1"]
+
+
+# --- int8 held against torch in batches as served: short texts padded to long ones -------------------------------
+
+
+def padding_moves_int8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime's int8 graphs turned by the padding as dynamic int8 is (one activation scale over the batch):
+    a text of at most 4 tokens, padded to at least 4 times its length, comes out at cosine ≈ 0.93 to what it was.
+    Length-sorted probe batches never pad a text that far; a server's mixed batches do."""
+    run = runtime.OnnxBundle.run
+
+    def padded_run(self: runtime.OnnxBundle, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        out = run(self, feeds)
+        if self.runtime != "onnxruntime" or self.variant != "int8":
+            return out
+        lengths, width = feeds["attention_mask"].sum(axis=1), feeds["attention_mask"].shape[1]
+        far = (lengths <= 4) & (width >= 4 * lengths)
+        out[far, 0] += 0.4
+        out[far] /= np.linalg.norm(out[far], axis=1, keepdims=True)
+        return out
+
+    monkeypatch.setattr(runtime.OnnxBundle, "run", padded_run)
+
+
+def test_int8_is_held_to_the_bars_in_mixed_length_batches(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    padding_moves_int8(monkeypatch)
+    bundle = exporter.export_bundle(tiny_bert_path, tmp_path / "registry", "tiny", quantize="auto")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["int8"]["chosen"] is None and manifest["serve_variant"] == "fp32"
+    for candidate in manifest["int8"]["candidates"]:
+        assert any("min cosine" in failure for failure in candidate["failures"]), candidate
+    assert "mixed-length" in manifest["parity"]["batches"]
+
+
+def test_recorded_int8_figures_hold_in_mixed_length_batches(tiny_bert_path: Path, tmp_path: Path) -> None:
+    """On whatever CPU the export ran: the int8 figures the manifest records bound every probe in mixed batches."""
+    bundle = exporter.export_bundle(tiny_bert_path, tmp_path / "registry", "tiny", quantize="int8")
+    parity = json.loads((bundle / "manifest.json").read_text())["parity"]
+    texts, reference = runtime.read_probes(bundle)
+    int8 = OnnxBundle(bundle, variant="int8", intra_op_threads=2)
+    encodings = int8.tokenize(texts)
+    for rows in mixed_batches([len(encoding.ids) for encoding in encodings], 16):
+        out = int8.run(int8.pad([encodings[i] for i in rows]))
+        assert runtime.cosines(out, reference[rows]).min() >= parity["int8"]["min_cosine"] - 1e-6
+
