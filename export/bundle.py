@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from core import registry as reg
 from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
-from core.model_folder import embedding_file_digests, read_trained_on, weights_file
+from core.model_folder import RECIPE_FILE, embedding_file_digests, read_trained_on, weights_file
 from core.runtime import PROBES_FILE, write_probes
 from export import graph
 from export.openvino_int8 import (
@@ -83,10 +83,40 @@ def _state_dict_sha256(encoder: Encoder) -> str:
     return digest.hexdigest()
 
 
-def _base_model(model: str | os.PathLike[str] | Encoder, encoder: Encoder) -> str:
+def _base_model(model: str | os.PathLike[str] | Encoder, encoder: Encoder, recipe: dict[str, Any]) -> str:
+    """A built-in model's name; for a training run's checkpoint, the model its recipe trained from (not ``best``);
+    else the folder's name."""
     if isinstance(model, str) and model in BUILTIN_MODELS:
         return model
+    trained_from = recipe.get("model")
+    if isinstance(trained_from, str) and trained_from:
+        return trained_from if trained_from in BUILTIN_MODELS else Path(trained_from).name
     return Path(encoder.source).name if encoder.source else "in-memory Encoder"
+
+
+def _recipe(model: str | os.PathLike[str] | Encoder) -> dict[str, Any]:
+    """The ``recipe.json`` of a model folder that a training run wrote (in the folder, or in its run folder:
+    ``runs/NAME/best`` → ``runs/NAME/recipe.json``), as `core.model_folder.read_trained_on` finds it; {} for a
+    built-in model, an `Encoder` (its caller says what it is) or a folder without one."""
+    if isinstance(model, Encoder) or (isinstance(model, str) and model in BUILTIN_MODELS):
+        return {}
+    folder = Path(model).expanduser()
+    for path in (folder / RECIPE_FILE, folder.parent / RECIPE_FILE):
+        if folder.is_dir() and path.is_file():
+            try:
+                recipe = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return {}
+            return recipe if isinstance(recipe, dict) else {}
+    return {}
+
+
+def _method(recipe: dict[str, Any]) -> dict[str, Any]:
+    """How a folder's weights were made when the caller does not say: its training recipe's objective and settings,
+    else ``pretrained`` (a downloaded or built-in model)."""
+    if recipe.get("objective"):
+        return {"name": str(recipe["objective"]), "hyperparameters": recipe}
+    return {"name": "pretrained", "hyperparameters": {}}
 
 
 def _trained_on(model: str | os.PathLike[str] | Encoder) -> list[str]:
@@ -135,7 +165,9 @@ def export_bundle(
             does); ``auto`` (the same, but publish fp32 only when no setting passes).
         promote: point ``<name>/current`` at the new version once published.
         parent: the bundle this one derives from, e.g. ``"minilm-l6@3"``.
-        method: how the weights were made: ``{"name": ..., "hyperparameters": {...}}``.
+        method: how the weights were made: ``{"name": ..., "hyperparameters": {...}}``. Default: a training run's
+            checkpoint folder's recipe.json (its ``objective`` and the whole recipe), which also names the
+            ``base_model`` it was trained from; ``pretrained`` for any other model.
         validate: called with the finished (unpublished) bundle folder; may write report files
             into it; its returned dict becomes ``manifest["validation"]``. If it raises, nothing
             is published and the exception propagates.
@@ -231,14 +263,15 @@ def build_bundle(
         write_probes(staging, texts, reference)  # the serving CPU re-checks int8 against these
         progress.update()
 
+        recipe = _recipe(model)
         manifest: dict[str, Any] = {
             "name": name,
             "version": None,  # allocated at publish time, so a failed export never takes a number
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "source": source,
-            "base_model": _base_model(model, encoder),
+            "base_model": _base_model(model, encoder, recipe),
             "parent": parent,
-            "method": method or {"name": "pretrained", "hyperparameters": {}},
+            "method": method or _method(recipe),
             "trained_on": list(trained_on) if trained_on is not None else _trained_on(model),
             "layers": encoder.num_layers,
             "source_layers": source_layers,

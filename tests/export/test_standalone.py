@@ -219,3 +219,19 @@ def test_recorded_int8_figures_hold_in_mixed_length_batches(tiny_bert_path: Path
         out = int8.run(int8.pad([encodings[i] for i in rows]))
         assert runtime.cosines(out, reference[rows]).min() >= parity["int8"]["min_cosine"] - 1e-6
 
+
+def test_a_run_checkpoint_names_the_model_it_was_trained_from(tiny_bert_path: Path, tmp_path: Path) -> None:
+    """`embedder export runs/NAME/best`: the manifest (and /v1/models) names the base model and the objective of the
+    run's recipe, not the folder ``best`` and ``pretrained``."""
+    run = tmp_path / "runs" / "sct-tiny"
+    shutil.copytree(tiny_bert_path, run / "best")
+    recipe = {"name": "sct-tiny", "model": "minilm-l6", "objective": "sct", "lr": 1e-4, "trained_on": ["enwiki"]}
+    (run / "recipe.json").write_text(json.dumps(recipe))
+    manifest = json.loads((exporter.export_bundle(run / "best", tmp_path / "reg", "s") / "manifest.json").read_text())
+    assert (manifest["base_model"], manifest["method"]["name"]) == ("minilm-l6", "sct")
+    assert manifest["method"]["hyperparameters"]["lr"] == 1e-4 and manifest["trained_on"] == ["enwiki"]
+    told = exporter.export_bundle(run / "best", tmp_path / "reg", "s", method={"name": "tmft"})
+    assert json.loads((told / "manifest.json").read_text())["method"] == {"name": "tmft"}
+    plain = exporter.export_bundle(tiny_bert_path, tmp_path / "reg", "p")
+    manifest = json.loads((plain / "manifest.json").read_text())
+    assert (manifest["base_model"], manifest["method"]["name"]) == (tiny_bert_path.name, "pretrained")
