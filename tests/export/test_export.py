@@ -71,7 +71,8 @@ def test_bundle_layout_and_manifest(l3_registry: Path, minilm_l3_path: Path) -> 
     bundle = registry.current_bundle(l3_registry, "minilm-l3")
     assert bundle == l3_registry / "minilm-l3" / "1"
     assert registry.served_models(l3_registry) == {"minilm-l3": bundle}
-    assert sorted(p.name for p in (l3_registry / "minilm-l3").iterdir()) == ["1", "current"]  # no leftovers
+    leftovers = sorted(p.name for p in (l3_registry / "minilm-l3").iterdir())
+    assert leftovers == [".lock", "1", "current"]  # the name's lock (core.registry), and nothing half made
     manifest = registry.read_manifest(bundle)
     assert set(manifest) >= MANIFEST_KEYS
     assert manifest["name"] == "minilm-l3" and manifest["version"] == "1" and manifest["parent"] == "base@1"
@@ -356,7 +357,7 @@ def test_validate_hook_report_and_veto(tiny_bert_path: Path, tmp_path: Path) -> 
         exporter.export_bundle(tiny_bert_path, tmp_path, "gated", validate=failing, promote=True)
     assert registry.list_versions(tmp_path, "gated") == ["1"]
     assert registry.current_version(tmp_path, "gated") == "1"
-    assert sorted(p.name for p in (tmp_path / "gated").iterdir()) == ["1", "current"]
+    assert sorted(p.name for p in (tmp_path / "gated").iterdir()) == [".lock", "1", "current"]
 
 
 @pytest.mark.parametrize(
