@@ -122,6 +122,9 @@ def main(argv: list[str]) -> int:
     except _Stopped as stop:
         print(f"embedder export: stopped by {stop.signal_name} before it finished", file=sys.stderr)
         return 128 + stop.signum
+    except KeyboardInterrupt:  # Ctrl-C: the export cleaned up on its way out
+        print("embedder export: stopped by SIGINT before it finished", file=sys.stderr)
+        return 128 + signal.SIGINT
     manifest = json.loads((bundle / "manifest.json").read_text())
     print(bundle)
     parity = manifest["parity"]
