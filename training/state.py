@@ -2,14 +2,14 @@
 
 `TrainState` is everything that changes from step to step apart from the tensors (model, objective, optimiser):
 the position in the data, the best validation so far, the logs, and the clock. `save` writes it with those
-tensors and every RNG to ``DIR/checkpoint/state.pt`` (staged, then swapped in); `restore` reads it back, so a
-resumed run continues bit-for-bit where the interrupted one stopped.
+tensors and every RNG to ``DIR/checkpoint/state.pt`` (written aside, then renamed over the last one); `restore`
+reads it back, so a resumed run continues bit-for-bit where the interrupted one stopped.
 """
 
 from __future__ import annotations
 
+import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,10 +77,11 @@ class TrainState:
         layers: int,
         device: torch.device,
     ) -> None:
-        """Write ``folder/state.pt`` with the tensors and every torch RNG; a reader never sees half a folder."""
-        staging = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        """Write ``folder/state.pt`` with the tensors and every torch RNG. The file is written next to its place and
+        renamed over the previous one, which replaces it in one step: interrupted at any moment (Ctrl-C, a kill, a full
+        disk), the folder holds either the previous checkpoint or this one, whole."""
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = folder / (STATE_FILE + ".tmp")
         state = {
             "model": model.state_dict(),
             "objective": objective.state_dict(),
@@ -98,9 +99,11 @@ class TrainState:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         }
-        torch.save(state, staging / STATE_FILE)
-        shutil.rmtree(folder, ignore_errors=True)
-        staging.rename(folder)
+        with staging.open("wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, folder / STATE_FILE)
 
     @classmethod
     def restore(
