@@ -8,6 +8,7 @@ reads it back, so a resumed run continues bit-for-bit where the interrupted one 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 STATE_FILE = "state.pt"
+METRICS_FILE = "metrics.jsonl"  # in the run's output folder, next to the checkpoint folder
 # the model folders a run writes into its output folder: the best-validated model and the last one
 BEST_DIR, FINAL_DIR = "best", "final"
 
@@ -116,7 +118,11 @@ class TrainState:
         layers: int,
         device: torch.device,
     ) -> TrainState:
-        """Load ``folder/state.pt`` into the tensors and the torch RNGs and return the run's state."""
+        """Load ``folder/state.pt`` into the tensors and the torch RNGs and return the run's state.
+
+        The run's metrics log (``metrics.jsonl`` next to ``folder``) is cut back to the lines of the steps and
+        validations the checkpoint holds: a session killed after its last checkpoint had logged steps that the
+        resumed run takes, and logs, again."""
         state = torch.load(folder / STATE_FILE, map_location=device, weights_only=False)
         if state["layers"] != layers:
             raise ValueError(
@@ -130,7 +136,7 @@ class TrainState:
         torch.set_rng_state(state["torch_rng"])
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], device)
-        return cls(
+        restored = cls(
             step=state["step"],
             epoch=state["epoch"],
             index=state["index"],
@@ -141,6 +147,18 @@ class TrainState:
             evaluations=state["evaluations"],
             elapsed_before=state["elapsed"],
         )
+        restored.rewrite_metrics_log(folder.parent / METRICS_FILE)
+        return restored
+
+    def rewrite_metrics_log(self, path: Path) -> None:
+        """Write ``path`` with this state's logged steps and validations, in the order the run logged them (a step's
+        line, then its validation's), as the trainer writes them."""
+        records = sorted(
+            [*self.history, *self.evaluations], key=lambda record: (record["step"], record.get("kind") != "train")
+        )
+        staging = path.with_name(path.name + ".tmp")
+        staging.write_text("".join(json.dumps(record, default=float) + "\n" for record in records))
+        os.replace(staging, path)
 
 
 def seed_everything(seed: int) -> None:
