@@ -13,8 +13,9 @@ from core.catalog import ModelNotFoundError, resolve_model
 from core.settings import get_settings
 from core.text import CorpusError
 from evaluation.tasks.crops import TooFewCropPairs
-from training.assembly import needs_reference
+from training.assembly import needs_reference, resolve_device
 from training.config import RECIPES_DIR, ConfigError, TrainConfig, load_config
+from training.state import BEST_DIR
 from training.trainer import train
 
 
@@ -59,6 +60,15 @@ def _missing_model(config: TrainConfig) -> str | None:
     return None
 
 
+def _unusable_device(name: str) -> str | None:
+    """Why the run cannot use the torch device ``name`` (a recipe's ``device``, else ``EMBED_DEVICE``), else None."""
+    try:
+        resolve_device(name)
+    except (ValueError, RuntimeError) as exc:  # RuntimeError: a name torch does not know ("gpu")
+        return str(exc) if "CUDA" in str(exc) else f"device {name!r}: {exc}"
+    return None
+
+
 def _unwritable_output(out: Path) -> str | None:
     """Why the run cannot write into ``out`` (created here when missing), else None."""
     try:
@@ -81,19 +91,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
-    problem = _missing_model(config) or _unwritable_output(config.resolved_output_dir)
+    settings = get_settings()  # a recipe's own device / num_threads still win
+    device = str(config.device or settings.device)
+    problem = _unusable_device(device) or _missing_model(config) or _unwritable_output(config.resolved_output_dir)
     if problem:
         print(f"embedder train: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = get_settings()  # a recipe's own device / num_threads still win
     try:
-        result = train(config, device=settings.device, threads=settings.num_threads, cache_dir=settings.cache_dir)
+        result = train(config, device=device, threads=settings.num_threads, cache_dir=settings.cache_dir)
     # a corpus that names nothing readable or holds too little, a model name that resolves to no folder, objective
-    # parameters the objective refuses, held-out documents too few or short for crop pairs: the recipe's to fix
-    except (CorpusError, ModelNotFoundError, ConfigError, TooFewCropPairs) as exc:
+    # parameters the objective refuses, held-out documents too few or short for crop pairs, a batch larger than an
+    # epoch, layers the model does not have, a checkpoint of another model: the recipe's to fix
+    except (CorpusError, ModelNotFoundError, ConfigError, TooFewCropPairs, ValueError) as exc:
         print(f"embedder train: {exc}", file=sys.stderr)
         return 2
+    except FloatingPointError as exc:  # the run diverged: the message says which setting to lower
+        kept = config.resolved_output_dir / BEST_DIR
+        print(f"embedder train: {exc}" + (f"; the best model so far is in {kept}" if kept.is_dir() else ""),
+              file=sys.stderr)  # fmt: skip
+        return 1
     print(
         json.dumps(
             {

@@ -1,6 +1,6 @@
 """`embedder train` refuses bad recipe values with one line on stderr and exit code 2, before or while building
 the run: models that resolve to nothing, objective parameters the objective does not take, an output folder that
-cannot be created."""
+cannot be created, a device that is not there. A run that diverges ends in one line too (exit 1)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from training.cli import main as train_main
 from training.config import ConfigError, TrainConfig, load_config
@@ -126,3 +127,52 @@ def test_held_out_documents_too_few_for_crop_pairs_are_refused(
             *_setting("max_validation_documents", 1), *_setting("max_steps", 1)]  # fmt: skip
     line = _refused(argv, capsys)
     assert "HeldOutCropPairs: only 1 of 1 documents have two crops" in line
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("cuda", "device 'cuda' requested but CUDA is not available: set device = 'cpu'"),
+        ("gpu", "device 'gpu': "),
+    ],
+)
+def test_a_device_that_cannot_run_is_refused_before_any_work(
+    device: str, message: str, tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    line = _refused(["crop-minilm", *_tiny_run(tmp_path, tiny_bert_path), *_setting("device", device)], capsys)
+    assert line.startswith(f"embedder train: {message}")
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def _tiny_corpus_file(tmp_path: Path) -> Path:
+    corpus = tmp_path / "corpus.jsonl"
+    sentence = "Sentence {j} of document {i} is long enough to be cropped, with detail about rivers and their fish."
+    docs = [" ".join(sentence.format(i=i, j=j) for j in range(4)) for i in range(24)]
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return corpus
+
+
+def test_a_batch_larger_than_the_corpus_is_one_line(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["crop-minilm", *_tiny_run(tmp_path, tiny_bert_path), *_setting("corpus", str(_tiny_corpus_file(tmp_path)))]
+    argv += _setting("validation_fraction", 0.25)
+    line = _refused([*argv, *_setting("batch_size", 64), *_setting("max_seq_length", 32)], capsys)
+    assert "fewer than batch_size=64" in line
+
+
+def test_a_diverged_run_is_one_line_that_points_at_the_best_model(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["crop-minilm", *_tiny_run(tmp_path, tiny_bert_path), *_setting("corpus", str(_tiny_corpus_file(tmp_path)))]
+    argv += _setting("validation_fraction", 0.25)
+    argv += [*_setting("batch_size", 4), *_setting("max_seq_length", 32), *_setting("lr", 1e12)]
+    argv += [*_setting("eval_every", 2), *_setting("max_steps", 4), "--set", "time_budget_s=none"]
+    assert train_main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("embedder train: ") and "lower lr" in line
+    assert line.endswith(f"the best model so far is in {tmp_path / 'out' / 'best'}")
