@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -24,7 +26,15 @@ from service.api.protocol import (
     TEISimilarityRequest,
     TEITokenizeRequest,
 )
-from service.api.tracking import RouteMetrics, check_dimensions, shape_embeddings, to_base64
+from service.api.tracking import (
+    CLIENT_CLOSED_STATUS,
+    ClientGone,
+    RouteMetrics,
+    check_dimensions,
+    shape_embeddings,
+    to_base64,
+    unless_client_leaves,
+)
 from service.engine.engine import Engine
 from service.engine.served import ServedModel
 from service.errors import ErrorKind, error_response
@@ -81,6 +91,23 @@ def _as_list(value: str | list[str]) -> list[str]:
     return [value] if isinstance(value, str) else value
 
 
+Route = Callable[[Any, Request], Awaitable[Response]]
+
+
+def _client_may_leave(route: Route) -> Route:
+    """An embedding route whose client may close its connection while its texts wait (`unless_client_leaves`): the
+    route's tracking counted it, and the answer nobody reads is an empty 499."""
+
+    @functools.wraps(route)
+    async def answered(body: Any, request: Request) -> Response:
+        try:
+            return await route(body, request)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+
+    return answered
+
+
 @router.post(
     "/v1/embeddings",
     response_model=OpenAIEmbeddingResponse,
@@ -88,6 +115,7 @@ def _as_list(value: str | list[str]) -> list[str]:
     summary="OpenAI-compatible embeddings",
     tags=["embeddings"],
 )
+@_client_may_leave
 async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
     """Texts longer than the model's max_seq_length are truncated (OpenAI clients have no truncate flag)."""
     engine, context = _engine(request), _context(request)
@@ -95,10 +123,10 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> R
         model = engine.resolve(body.model)
         track.bind(model)
         check_dimensions(body.dimensions, model.info.dim)
-        result = await engine.embed(
+        result = await unless_client_leaves(request.receive, engine.embed(
             model, _as_list(body.input), truncate=True, field_name="input", prompt_name=body.prompt_name,
             context=context,
-        )  # fmt: skip
+        ))  # fmt: skip
         model = track.record(result)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=True,
@@ -119,6 +147,7 @@ def _identity(row: np.ndarray) -> np.ndarray:
 
 
 @router.post("/embed", response_model=list[list[float]], responses=_ERRORS, summary="TEI embed", tags=["embeddings"])
+@_client_may_leave
 async def tei_embed(body: TEIEmbedRequest, request: Request) -> Response:
     return await _tei_embed(body, request, "/embed")
 
@@ -126,6 +155,7 @@ async def tei_embed(body: TEIEmbedRequest, request: Request) -> Response:
 @router.post(
     "/", response_model=list[list[float]], responses=_ERRORS, summary="TEI embed at the root", tags=["embeddings"]
 )
+@_client_may_leave
 async def tei_root(body: TEIEmbedRequest, request: Request) -> Response:
     """What TEI answers on ``POST /`` for an embedding model: the same as ``/embed``. ``huggingface_hub``'s
     ``InferenceClient(base_url=...).feature_extraction(...)`` posts here."""
@@ -139,10 +169,10 @@ async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Res
         track.bind(model)
         check_dimensions(body.dimensions, model.info.dim)
         texts = _as_list(body.inputs)
-        result = await engine.embed(
+        result = await unless_client_leaves(request.receive, engine.embed(
             model, texts, truncate=body.truncate, field_name="inputs", prompt_name=body.prompt_name,
             truncation_direction=body.truncation_direction.lower(), context=context,
-        )  # fmt: skip
+        ))  # fmt: skip
         model = track.record(result)
         vectors = shape_embeddings(
             result.embeddings, dimensions=body.dimensions, normalize=body.normalize,
@@ -154,6 +184,7 @@ async def _tei_embed(body: TEIEmbedRequest, request: Request, route: str) -> Res
 @router.post(
     "/similarity", response_model=list[float], responses=_ERRORS, summary="TEI sentence similarity", tags=["embeddings"]
 )
+@_client_may_leave
 async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Response:
     """Cosine similarity of each of ``sentences`` with ``source_sentence``."""
     engine, context = _engine(request), _context(request)
@@ -163,11 +194,11 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request) -> Respon
         engine.check_texts(body.inputs.sentences, "inputs.sentences")  # the bound counts the sentences alone
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
         names = ["inputs.source_sentence", *(f"inputs.sentences[{i}]" for i in range(len(body.inputs.sentences)))]
-        result = await engine.embed(
+        result = await unless_client_leaves(request.receive, engine.embed(
             model, texts, truncate=body.truncate, field_name="inputs", names=names, uncounted=1,
             prompt_name=body.prompt_name,
             truncation_direction=body.truncation_direction.lower(), context=context,
-        )  # fmt: skip
+        ))  # fmt: skip
         model = track.record(result)
         unit = shape_embeddings(result.embeddings, dimensions=None, normalize=True, already_normalized=False)
         scores = unit[1:] @ unit[0]

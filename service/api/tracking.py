@@ -6,12 +6,15 @@ the response's shape.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -22,6 +25,40 @@ from service.metrics import NO_MODEL, ServiceMetrics
 from service.observability import RequestContext
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+CLIENT_CLOSED = "client_closed"  # embed_request_failures_total's error_type for a client gone before its answer
+CLIENT_CLOSED_STATUS = 499  # what nginx logs for it; the client never sees it
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def unless_client_leaves(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
+    """``work``'s result, or `ClientGone` once the client disconnects first — ``work`` is then cancelled, so texts
+    still queued leave the queue unembedded (as TEI and infinity drop them). ``receive`` is the request's, its body
+    already read: all it can still give is the disconnect."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and watcher.exception() is None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise ClientGone
+        return await task
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 @dataclass
@@ -78,6 +115,10 @@ class RouteMetrics:
             yield track
         except ServiceError as err:
             self.count_failure(route, track.model, err.kind)
+            raise
+        except ClientGone:
+            self.metrics.requests.labels(route, track.model).inc()
+            self.metrics.failures.labels(route, track.model, CLIENT_CLOSED).inc()
             raise
         except Exception:
             self.count_failure(route, track.model, ErrorKind.internal)

@@ -268,6 +268,23 @@ class Batcher:
         self._wakeup.set()
         return job
 
+    def cancel(self, job: EmbedJob) -> None:
+        """Drop the texts of ``job`` not yet in a batch (its client went away): they are never embedded and free
+        their places in the queue at once; rows already running are computed and discarded."""
+        if not job.future.done():
+            job.future.cancel()
+        if job.unlaunched == 0:
+            return
+        dropped = [item for item in self._window if item.job is job]
+        if dropped:
+            kept = [item for item in self._window if item.job is not job]
+            self._window.clear()
+            self._window.extend(kept)
+        dropped += self._pending.remove(job.tenant, lambda item: item.job is job)
+        self._dequeued(dropped)
+        if self.on_room is not None:
+            self.on_room()
+
     def retry_after(self) -> int:
         """Seconds until the current queue is likely drained (at least 1; 1 while the throughput is unknown)."""
         wait = self.estimated_wait()
@@ -359,28 +376,34 @@ class Batcher:
                 width = max(width, n)
             if self._window:
                 break
-        self._queued -= len(batch)
-        for item in batch:
-            job = item.job
-            job.unlaunched -= 1
-            self._queued_by[job.tenant] -= 1
-            self._tokens_by[job.tenant] -= _item_cost(item)
-            if job.unlaunched == 0:
-                self._waiting_jobs -= 1
-                self._waiting_by[job.tenant] -= 1
-        for tenant in {item.job.tenant for item in batch}:
-            for counter in (self._queued_by, self._tokens_by, self._waiting_by):
-                if counter[tenant] <= 0:  # a key with nothing queued is not one of the keys sharing the queue
-                    del counter[tenant]
-        self._queue_gauge.set(self._queued)
+        self._dequeued(batch)
         self._running_tokens = sum(_cost(item.tokens) for item in batch)
-        self._queued_tokens -= self._running_tokens
         self._running_since = time.perf_counter()
         self._m_batch_size.observe(len(batch))
         self._m_batch_tokens.observe(width * len(batch))
         if self.on_room is not None:
             self.on_room()
         return batch
+
+    def _dequeued(self, items: list[_Item]) -> None:
+        """``items`` left the queue (launched in a batch, or dropped with their request): the counts the bounds
+        read no longer hold them."""
+        self._queued -= len(items)
+        for item in items:
+            job = item.job
+            cost = _item_cost(item)
+            job.unlaunched -= 1
+            self._queued_tokens -= cost
+            self._queued_by[job.tenant] -= 1
+            self._tokens_by[job.tenant] -= cost
+            if job.unlaunched == 0:
+                self._waiting_jobs -= 1
+                self._waiting_by[job.tenant] -= 1
+        for tenant in {item.job.tenant for item in items}:
+            for counter in (self._queued_by, self._tokens_by, self._waiting_by):
+                if counter[tenant] <= 0:  # a key with nothing queued is not one of the keys sharing the queue
+                    del counter[tenant]
+        self._queue_gauge.set(self._queued)
 
     def _deliver(self, batch: list[_Item], embeddings: np.ndarray, started: float, finished: float) -> None:
         seconds = finished - started

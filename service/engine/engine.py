@@ -157,7 +157,11 @@ class Engine:
         job = model.batcher.submit(tokens, tenant)
         if ticket is not None:
             ticket.queued()
-        await job.future
+        try:
+            await job.future
+        except asyncio.CancelledError:  # the request was given up (its client left): its texts leave the queue
+            model.batcher.cancel(job)
+            raise
         if context is not None:
             context.stage("tokenization", started, tokenized)
             context.stage("queue", job.enqueued_at, job.started_at)

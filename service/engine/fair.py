@@ -85,6 +85,23 @@ class FairQueue(Generic[T]):
             del self._deficit[tenant], self._queues[tenant]
         return item
 
+    def remove(self, tenant: str, unwanted: Callable[[T], bool]) -> list[T]:
+        """Remove and return the items of ``tenant`` for which ``unwanted`` is true (the others keep their order)."""
+        queue = self._queues.get(tenant)
+        if queue is None:
+            return []
+        removed = [item for item in queue if unwanted(item)]
+        if not removed:
+            return []
+        kept = [item for item in queue if not unwanted(item)]
+        queue.clear()
+        queue.extend(kept)
+        self._len -= len(removed)
+        if not queue:
+            self._ring.remove(tenant)
+            del self._deficit[tenant], self._queues[tenant]
+        return removed
+
     def clear(self) -> list[T]:
         """Remove and return every item."""
         items = list(self)
