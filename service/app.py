@@ -42,9 +42,7 @@ from service.errors import (
 )
 from service.guard import COUNTED_ROUTES, GuardMiddleware, Scope
 from service.metrics import NO_MODEL, MetricsListener, ServiceMetrics
-from service.observability import (
-    build_tracer,
-)
+from service.observability import build_tracer, loggable_path
 from service.settings import ServiceSettings
 
 log = logging.getLogger("service")
@@ -186,7 +184,7 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, err: Exception) -> Response:
-        log.error("internal error on %s %s", request.method, request.url.path, exc_info=err)
+        log.error("internal error on %s %s", request.method, loggable_path(request.url.path), exc_info=err)
         return error_response(ErrorKind.internal, INTERNAL_MESSAGE)
 
     upload_body_bytes = None

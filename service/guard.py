@@ -27,6 +27,7 @@ from service.observability import (
     REQUEST,
     REQUEST_ID,
     RequestContext,
+    loggable_path,
     record_stages,
     request_id,
     start_request_span,
@@ -160,7 +161,8 @@ class GuardMiddleware:
             record_stages(self.tracer, span, context)
             span.end()
             if self.access_log:
-                log.info("%s %s %d %.1f ms", scope["method"], path, status, (time.perf_counter() - started) * 1000)
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                log.info("%s %s %d %.1f ms", scope["method"], loggable_path(path), status, elapsed_ms)
             REQUEST_ID.reset(request_token)
             KEY_ID.reset(key_token)
 

@@ -19,6 +19,7 @@ import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from opentelemetry import trace
@@ -46,6 +47,13 @@ def request_id(given: bytes | None) -> str:
         if _CLIENT_REQUEST_ID.fullmatch(text):
             return text
     return uuid.uuid4().hex
+
+
+def loggable_path(path: str) -> str:
+    """A request's path as a log line may carry it: percent-encoded as a client sends it. The server hands routes the
+    path decoded, so ``%0a`` or ``%1b`` in a URL would otherwise write a newline (a forged record on a line of its own)
+    or a terminal's escape into the log."""
+    return quote(path, safe="/:@!$&'()*+,;=")
 
 
 @dataclass
