@@ -58,7 +58,7 @@ from service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-WINDOW_BATCHES = 4  # a sort window holds this many full batches: more sorts better, but delays newer texts
+WINDOW_BATCHES = 4  # a sort window holds this many batches' texts and tokens: more sorts better, but delays newer texts
 INLINE_BATCH_TOKENS = 128  # a lone batch of at most this many padded tokens may run on the event loop ...
 INLINE_BATCH_SECONDS = 0.005  # ... while the last INLINE_HISTORY batches that small each took at most this long
 INLINE_HISTORY = 8
@@ -360,8 +360,13 @@ class Batcher:
 
     def _next_batch(self) -> list[_Item]:
         if not self._window:
-            take = min(len(self._pending), WINDOW_BATCHES * self.max_batch_size)
-            window = [self._pending.popleft() for _ in range(take)]
+            # A few batches' worth by count and by tokens: long texts fill a batch's budget with few texts, and a
+            # window is drained before the next is drawn, so a text arriving now waits at most for this window.
+            window: list[_Item] = []
+            budget = WINDOW_BATCHES * self.max_batch_tokens
+            while self._pending and len(window) < WINDOW_BATCHES * self.max_batch_size and budget > 0:
+                window.append(self._pending.popleft())
+                budget -= _item_cost(window[-1])
             window.sort(key=lambda item: -item.tokens.n_tokens)
             self._window.extend(window)
         batch: list[_Item] = []

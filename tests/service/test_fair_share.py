@@ -9,7 +9,7 @@ import pytest
 
 from service.backend.base import Tokenized
 from service.engine.admission import Admission, Ticket
-from service.engine.batcher import Batcher
+from service.engine.batcher import WINDOW_BATCHES, Batcher
 from service.engine.fair import FairQueue
 from service.errors import ErrorKind, ServiceError
 from service.metrics import ServiceMetrics
@@ -203,5 +203,25 @@ def test_batches_interleave_the_keys_and_one_key_alone_is_fifo(publish_fake, tmp
         assert batcher.queued == 84 - 24 and batcher._queued_by == {"flood": 60}
         alone = [job for batch in batches for item in batch for job in [item.job] if job is not quiet]
         assert alone == sorted(alone, key=flood.index)  # the flood's own texts in their order
+
+    asyncio.run(run())
+
+
+def test_a_key_arriving_after_a_window_of_long_texts_waits_only_a_few_batches(
+    publish_fake, tmp_path, fake_backend_cls
+):
+    """The sort window holds a few batches' worth of tokens, not only of texts: long texts fill a batch's token
+    budget with far fewer texts than ``max_batch_size``, and a window of ``WINDOW_BATCHES * max_batch_size`` texts
+    made a key arriving just after it wait for many more batches of another key's (here 16, not 2 windows of 4)."""
+
+    async def run() -> None:
+        batcher = _batcher(publish_fake, tmp_path, fake_backend_cls, max_batch_tokens=256, max_batch_size=8)
+        flood = batcher.submit(_tokens(64, length=64), "flood")  # 4 texts of 64 tokens fill a batch: 16 batches
+        first = batcher._next_batch()
+        quiet = batcher.submit(_tokens(1, length=10), "quiet")
+        batches = [first] + [batcher._next_batch() for _ in range(16)]
+        carried_quiet = [i for i, batch in enumerate(batches) if any(item.job is quiet for item in batch)]
+        assert all(item.job is flood for item in first) and [len(batch) for batch in batches[:4]] == [4] * 4
+        assert carried_quiet and carried_quiet[0] <= 2 * WINDOW_BATCHES, carried_quiet
 
     asyncio.run(run())
