@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 from core.catalog import ModelNotFoundError, resolve_model
+from core.model_folder import RECIPE_FILE
 from core.settings import get_settings
 from core.text import CorpusError
 from evaluation.tasks.crops import TooFewCropPairs
 from training.assembly import needs_reference, resolve_device
 from training.config import RECIPES_DIR, ConfigError, TrainConfig, load_config
-from training.state import BEST_DIR
+from training.state import BEST_DIR, STATE_FILE, resume_conflicts
 from training.trainer import train
 
 
@@ -97,6 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"embedder train: {problem}", file=sys.stderr)
         return 2
+    out = config.resolved_output_dir
+    if config.resume and (out / "checkpoint" / STATE_FILE).is_file():
+        conflicts = resume_conflicts(config, out / RECIPE_FILE)
+        if conflicts:
+            print(f"embedder train: cannot resume {out}: its checkpoint was trained with other settings "
+                  f"({'; '.join(conflicts)}): resume with the recipe that wrote it, or set another output_dir for a "
+                  "new run", file=sys.stderr)  # fmt: skip
+            return 2
+    elif config.resume:
+        print(f"embedder train: no checkpoint in {out} to resume: starting a new run", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         result = train(config, device=device, threads=settings.num_threads, cache_dir=settings.cache_dir)

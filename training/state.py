@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from training.config import TrainConfig, show_value
+
 STATE_FILE = "state.pt"
 METRICS_FILE = "metrics.jsonl"  # in the run's output folder, next to the checkpoint folder
 # the model folders a run writes into its output folder: the best-validated model and the last one
@@ -159,6 +161,34 @@ class TrainState:
         staging = path.with_name(path.name + ".tmp")
         staging.write_text("".join(json.dumps(record, default=float) + "\n" for record in records))
         os.replace(staging, path)
+
+
+# what a resumed run may set differently from the session that wrote its checkpoint: how long it runs, how often it
+# validates, logs and checkpoints, and where and how fast it computes. Anything else changes what the checkpoint's
+# steps meant (the data, its order, the model, the objective, the optimiser, the validation that chose best/).
+RESUMABLE_CHANGES = frozenset({
+    "name", "output_dir", "resume", "progress_bar", "num_threads", "device", "max_steps", "epochs", "time_budget_s",
+    "eval_every", "early_stopping_patience", "checkpoint_every", "log_every",
+})  # fmt: skip
+
+
+def resume_conflicts(config: TrainConfig, recorded: Path) -> list[str]:
+    """The settings of ``config`` that differ from the run recorded in ``recorded`` (its ``recipe.json``), outside
+    `RESUMABLE_CHANGES`, as ``key = old → new``; empty when the file is missing."""
+    if not recorded.is_file():
+        return []
+    before = json.loads(recorded.read_text())
+    now = json.loads(json.dumps(config.to_dict()))  # lists and floats as the file holds them
+    return [
+        f"{key} = {_brief(before[key])} → {_brief(value)}"
+        for key, value in now.items()
+        if key not in RESUMABLE_CHANGES and key in before and before[key] != value
+    ]
+
+
+def _brief(value: Any, width: int = 60) -> str:
+    text = show_value(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def seed_everything(seed: int) -> None:

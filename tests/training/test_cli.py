@@ -154,21 +154,23 @@ def _tiny_corpus_file(tmp_path: Path) -> Path:
     return corpus
 
 
+def _tiny_corpus_run(tmp_path: Path, model: Path) -> list[str]:
+    """crop-minilm on the tiny model and a 24-document corpus, a quarter held out, batches of 4 crops of 32 tokens."""
+    argv = ["crop-minilm", *_tiny_run(tmp_path, model), *_setting("corpus", str(_tiny_corpus_file(tmp_path)))]
+    return [*argv, *_setting("validation_fraction", 0.25), *_setting("batch_size", 4), *_setting("max_seq_length", 32)]
+
+
 def test_a_batch_larger_than_the_corpus_is_one_line(
     tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["crop-minilm", *_tiny_run(tmp_path, tiny_bert_path), *_setting("corpus", str(_tiny_corpus_file(tmp_path)))]
-    argv += _setting("validation_fraction", 0.25)
-    line = _refused([*argv, *_setting("batch_size", 64), *_setting("max_seq_length", 32)], capsys)
+    line = _refused([*_tiny_corpus_run(tmp_path, tiny_bert_path), *_setting("batch_size", 64)], capsys)
     assert "fewer than batch_size=64" in line
 
 
 def test_a_diverged_run_is_one_line_that_points_at_the_best_model(
     tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["crop-minilm", *_tiny_run(tmp_path, tiny_bert_path), *_setting("corpus", str(_tiny_corpus_file(tmp_path)))]
-    argv += _setting("validation_fraction", 0.25)
-    argv += [*_setting("batch_size", 4), *_setting("max_seq_length", 32), *_setting("lr", 1e12)]
+    argv = [*_tiny_corpus_run(tmp_path, tiny_bert_path), *_setting("lr", 1e12)]
     argv += [*_setting("eval_every", 2), *_setting("max_steps", 4), "--set", "time_budget_s=none"]
     assert train_main(argv) == 1
     err = capsys.readouterr().err
@@ -176,3 +178,28 @@ def test_a_diverged_run_is_one_line_that_points_at_the_best_model(
     line = err.strip().splitlines()[-1]
     assert line.startswith("embedder train: ") and "lower lr" in line
     assert line.endswith(f"the best model so far is in {tmp_path / 'out' / 'best'}")
+
+
+def test_a_resume_that_changes_what_the_checkpoint_trained_is_refused(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _tiny_corpus_run(tmp_path, tiny_bert_path)
+    argv += [*_setting("eval_every", 0), "--set", "time_budget_s=none"]
+    assert train_main([*argv, *_setting("max_steps", 2)]) == 0
+    capsys.readouterr()
+    resume = [*argv, *_setting("resume", True)]
+    line = _refused([*resume, *_setting("max_steps", 3), *_setting("batch_size", 6), *_setting("seed", 1)], capsys)
+    assert line.startswith(f"embedder train: cannot resume {tmp_path / 'out'}: its checkpoint was trained with ")
+    assert "(batch_size = 4 → 6; seed = 0 → 1)" in line
+    # how long the run goes on, and how often it validates, are what a resumed run may change
+    assert train_main([*resume, *_setting("max_steps", 3), *_setting("eval_every", 1)]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 3
+
+
+def test_a_resume_without_a_checkpoint_says_it_starts_a_new_run(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _tiny_corpus_run(tmp_path, tiny_bert_path)
+    argv += [*_setting("max_steps", 1), *_setting("resume", True), "--set", "time_budget_s=none"]
+    assert train_main(argv) == 0
+    assert f"no checkpoint in {tmp_path / 'out'} to resume: starting a new run" in capsys.readouterr().err
