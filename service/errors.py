@@ -96,14 +96,30 @@ def _service_error(
     return ServiceError(kind, message, headers=headers, details=details)
 
 
+# Longest message (and text in ``details``) an error carries. A message quotes what the client sent — a model name, a
+# field name, a job id — and a body may hold megabytes of it (50 MB on /adapt): quoted whole, one bad field would
+# come back as a response of the same size. Its start and its end stay (what was wrong, and what to send instead).
+MAX_MESSAGE_CHARS = 2000
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text``, or its start and end with how much was left out between them when it is over ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    keep = limit - len(f" …[{len(text)} characters left out]… ")  # the count is at most len(text) long
+    marker = f" …[{len(text) - keep} characters left out]… "
+    head = keep * 3 // 4
+    return text[:head] + marker + text[len(text) - (keep - head) :]
+
+
 def error_body(
     kind: ErrorKind, message: str, details: dict[str, Any] | None = None, param: str | None = None
 ) -> dict[str, Any]:
     """OpenAI's error object: ``message``, ``type``, ``param`` (the request field at fault, or null) and ``code``;
-    ``details`` beside them when the failure has structured facts."""
-    error: dict[str, Any] = {"message": message, "type": kind.type, "param": param, "code": kind.code}
+    ``details`` beside them when the failure has structured facts. Text is clipped to `MAX_MESSAGE_CHARS`."""
+    error: dict[str, Any] = {"message": clip(message), "type": kind.type, "param": param, "code": kind.code}
     if details:
-        error["details"] = details
+        error["details"] = {key: clip(v) if isinstance(v, str) else v for key, v in details.items()}
     return {"error": error}
 
 
