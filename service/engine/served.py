@@ -12,12 +12,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from core import registry
-from core.engine_choice import shapes_text
+from core.engine_choice import AUTO, BASELINE, shapes_text
 from service.backend.base import Backend, BackendFactory, ModelInfo
 from service.engine.batcher import Batcher
 from service.errors import ErrorKind, ServiceError
@@ -179,7 +179,24 @@ class ModelManager:
         return ServedModel(name=name, backend=backend, batcher=batcher, loaded_at=time.time())
 
     def _load_and_warm(self, bundle: Path) -> Backend:
-        backend = self.backend_factory(bundle, self.settings)
+        """The bundle loaded and warmed with the engine setting; when the automatic choice raises (one engine's
+        runtime failing on this graph or CPU while it is checked, timed or warmed), loaded again on the baseline
+        engine — which still holds the parity bars, fp32 where int8 misses them — and the choice says why."""
+        try:
+            return self._warm(self.backend_factory(bundle, self.settings))
+        except Exception as error:
+            if self.settings.engine != AUTO:
+                raise
+            why = f"{type(error).__name__}: {str(error)[:300]}"
+            log.warning("bundle %s: the engine choice failed (%s); loading it on %s", bundle, why, BASELINE,
+                        exc_info=True)  # fmt: skip
+            backend = self._warm(self.backend_factory(bundle, self.settings.model_copy(update={"engine": BASELINE})))
+        choice = backend.info.engine
+        reason = f"the engine choice failed ({why}), so {BASELINE} is served as if pinned; {choice.get('reason', '')}"
+        backend.info = replace(backend.info, engine={**choice, "reason": reason})
+        return backend
+
+    def _warm(self, backend: Backend) -> Backend:
         if self.settings.warmup:
             backend.warmup()
         return backend

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -165,3 +166,34 @@ def test_a_second_signal_stops_waiting_for_requests_in_flight(make_app, serve):
         server.handle_exit(signal.SIGTERM, None)
         assert server.should_exit and server.force_exit  # the second: leave without waiting
         thread.join(timeout=30)
+
+
+def test_an_engine_choice_that_raises_falls_back_to_the_baseline_engine_and_says_why(
+    make_app, fake_backend_cls, caplog
+):
+    """An exception of one engine while the choice runs (an OpenVINO error at its first inference, say) must not
+    keep the model from being served: it is loaded on onnxruntime int8 (fp32 where int8 misses the bars), and its
+    card and the log say why."""
+    settings_seen = []
+
+    def factory(bundle, settings):
+        settings_seen.append(settings.engine)
+        if settings.engine == "auto":
+            raise RuntimeError("Exception from src/inference/src/cpp/infer_request.cpp: boom")
+        backend = fake_backend_cls(bundle, settings)
+        choice = {"engine": "onnxruntime-int8", "precision": "int8", "setting": settings.engine, "reason": "pinned",
+                  "trials": [], "routes": []}  # fmt: skip
+        backend.info = replace(backend.info, engine=choice)
+        return backend
+
+    app = make_app(models="fake-a")
+    app.state.engine.models.backend_factory = factory
+    with TestClient(app) as client:
+        assert client.post("/embed", json={"inputs": "served"}).status_code == 200
+        card = client.get("/v1/models/fake-a").json()
+    assert settings_seen == ["auto", "onnxruntime-int8"]
+    assert card["engine"] == "onnxruntime-int8" and card["quantization"] == "int8"
+    reason = card["engine_choice"]["reason"]
+    assert "the engine choice failed (RuntimeError: Exception from src/inference" in reason
+    assert reason.endswith("pinned")
+    assert "boom" in caplog.text
