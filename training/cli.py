@@ -6,8 +6,13 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
 
 from core.catalog import ModelNotFoundError, resolve_model
 from core.model_folder import RECIPE_FILE
@@ -81,6 +86,31 @@ def _unwritable_output(out: Path) -> str | None:
     return None
 
 
+INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT)
+
+
+class _StopOnInterrupt:
+    """The SIGINT handler of a run: the first Ctrl-C asks the run to stop before its next step (it then validates,
+    checkpoints and saves ``final/``, so ``--set resume=true`` continues it exactly); a second one aborts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        tqdm.write("embedder train: stopping after this step and saving a checkpoint (Ctrl-C again to abort)",
+                   file=sys.stderr)  # fmt: skip
+
+
+def _show_validation(record: dict[str, Any]) -> None:
+    """Print each validation's score above the progress bar (the bar shows the training loss only)."""
+    if record["kind"] == "eval":
+        best = " (best so far: saved to best/)" if record.get("best") else ""
+        tqdm.write(f"step {record['step']}: validation score {record['score']:.4g}{best}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     overrides = list(args.overrides) + (["progress_bar=false"] if args.quiet else [])
@@ -109,8 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     elif config.resume:
         print(f"embedder train: no checkpoint in {out} to resume: starting a new run", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = _StopOnInterrupt()
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may install a signal handler
+    previous = signal.signal(signal.SIGINT, stop) if in_main_thread else None
     try:
-        result = train(config, device=device, threads=settings.num_threads, cache_dir=settings.cache_dir)
+        result = train(
+            config, progress=_show_validation, should_stop=lambda: stop.requested, device=device,
+            threads=settings.num_threads, cache_dir=settings.cache_dir,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        checkpoint = out / "checkpoint"
+        where = f"; --set resume=true continues from the last checkpoint in {checkpoint}" if checkpoint.is_dir() else ""
+        print(f"embedder train: aborted{where}", file=sys.stderr)
+        return INTERRUPTED
     # a corpus that names nothing readable or holds too little, a model name that resolves to no folder, objective
     # parameters the objective refuses, held-out documents too few or short for crop pairs, a batch larger than an
     # epoch, layers the model does not have, a checkpoint of another model: the recipe's to fix
@@ -122,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"embedder train: {exc}" + (f"; the best model so far is in {kept}" if kept.is_dir() else ""),
               file=sys.stderr)  # fmt: skip
         return 1
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
     print(
         json.dumps(
             {
@@ -137,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             indent=2,
         )
     )
+    if result.stopped_by == "cancelled":
+        print(f"embedder train: stopped at step {result.steps} by Ctrl-C; --set resume=true continues the run",
+              file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
     return 0
 
 

@@ -5,13 +5,17 @@ cannot be created, a device that is not there. A run that diverges ends in one l
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.training.test_trainer import assert_same_weights, weights
 from training.cli import main as train_main
 from training.config import ConfigError, TrainConfig, load_config
+from training.encoder import Encoder
+from training.validation import CropPairValidation
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *, lines: int = 1) -> str:
@@ -203,3 +207,50 @@ def test_a_resume_without_a_checkpoint_says_it_starts_a_new_run(
     argv += [*_setting("max_steps", 1), *_setting("resume", True), "--set", "time_budget_s=none"]
     assert train_main(argv) == 0
     assert f"no checkpoint in {tmp_path / 'out'} to resume: starting a new run" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_the_run_at_a_checkpoint_that_resume_continues_exactly(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during the first validation: the run stops before its first step, checkpointed, exit 130; resuming
+    it ends where an uninterrupted run does, with the same weights."""
+    argv = [*_tiny_corpus_run(tmp_path, tiny_bert_path), *_setting("eval_every", 2), *_setting("max_steps", 4)]
+    argv += ["--set", "time_budget_s=none"]
+    straight = [*argv, *_setting("output_dir", str(tmp_path / "straight"))]
+    assert train_main(straight) == 0
+    scores = [line for line in capsys.readouterr().err.splitlines() if "validation score" in line]
+    assert [line.split(":")[0] for line in scores] == ["step 0", "step 2", "step 4"]
+    assert scores[0].endswith("(best so far: saved to best/)")
+
+    evaluate = CropPairValidation.evaluate
+    calls = {"n": 0}
+
+    def interrupted(self: CropPairValidation, encoder: Encoder) -> dict[str, float]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            signal.raise_signal(signal.SIGINT)
+        return evaluate(self, encoder)
+
+    monkeypatch.setattr(CropPairValidation, "evaluate", interrupted)
+    assert train_main(argv) == 130
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["steps"] == 0 and json.loads(captured.out)["stopped_by"] == "cancelled"
+    assert "stopped at step 0 by Ctrl-C; --set resume=true continues the run" in captured.err
+    assert train_main([*argv, *_setting("resume", True)]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 4
+    assert_same_weights(weights(tmp_path / "out" / "final"), weights(tmp_path / "straight" / "final"), atol=0)
+
+
+def test_a_second_ctrl_c_aborts_at_once(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted_twice(self: CropPairValidation, encoder: Encoder) -> dict[str, float]:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        raise AssertionError("the second Ctrl-C did not abort")
+
+    monkeypatch.setattr(CropPairValidation, "evaluate", interrupted_twice)
+    argv = [*_tiny_corpus_run(tmp_path, tiny_bert_path), *_setting("eval_every", 2), *_setting("max_steps", 4)]
+    assert train_main(argv) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "embedder train: aborted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
