@@ -2,7 +2,7 @@
 
 | keys configured | embedding routes, /v1/models, /info | /adapt |
 |---|---|---|
-| none | open | open |
+| none | open | open to callers on this machine (`service.adapt.api_state.AdaptAPI.authorize`) |
 | client keys only | client keys | 403 for client keys (401 without one) unless ``adapt_allow_client_keys`` |
 | admin keys only | open | admin keys |
 | both | client or admin keys | admin keys (403 for client keys) |

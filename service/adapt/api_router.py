@@ -44,7 +44,8 @@ from service.errors import ErrorKind, ServiceError
 
 _ERROR_DESCRIPTIONS = {
     401: "admin API key missing or wrong",
-    403: "a client API key: /adapt needs an admin key (or adapt_allow_client_keys)",
+    403: "a client API key: /adapt needs an admin key (or adapt_allow_client_keys); with no key set, a caller on "
+    "another machine",
     404: "unknown job (or listing cursor `after`), or unknown base_model",
     409: "name belongs to a model that /adapt did not make",
     413: "body or upload over adapt_max_upload_bytes, or a file that decodes to more text than that",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -191,7 +192,17 @@ class AdaptAPI:
 
     # ------------------------------------------------------------------ checks
     def authorize(self, request: Request) -> None:
+        """An admin key (`ApiKeys.check_admin`); with no key that may use /adapt, a caller on this machine. Settings
+        that serve a keyless /adapt beyond loopback stop the server (`ServiceSettings.open_adapt_error`), but an app
+        may be served elsewhere than its settings say (`create_app` in another server bound to 0.0.0.0): the peer's
+        address decides then, so a keyless /adapt never trains for a caller of another machine."""
         self.keys.check_admin(request.headers.get("authorization"))
+        if not self.keys.admin_auth_enabled and not from_this_machine(request.client.host if request.client else None):
+            raise ServiceError(
+                ErrorKind.forbidden,
+                "/adapt has no key set, so it answers only callers on this machine: set EMBED_ADMIN_API_KEYS "
+                "(--admin-api-keys) on the server and send 'Authorization: Bearer <admin key>'",
+            )
 
     def caller(self, request: Request) -> str | None:
         """The key id of an authorized caller (`service.auth.key_id`), for audit records; None on a server without
@@ -200,6 +211,19 @@ class AdaptAPI:
             return None
         token = bearer_token(request.headers.get("authorization"))
         return key_id(token) if token is not None else None
+
+
+def from_this_machine(host: str | None) -> bool:
+    """Whether a peer's address is this machine's: loopback (127.0.0.0/8, ::1, IPv4-mapped ones too), or no IP
+    address at all (a Unix socket; an in-process client)."""
+    if host is None:
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return True
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _sse(event_id: int | None, event: str, data: dict[str, Any]) -> str:

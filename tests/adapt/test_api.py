@@ -174,6 +174,27 @@ def test_no_key_configured_means_open(tmp_path: Path) -> None:
         assert c.post("/adapt", json=_body()).status_code == 202
 
 
+@pytest.mark.parametrize("peer", ["192.0.2.7", "10.0.0.5", "2001:db8::1"])
+def test_with_no_key_a_caller_from_another_machine_is_refused_whatever_the_settings_say(
+    tmp_path: Path, peer: str
+) -> None:
+    """An app whose settings say loopback may still be served on every interface (create_app in another server):
+    with no key set, /adapt answers only callers on this machine."""
+    app = FastAPI()
+    app.include_router(build_adapt_router(_config(tmp_path), ApiKeys()))
+    with TestClient(app, client=(peer, 50000)) as remote:
+        for method, path in ROUTES:
+            r = remote.request(method, path, json=_body())
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (method, path, r.text)
+            assert "EMBED_ADMIN_API_KEYS" in r.json()["error"]["message"]
+    assert not any((tmp_path / "adapt").rglob("corpus.jsonl"))  # nothing was saved
+    for local in ("127.8.0.1", "::1", "::ffff:127.0.0.1"):
+        with TestClient(app, client=(local, 50000)) as c:
+            assert c.get("/adapt").status_code == 200, local
+    with TestClient(app, client=("127.0.0.1", 50000)) as c:
+        assert c.post("/adapt", json=_body()).status_code == 202
+
+
 def test_queue_bound_gives_429_with_retry_after(client: TestClient, tmp_path: Path) -> None:
     assert client.post("/adapt", json=_body()).status_code == 202
     assert client.post("/adapt", json=_body()).status_code == 202
