@@ -124,7 +124,7 @@ class TrainState:
 
         The run's metrics log (``metrics.jsonl`` next to ``folder``) is cut back to the lines of the steps and
         validations the checkpoint holds: a session killed after its last checkpoint had logged steps that the
-        resumed run takes, and logs, again."""
+        resumed run takes, and logs, again. Without the run's ``best/`` folder the best score is forgotten."""
         state = torch.load(folder / STATE_FILE, map_location=device, weights_only=False)
         if state["layers"] != layers:
             raise ValueError(
@@ -150,6 +150,10 @@ class TrainState:
             elapsed_before=state["elapsed"],
         )
         restored.rewrite_metrics_log(folder.parent / METRICS_FILE)
+        if restored.best_step is not None and not (folder.parent / BEST_DIR).is_dir():
+            # best/ is gone (deleted, or its save interrupted): the next validation writes it again, or the run would
+            # name a best model that no folder holds
+            restored.best_score, restored.best_step, restored.bad_evaluations = None, None, 0
         return restored
 
     def rewrite_metrics_log(self, path: Path) -> None:

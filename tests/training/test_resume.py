@@ -1,15 +1,18 @@
-"""Resuming a run that was stopped hard (a kill, a second Ctrl-C) after its last checkpoint: what its output folder
-holds afterwards is what an uninterrupted run's holds."""
+"""Resuming a run: after a hard stop (a kill, a second Ctrl-C) past its last checkpoint its output folder ends as an
+uninterrupted run's; without its best/ folder, the resumed run writes one again."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.training.test_trainer import assert_same_weights, tiny_config, weights
+from training.encoder import Encoder
 from training.trainer import train
+from training.validation import CropPairValidation
 
 
 def _logged(folder: Path) -> list[tuple[str, int]]:
@@ -39,3 +42,21 @@ def test_a_run_killed_after_its_checkpoint_resumes_with_one_log_line_per_step(
     assert _logged(resumed.output_dir) == _logged(straight.output_dir)
     assert [r["step"] for r in resumed.history] == [r["step"] for r in straight.history]
     assert_same_weights(weights(resumed.final_dir), weights(straight.final_dir), atol=0)
+
+
+def test_a_resumed_run_whose_best_folder_is_gone_writes_it_again(
+    tmp_path: Path, tiny_bert_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted = iter([0.5, 0.9, 0.2, 0.1])  # validations at steps 0 and 1; after resuming, at steps 2 and 3
+
+    def fake_evaluate(self: CropPairValidation, encoder: Encoder) -> dict[str, float]:
+        return {CropPairValidation.metric: next(scripted)}
+
+    monkeypatch.setattr(CropPairValidation, "evaluate", fake_evaluate)
+    config = tiny_config(tmp_path, tiny_bert_path, max_steps=1, eval_every=1)
+    first = train(config)
+    shutil.rmtree(first.best_dir)  # removed to save space, or its save was interrupted
+    resumed = train(config.replace(resume=True, max_steps=3))
+    assert resumed.best_dir.is_dir()
+    assert (resumed.best_step, resumed.best_score) == (2, 0.2)
+    assert [(e["step"], e["best"]) for e in resumed.evaluations] == [(0, True), (1, True), (2, True), (3, False)]
