@@ -42,10 +42,12 @@ def test_texts_of_a_client_that_left_are_not_embedded_nor_counted_as_served(make
     app = make_app()
     with serve(app) as (url, _):
         backend = app.state.engine.models.get("fake-a").backend
-        backend.delay_s = 0.5
+        backend.delay_s = 0.8
         busy = threading.Thread(target=lambda: httpx.post(f"{url}/embed", json={"inputs": "busy"}, timeout=30))
         busy.start()
-        time.sleep(0.1)  # the busy text runs; what comes now waits in the queue
+        deadline = time.monotonic() + 10
+        while not backend.batches and time.monotonic() < deadline:  # the busy text runs; what comes now waits
+            time.sleep(0.01)
         gone = ["one two three four five six seven"] * 5  # 9 tokens each: told apart from the busy text's 3
         body = {"inputs": {"source_sentence": gone[0], "sentences": gone}} if path == "/similarity" else (
             {"input": gone} if path == "/v1/embeddings" else {"inputs": gone}
