@@ -85,6 +85,30 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.maximum(denom, 1e-12)
 
 
+def mixed_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """The probes' indices in batches of mixed lengths: sorted longest first and dealt out in turn, so every batch
+    holds one of the longest probes and its shorter ones are padded to it."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    count = -(-len(order) // batch_size)
+    return [order[start::count] for start in range(count)]
+
+
+def probe_outputs(bundle: OnnxBundle, texts: Sequence[str], batch_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """``bundle``'s embeddings of ``texts`` in length-sorted batches and in `mixed_batches`, each ``(N, dim)``."""
+    sorted_out = bundle.encode(list(texts), batch_size=batch_size)
+    encodings = bundle.tokenize(list(texts))
+    mixed_out = np.zeros_like(sorted_out)
+    for rows in mixed_batches([len(encoding.ids) for encoding in encodings], batch_size):
+        mixed_out[rows] = bundle.run(bundle.pad([encodings[i] for i in rows]))
+    return sorted_out, mixed_out
+
+
+def probe_cosines(bundle: OnnxBundle, texts: Sequence[str], reference: np.ndarray, batch_size: int = 16) -> np.ndarray:
+    """Each probe's cosine to ``reference`` (torch's embeddings), the lower of its two batchings'."""
+    sorted_out, mixed_out = probe_outputs(bundle, texts, batch_size)
+    return np.minimum(cosines(sorted_out, reference), cosines(mixed_out, reference))
+
+
 def int8_failures(cos: np.ndarray, bars: ParityBars, texts: Sequence[str], label: str = "int8") -> list[str]:
     """What a reduced-precision graph's cosines to the reference miss of the int8 bars (empty when it passes);
     ``label`` names the graph or engine in the messages."""

@@ -30,9 +30,8 @@ from typing import Any
 import numpy as np
 
 from core.corpora import lee_background
-from core.runtime import OnnxBundle, ParityBars, cpu_features, int8_failures
+from core.runtime import OnnxBundle, ParityBars, cpu_features, int8_failures, probe_cosines
 from core.text import split_sentences
-from export.probes import probe_cosines
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ Like optimum's exporter validation, every check runs and every failure is collec
 Bars: fp32 min cosine ≥ 0.9999; int8 mean cosine ≥ 0.99 and min ≥ 0.97; every output
 finite and unit-norm (normalisation is in the graph); and the bundle's ``tokenizers`` tokenizer
 gives the same ids as the torch side's tokenizer, so serving sees what parity measured. Each probe's cosine is the
-lower of two batchings, length-sorted and mixed (`export.probes.probe_outputs`): served batches pad short texts to
+lower of two batchings, length-sorted and mixed (`core.runtime.probe_outputs`): served batches pad short texts to
 long ones, and dynamic int8 depends on that padding.
 """
 
@@ -19,14 +19,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from core.runtime import OnnxBundle, ParityBars, cosines, cpu_features, int8_failures
-from export.probes import probe_outputs
+from core.runtime import OnnxBundle, ParityBars, cosines, cpu_features, int8_failures, probe_outputs
 from export.quantize import CANDIDATES
 from export.tokenizer_files import plain_ids
 from training.encoder import Encoder
 
 # How the figures were measured (the manifest's parity.batches).
-BATCHINGS = "each probe at its worst of length-sorted and mixed-length batches (export.probes.probe_outputs)"
+BATCHINGS = "each probe at its worst of length-sorted and mixed-length batches (core.runtime.probe_outputs)"
 
 
 class ParityError(ValueError):

@@ -5,22 +5,16 @@ shipped. They cover what breaks exports: one-word and empty-ish inputs, punctuat
 code, non-ASCII scripts (accents, CJK, Cyrillic, Greek, Arabic, emoji), and texts long enough to
 be cut at ``max_seq_length`` — the case where a position-embedding or mask bug shows.
 
-Every graph is held against torch on them in two batchings (`probe_outputs`): length-sorted batches, with little
-padding, and mixed batches, as a server's batch holds texts of any length — where a short text is padded to a long
-one's length. An fp32 graph gives the same vector either way (the mask keeps padding out of attention and pooling);
-onnxruntime's dynamic int8 does not: it quantises each activation with one scale over the whole batch, padded
-positions included, so a short text padded far comes out differently. On minilm-l6 (AMD EPYC, AVX-512 VNNI) the
-first preset's int8 graph kept min cosine 0.975 to torch in sorted batches and 0.960 in mixed ones ("ok" padded to
-256 tokens), under the 0.97 bar.
+Every graph is held against torch on them in two batchings (`core.runtime.probe_outputs`): length-sorted batches,
+with little padding, and mixed batches, as a server's batch holds texts of any length — where a short text is padded
+to a long one's length. An fp32 graph gives the same vector either way (the mask keeps padding out of attention and
+pooling); onnxruntime's dynamic int8 does not: it quantises each activation with one scale over the whole batch,
+padded positions included, so a short text padded far comes out differently. On minilm-l6 (AMD EPYC, AVX-512 VNNI)
+the first preset's int8 graph kept min cosine 0.975 to torch in sorted batches and 0.960 in mixed ones ("ok" padded
+to 256 tokens), under the 0.97 bar.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-
-import numpy as np
-
-from core.runtime import OnnxBundle, cosines
 
 SUBJECTS = (
     "The committee",
@@ -89,27 +83,3 @@ def probe_texts() -> list[str]:
     long_texts += [" ".join(sentences) * 3, " ".join(NON_ASCII) * 8, ("naïve café " * 200).strip()]
     texts = sentences + questions + medium + list(NON_ASCII) + mixed + compound + list(ODD) + long_texts
     return texts
-
-
-def mixed_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """The probes' indices in batches of mixed lengths: sorted longest first and dealt out in turn, so every batch
-    holds one of the longest probes and its shorter ones are padded to it."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    count = -(-len(order) // batch_size)
-    return [order[start::count] for start in range(count)]
-
-
-def probe_outputs(bundle: OnnxBundle, texts: Sequence[str], batch_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """``bundle``'s embeddings of ``texts`` in length-sorted batches and in `mixed_batches`, each ``(N, dim)``."""
-    sorted_out = bundle.encode(list(texts), batch_size=batch_size)
-    encodings = bundle.tokenize(list(texts))
-    mixed_out = np.zeros_like(sorted_out)
-    for rows in mixed_batches([len(encoding.ids) for encoding in encodings], batch_size):
-        mixed_out[rows] = bundle.run(bundle.pad([encodings[i] for i in rows]))
-    return sorted_out, mixed_out
-
-
-def probe_cosines(bundle: OnnxBundle, texts: Sequence[str], reference: np.ndarray, batch_size: int = 16) -> np.ndarray:
-    """Each probe's cosine to ``reference`` (torch's embeddings), the lower of its two batchings'."""
-    sorted_out, mixed_out = probe_outputs(bundle, texts, batch_size)
-    return np.minimum(cosines(sorted_out, reference), cosines(mixed_out, reference))

@@ -17,7 +17,7 @@ random-word texts from 0.987-0.988 to 0.991 at 0.92-0.97x the speed, every layer
 
 Dynamic int8 quantises each activation with one scale over the whole batch, padding included, so a text's vector
 depends on what it is batched with: each candidate is held to the bars on the probes in length-sorted and in
-mixed-length batches, each probe at its worse (`export.probes.probe_cosines`). On minilm-l6 (AMD EPYC, AVX-512 VNNI)
+mixed-length batches, each probe at its worse (`core.runtime.probe_cosines`). On minilm-l6 (AMD EPYC, AVX-512 VNNI)
 the three presets kept min cosine 0.973-0.975 in sorted batches and 0.960-0.970 in mixed ones; the first fallback
 0.976 / 0.971.
 
@@ -39,8 +39,7 @@ import onnx
 from onnxruntime.quantization import quantize_dynamic
 from optimum.onnxruntime.configuration import AutoQuantizationConfig, QuantizationConfig
 
-from core.runtime import OnnxBundle, ParityBars, cpu_features, int8_failures
-from export.probes import probe_cosines
+from core.runtime import OnnxBundle, ParityBars, cpu_features, int8_failures, probe_cosines
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ import pytest
 from core import engine_choice, engine_timing, engines, registry, runtime
 from core.engine_choice import BASELINE, ENGINES, FALLBACK, Trial, pick, pick_routes, route_for
 from core.engines import load_engine
+from tests.padded_int8 import padding_moves_int8
 
 BATCHES = engine_timing.BATCHES
 SHAPES = {"1": (1, 20), "4": (4, 20), "16": (16, 20), "short": (32, 20), "long": (8, 256)}  # texts x padded length
@@ -362,6 +363,19 @@ def test_a_new_version_of_the_same_shapes_reuses_the_timings_and_checks_its_rout
     assert runtime.cosines(bundle.encode(texts, batch_size=4), reference).min() >= 0.97
     _, other_session = load_engine(copy, intra_op_threads=1)  # other threads: other speeds, timed afresh
     assert "timed on" not in other_session.reason and other_session.trial("openvino-f32").status == "passed"
+
+
+def test_int8_that_padding_moves_below_the_bars_is_not_served(copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load check holds each probe at the worse of length-sorted and mixed-length batches, as the export does:
+    a server's batch pads a short text to a long one's length, which moves dynamic int8's scales."""
+    texts, reference = runtime.read_probes(copy)
+    int8 = runtime.OnnxBundle(copy, variant="int8")
+    assert engines.check_parity(int8, BASELINE, texts, reference, runtime.ParityBars()).status == "passed"
+    padding_moves_int8(monkeypatch)
+    trial = engines.check_parity(int8, BASELINE, texts, reference, runtime.ParityBars())
+    assert trial.status == "failed" and "min cosine" in trial.reason
+    _, choice = load_engine(copy, engine="onnxruntime-int8")
+    assert choice.trial(BASELINE).status == "failed" and choice.graph == "fp32"
 
 
 def test_a_new_version_whose_routes_miss_the_bars_is_checked_and_timed_in_full(copy: Path) -> None:

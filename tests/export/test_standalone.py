@@ -20,10 +20,10 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from core import registry, runtime
-from core.runtime import OnnxBundle
+from core.runtime import OnnxBundle, mixed_batches
 from embedder.cli import main as embedder_main
 from export import bundle as exporter
-from export.probes import mixed_batches
+from tests.padded_int8 import padding_moves_int8
 
 REPO = Path(__file__).resolve().parents[2]
 LONG = "tokens of a long text " * 60  # past 64 and 128 tokens
@@ -177,25 +177,6 @@ def test_a_slow_tokenizer_is_converted_or_refused_in_one_line(
 
 
 # --- int8 held against torch in batches as served: short texts padded to long ones -------------------------------
-
-
-def padding_moves_int8(monkeypatch: pytest.MonkeyPatch) -> None:
-    """onnxruntime's int8 graphs turned by the padding as dynamic int8 is (one activation scale over the batch):
-    a text of at most 4 tokens, padded to at least 4 times its length, comes out at cosine ≈ 0.93 to what it was.
-    Length-sorted probe batches never pad a text that far; a server's mixed batches do."""
-    run = runtime.OnnxBundle.run
-
-    def padded_run(self: runtime.OnnxBundle, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        out = run(self, feeds)
-        if self.runtime != "onnxruntime" or self.variant != "int8":
-            return out
-        lengths, width = feeds["attention_mask"].sum(axis=1), feeds["attention_mask"].shape[1]
-        far = (lengths <= 4) & (width >= 4 * lengths)
-        out[far, 0] += 0.4
-        out[far] /= np.linalg.norm(out[far], axis=1, keepdims=True)
-        return out
-
-    monkeypatch.setattr(runtime.OnnxBundle, "run", padded_run)
 
 
 def test_int8_is_held_to_the_bars_in_mixed_length_batches(
