@@ -60,14 +60,19 @@ def timing_batches(bundle: OnnxBundle, texts: Sequence[str]) -> dict[str, list[l
 
 
 def time_engines(
-    bundles: dict[str, OnnxBundle], texts: Sequence[str], still_in: StillIn, rounds: int = TIMING_ROUNDS
+    bundles: dict[str, OnnxBundle],
+    texts: Sequence[str],
+    still_in: StillIn,
+    rounds: int = TIMING_ROUNDS,
+    failed: dict[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, Shape]]:
     """Median seconds per engine and timing batch, and each batch's shape (texts, median padded length of its runs): a
     warm-up pass, then ``rounds`` rounds, each running one batch on every candidate in turn (alternating their order
     from round to round) before the next batch, so a drift of a shared machine hits the candidates alike where they are
     compared. A small batch's time in a round is the best of its three runs (short enough for one scheduler hiccup to
     double them), each one-text run after `IDLE_BEFORE_ONE` idle. An engine that cannot win after a round (``still_in``
-    false) is timed no more and removed from ``bundles`` (memory freed)."""
+    false) is timed no more and removed from ``bundles`` (memory freed); so is one that raises, its error kept in
+    ``failed``."""
     first = next(iter(bundles.values()))
     runs = timing_batches(first, texts)
     padded = {id(batch): first.pad(first.tokenize(batch)) for batches in runs.values() for batch in batches}
@@ -76,14 +81,22 @@ def time_engines(
     names = list(bundles)
     for round_ in range(rounds + 1):
         for shape, feed in feeds.items():  # the candidates in turn on one batch: close in time, alike in conditions
-            for engine in names if round_ % 2 else reversed(names):
+            for engine in list(names) if round_ % 2 else list(reversed(names)):
                 best = math.inf
-                for run in feed:
-                    if shape == "1":
-                        time.sleep(IDLE_BEFORE_ONE)
-                    started = time.perf_counter()
-                    bundles[engine].run(run)
-                    best = min(best, time.perf_counter() - started)
+                try:
+                    for run in feed:
+                        if shape == "1":
+                            time.sleep(IDLE_BEFORE_ONE)
+                        started = time.perf_counter()
+                        bundles[engine].run(run)
+                        best = min(best, time.perf_counter() - started)
+                except Exception as error:  # a runtime that fails on one of these shapes: out of the race, say why
+                    log.warning("engine %s: failed while timed: %s: %s", engine, type(error).__name__, error)
+                    if failed is not None:
+                        failed[engine] = f"failed while timed: {type(error).__name__}: {str(error)[:300]}"
+                    names.remove(engine)
+                    del bundles[engine], samples[engine]
+                    continue
                 if round_:  # round 0 warms up (OpenVINO compiles each new shape on first use)
                     samples[engine][shape].append(best)
         if round_:

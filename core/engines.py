@@ -156,7 +156,11 @@ def load_engine(
         if earlier is not None:  # the engines checked again: those of its routes
             timed, shapes = {e: s for e, s in earlier.seconds.items() if e in bundles}, earlier.shapes
         elif len(bundles) > 1 and probes is not None:
-            timed, shapes = time_engines(bundles, probes[0], still_in=can_win)
+            broken: dict[str, str] = {}
+            timed, shapes = time_engines(bundles, probes[0], still_in=can_win, failed=broken)
+            for trial in trials:
+                if trial.engine in broken:
+                    trial.status, trial.reason = "unavailable", broken[trial.engine]
         for trial in trials:
             trial.seconds = {shape: round(s, 6) for shape, s in timed.get(trial.engine, {}).items()}
         # Only the engines timed to the last round compete: an engine out of the race has medians of fewer rounds.
@@ -263,5 +267,9 @@ def _try(
         return Trial(candidate.name, "unavailable", f"{type(error).__name__}: {str(error)[:300]}"), None
     if probes is None:  # only the reference graph gets here: there is nothing to check it against
         return Trial(candidate.name, "passed", "no probes: the reference graph, unchecked here"), bundle
-    trial = check_parity(bundle, candidate.name, *probes, bars)
+    try:
+        trial = check_parity(bundle, candidate.name, *probes, bars)
+    except Exception as error:  # a runtime that loads the graph but fails to run it: skip it, say why
+        return Trial(candidate.name, "unavailable", f"failed on the probes: {type(error).__name__}: "
+                     f"{str(error)[:300]}"), None  # fmt: skip
     return trial, bundle if trial.status == "passed" else None

@@ -378,6 +378,28 @@ def test_int8_that_padding_moves_below_the_bars_is_not_served(copy: Path, monkey
     assert choice.trial(BASELINE).status == "failed" and choice.graph == "fp32"
 
 
+@pytest.mark.parametrize("when", ["probes", "timing"])
+def test_an_engine_that_raises_is_a_trial_not_a_failed_load(
+    copy: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """OpenVINO erring at inference — on the probes, or on a shape only the timing runs — leaves it out of the
+    choice, with its error as the trial's reason; the model loads on the engines that work."""
+    run = runtime.OnnxBundle.run
+
+    def openvino_errs(self: runtime.OnnxBundle, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        only_timed = feeds["input_ids"].shape[0] == engine_timing.SHORT_BATCH  # the probes run in batches of 16
+        if self.runtime == "openvino" and (when == "probes" or only_timed):
+            raise RuntimeError("Exception from src/inference/src/cpp/infer_request.cpp: boom")
+        return run(self, feeds)
+
+    monkeypatch.setattr(runtime.OnnxBundle, "run", openvino_errs)
+    bundle, choice = load_engine(copy, intra_op_threads=1)
+    openvino = [t for t in choice.trials if t.engine.startswith("openvino") and t.status != "no-int8"]
+    assert openvino and all(t.status == "unavailable" and "boom" in t.reason for t in openvino), openvino
+    assert bundle.runtime == "onnxruntime" and not choice.engine.startswith("openvino")
+    assert bundle.encode(["still served"]).shape[0] == 1
+
+
 def test_a_new_version_whose_routes_miss_the_bars_is_checked_and_timed_in_full(copy: Path) -> None:
     load_engine(copy)
     texts, reference = runtime.read_probes(copy)
