@@ -36,6 +36,9 @@ class ErrorKind(Enum):
     model_not_ready = (503, "unavailable_error", "model_not_ready")
     shutting_down = (503, "unavailable_error", "shutting_down")
     internal = (500, "server_error", "internal_error")
+    # a client that closed its connection before its answer was ready: the status is the access log's (nginx's 499)
+    # and the code the failure counter's label; no answer is sent to a client that is gone
+    client_closed = (499, "invalid_request_error", "client_closed")
     # /adapt
     invalid_name = (422, "invalid_request_error", "invalid_name")
     reserved_name = (422, "invalid_request_error", "reserved_name")

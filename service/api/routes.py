@@ -27,7 +27,6 @@ from service.api.protocol import (
     TEITokenizeRequest,
 )
 from service.api.tracking import (
-    CLIENT_CLOSED_STATUS,
     ClientGone,
     RouteMetrics,
     check_dimensions,
@@ -103,7 +102,7 @@ def _client_may_leave(route: Route) -> Route:
         try:
             return await route(body, request)
         except ClientGone:
-            return Response(status_code=CLIENT_CLOSED_STATUS)
+            return Response(status_code=ErrorKind.client_closed.status)
 
     return answered
 

@@ -29,12 +29,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
-CLIENT_CLOSED = "client_closed"  # embed_request_failures_total's error_type for a client gone before its answer
-CLIENT_CLOSED_STATUS = 499  # what nginx logs for it; the client never sees it
-
-
 class ClientGone(Exception):
-    """The client closed its connection before its answer was ready."""
+    """The client closed its connection before its answer was ready: counted as `ErrorKind.client_closed`, answered
+    with its status and no body (nobody reads it)."""
 
 
 async def unless_client_leaves(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
@@ -117,8 +114,7 @@ class RouteMetrics:
             self.count_failure(route, track.model, err.kind)
             raise
         except ClientGone:
-            self.metrics.requests.labels(route, track.model).inc()
-            self.metrics.failures.labels(route, track.model, CLIENT_CLOSED).inc()
+            self.count_failure(route, track.model, ErrorKind.client_closed)
             raise
         except Exception:
             self.count_failure(route, track.model, ErrorKind.internal)

@@ -88,3 +88,15 @@ def test_a_dropped_request_frees_its_queue_places_at_once(publish_fake, tmp_path
 
     asyncio.run(run())
     assert backend.batches == [[3], [4, 4]]
+
+
+def test_the_client_closed_series_exists_at_zero_from_start(make_app):
+    """Like every failure kind, a client gone is a series of each served model before any client leaves."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(make_app()) as client:
+        metrics = client.get("/metrics").text
+    for route in ("/embed", "/v1/embeddings", "/similarity"):
+        for model in ("fake-a", "fake-b"):
+            labels = {"route": route, "model": model, "error_type": "client_closed"}
+            assert _sample(metrics, "embed_request_failures_total", **labels) == 0
