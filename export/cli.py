@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     registry_dir = args.registry if args.registry is not None else settings.registry_dir
 
     from core.catalog import ChecksumError, ModelNotFoundError
-    from core.registry import RegistryError
+    from core.registry import RegistryError, current_version
     from core.runtime import cpu_text
     from export.bundle import export_bundle  # imports torch: only once the arguments are known to be valid
     from export.parity import ParityError
@@ -148,7 +148,11 @@ def main(argv: list[str]) -> int:
         )
     elif openvino:
         print(f"openvino-int8: left out ({'; '.join(openvino['failures'])})")
-    promoted = " (promoted)" if args.promote else ""
+    promoted = ""
+    if args.promote:  # promotion leaves a newer version of the name, published meanwhile, current
+        current = current_version(Path(registry_dir), manifest["name"])
+        promoted = (" (promoted)" if current == manifest["version"]
+                    else f" (not promoted: version {current}, published meanwhile, stays current)")  # fmt: skip
     print(
         f"{manifest['name']} version {manifest['version']}{promoted}: {manifest['layers']}/{manifest['source_layers']} "
         f"layers, dim {manifest['dim']}, {manifest['pooling']} pooling, max_seq_length {manifest['max_seq_length']}, "

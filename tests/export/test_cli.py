@@ -30,6 +30,21 @@ def test_cli_exports_truncated_bundle(tiny_bert_path: Path, tmp_path: Path, caps
     assert "prompts" not in out
 
 
+def test_cli_says_when_a_version_published_meanwhile_stays_current(
+    tiny_bert_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--promote` leaves a newer version of the name, promoted by another process meanwhile, current: the command
+    must not print "(promoted)" for a version that is not served."""
+    argv = ["export", str(tiny_bert_path), "--layers", "2", "--name", "tiny", "--registry", str(tmp_path)]
+    assert embedder_main([*argv, "--promote"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(registry, "promote", lambda root, name, version: False)  # another process's is newer
+    assert embedder_main([*argv, "--promote"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny version 2 (not promoted: version 1, published meanwhile, stays current)" in out
+    assert "(promoted)" not in out and registry.current_version(tmp_path, "tiny") == "1"
+
+
 def test_cli_names_the_prompts_a_bundle_keeps(tiny_bert_path: Path, tmp_path: Path, capsys) -> None:
     import json
     import shutil
