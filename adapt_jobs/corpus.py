@@ -16,6 +16,7 @@ out only documents that rule can crop, and reports its yield.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ class Corpus:
         """Write ``corpus.jsonl`` into ``folder`` (one object per document)."""
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / CORPUS_FILE
-        with path.open("w", encoding="utf-8") as out:
+        # the customer's documents: readable by the service's own user only, whatever the umask
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as out:
             for i, text in enumerate(self.texts):
                 record: dict[str, Any] = {"text": text}
                 if self.labels is not None:

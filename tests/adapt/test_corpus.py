@@ -57,6 +57,18 @@ def test_empty_documents_are_dropped_with_their_labels(tmp_path: Path) -> None:
     assert texts == corpus.texts and labels == ["x", "z"]
 
 
+def test_a_saved_corpus_is_readable_by_the_service_user_alone(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    previous = os.umask(0o022)  # the usual umask: files readable by every local user
+    try:
+        check_corpus([TWO_SENTENCES] * 2, None, _limits(min_documents=1)).save(tmp_path / "job")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "job" / "corpus.jsonl").stat().st_mode) == 0o600
+
+
 def test_parse_jsonl_objects_strings_and_plain_text() -> None:
     data = "\n".join(json.dumps(r) for r in [{"text": "a. b.", "label": 1}, {"text": "c. d.", "label": "x"}])
     assert parse_upload(data.encode()) == (["a. b.", "c. d."], ["1", "x"])
