@@ -139,7 +139,8 @@ class ServiceSettings(BaseSettings):
         "while short texts still fill max_batch_size. On CPU a batch of 20 long texts runs about as fast per text as "
         "one of 64, and the queue's length-sorted window cut into smaller batches pads far less, so long texts are "
         "served faster than with TEI's 16384 (docs/BENCHMARKS.md, Peers). Larger: fewer, longer forward passes, more "
-        "padding and memory.",
+        "padding and memory. At least every served model's max_seq_length (one text alone is a batch of that "
+        "many tokens): a model longer than it is refused at start, or not loaded when promoted later, naming both.",
     )
     max_batch_size: int = Field(
         default=64,

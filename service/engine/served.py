@@ -65,6 +65,19 @@ def models_to_serve(settings: ServiceSettings, found: Mapping[str, Path]) -> lis
     return wanted
 
 
+def check_token_budget(name: str, bundle: Path, max_batch_tokens: int) -> None:
+    """RuntimeError, naming both values and what to set, when the bundle's ``max_seq_length`` exceeds
+    ``max_batch_tokens``: one text of that length alone would be a batch over the budget (TEI refuses to start so too).
+    Read from the manifest, before the bundle is loaded and its engines are timed."""
+    max_seq_length = int(registry.read_manifest(bundle)["max_seq_length"])
+    if max_seq_length > max_batch_tokens:
+        raise RuntimeError(
+            f"model {name!r} ({bundle}) has max_seq_length {max_seq_length}, more than max_batch_tokens "
+            f"({max_batch_tokens}): one text of {max_seq_length} tokens alone would be a batch over the token budget; "
+            f"set EMBED_MAX_BATCH_TOKENS to at least {max_seq_length}, or serve a bundle with a shorter max_seq_length"
+        )
+
+
 class ModelManager:
     """Loads the promoted bundles named by the settings and keeps them current."""
 
@@ -157,6 +170,7 @@ class ModelManager:
     # ---------------------------------------------------------------------------------- internals
     async def _load(self, name: str, bundle: Path) -> ServedModel:
         started = time.perf_counter()
+        await asyncio.to_thread(check_token_budget, name, bundle, self.settings.max_batch_tokens)
         backend = await asyncio.to_thread(self._load_and_warm, bundle)
         if backend.info.name != name:
             log.warning("bundle %s says its name is %r; serving it as %r", bundle, backend.info.name, name)

@@ -123,6 +123,20 @@ def test_missing_models_fail_at_start_with_what_to_do(make_app, tmp_path):
         _start(make_app(registry_dir=tmp_path / "empty"))
 
 
+def test_a_model_longer_than_the_token_budget_is_refused_at_start_and_at_reload(fake_registry, make_app, publish_fake):
+    """One text of max_seq_length tokens alone would be a batch over max_batch_tokens: the server does not start with
+    such a model, and a version promoted later with such a length is not loaded (the previous one stays served)."""
+    publish_fake(fake_registry, "long", max_seq_length=64)
+    with pytest.raises(RuntimeError, match=r"'long'.*max_seq_length 64, more than max_batch_tokens \(16\).*"
+                       r"set EMBED_MAX_BATCH_TOKENS to at least 64"):  # fmt: skip
+        _start(make_app(models="fake-a,long", max_batch_tokens=16))
+    with TestClient(make_app(models="fake-a,fake-b", max_batch_tokens=16), raise_server_exceptions=False) as client:
+        models = client.app.state.engine.models
+        publish_fake(fake_registry, "fake-b", dim=8, max_seq_length=17)
+        assert client.portal.call(models.refresh) == []
+        assert client.post("/embed", json={"inputs": "a", "model": "fake-b"}).headers["x-model-version"] == "1"
+
+
 def test_graceful_shutdown_finishes_in_flight_and_refuses_new(make_app, serve):
     app = make_app()
     with serve(app, grace_seconds=10) as (url, server):
