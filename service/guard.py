@@ -127,8 +127,9 @@ class GuardMiddleware:
             return
         svc: RouteMetrics = self.state.route_metrics
         keys: ApiKeys = self.state.keys
-        headers = dict(scope.get("headers", ()))
-        authorization = headers.get(b"authorization")
+        headers = dict(scope.get("headers", ()))  # a repeated header's last value, for the headers read below
+        # but the first Authorization header, as the routes read it (Starlette's Headers.get): one caller per request
+        authorization = next((value for name, value in scope.get("headers", ()) if name == b"authorization"), None)
         context = RequestContext(
             request_id=request_id(headers.get(b"x-request-id")),
             caller=keys.identify(authorization.decode("latin-1") if authorization is not None else None),

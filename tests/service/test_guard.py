@@ -100,6 +100,19 @@ def test_admissions_are_counted_per_key(make_app, serve):
     assert KEY not in metrics and other not in metrics
 
 
+def test_a_second_authorization_header_does_not_change_who_the_caller_is(make_app, serve):
+    """The guard (admission, counters, logs) and the routes read the same Authorization header, the first: a request
+    carrying two is served and counted as the first one's key, whatever the second holds."""
+    other = "client-key-2"
+    app = make_app(models=["fake-a"], api_keys=f"{KEY},{other}")
+    with serve(app) as (url, _):
+        headers = [("authorization", f"Bearer {KEY}"), ("authorization", f"Bearer {other}")]
+        assert httpx.post(f"{url}/embed", json={"inputs": "x"}, headers=headers).status_code == 200
+        metrics = httpx.get(f"{url}/metrics").text
+    assert f'embed_admissions_total{{key_id="{key_id(KEY)}",outcome="admitted"}} 1.0' in metrics
+    assert f'embed_admissions_total{{key_id="{key_id(other)}",outcome="admitted"}} 0.0' in metrics
+
+
 def test_a_requests_log_line_and_trace_carry_its_request_id_and_key_id(make_settings, fake_backend_cls, serve):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
