@@ -7,11 +7,11 @@ How a batch is formed (TEI's token-budget queue, with length sorting to cut padd
   queued. A request is refused (429, ``Retry-After`` = the estimated seconds to drain the queue) if the texts
   waiting plus the new ones exceed ``max_queue_size`` (memory), or if at least ``queue_wait_min_requests``
   requests are already waiting ahead of it *and* their work would take longer than ``max_queue_wait_seconds``
-  at the recent throughput (`Throughput`) — latency under a flood. The request floor is what makes the wait
-  bound hold on any CPU: a few concurrent clients are always served however large their requests and however
-  slow the CPU (the work ahead of a client among k is at most k - 1 of its own requests, wherever it runs), and
-  only a crowd of requests meets a bound in seconds. The wait bound applies only once the throughput is known
-  (a cold model admits what the count bound admits).
+  at the recent throughput (`service.engine.throughput.Throughput`) — latency under a flood. The request floor is
+  what makes the wait bound hold on any CPU: a few concurrent clients are always served however large their
+  requests and however slow the CPU (the work ahead of a client among k is at most k - 1 of its own requests,
+  wherever it runs), and only a crowd of requests meets a bound in seconds. The wait bound applies only once the
+  throughput is known (a cold model admits what the count bound admits).
 * Capacity is shared fairly between callers (API keys; `service.engine.fair`): texts wait in one FIFO per key,
   and the loop draws them in deficit round robin by tokens, so a key with a few clients is served as many tokens
   per round as a key flooding the queue. The bounds above apply per key once several keys have texts queued: a key
@@ -53,6 +53,7 @@ import numpy as np
 from service.auth import ANONYMOUS
 from service.backend.base import Backend, Tokenized
 from service.engine.fair import FairQueue
+from service.engine.throughput import Throughput
 from service.errors import ErrorKind, ServiceError
 from service.metrics import ServiceMetrics
 
@@ -86,39 +87,6 @@ class _Item:
     job: EmbedJob
     row: int
     tokens: Tokenized
-
-
-@dataclass
-class Throughput:
-    """Recent delivered tokens per second of busy wall-clock time, for admission and Retry-After.
-
-    * Tokens, not texts: a batch costs about its tokens, so a queue of paragraphs is not mistaken for
-      a queue of short sentences (on 2 cores they run at ~44 and ~370 texts/s but similar tokens/s).
-    * Busy wall-clock time: a batch's interval runs from its launch to the moment the event loop
-      collects its result, and the next batch is launched only then, so the intervals tile the time
-      the model was busy, including the loop's delay in collecting results under load (capacity
-      really lost); idle gaps between requests say nothing about capacity and are left out.
-    * Decayed sums, not an average of per-batch rates: tokens over seconds weighs each batch by its
-      time, where averaging rates lets many small fast batches overstate the capacity.
-      ``horizon_seconds`` of busy time is the decay constant: shorter follows a change of workload
-      sooner but is noisier.
-    """
-
-    horizon_seconds: float = 2.0
-    tokens: float = 0.0
-    seconds: float = 0.0
-    batches: int = 0
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        """None until a batch has been delivered (cold start)."""
-        return self.tokens / self.seconds if self.seconds > 0 else None
-
-    def update(self, tokens: int, seconds: float) -> None:
-        keep = math.exp(-seconds / self.horizon_seconds)
-        self.tokens = self.tokens * keep + tokens
-        self.seconds = self.seconds * keep + seconds
-        self.batches += 1
 
 
 class Batcher:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from service.engine import batcher as batcher_module
-from service.engine.batcher import Batcher, Throughput
+from service.engine.batcher import Batcher
+from service.engine.throughput import Throughput
 from service.errors import ErrorKind, ServiceError
 from service.metrics import ServiceMetrics
 
