@@ -5,7 +5,9 @@ exported once per session with `export.bundle.export_bundle`.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import re
 import subprocess
 import threading
@@ -222,3 +224,23 @@ def live_server(app: FastAPI, grace_seconds: float = 5.0) -> Iterator[tuple[str,
 @pytest.fixture
 def serve() -> Callable[..., Any]:
     return live_server
+
+
+@contextmanager
+def service_log(formatter: logging.Formatter) -> Iterator[io.StringIO]:
+    """What the ``service`` logger writes at INFO while the block runs, with each request's context, as text."""
+    from service.observability import RequestContextFilter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RequestContextFilter())
+    handler.setFormatter(formatter)
+    logger = logging.getLogger("service")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield stream
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)

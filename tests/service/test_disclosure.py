@@ -3,14 +3,14 @@ the path asked for (no forged lines, no terminal escapes), and an error quotes w
 
 from __future__ import annotations
 
-import io
 import logging
 import socket
 
 from fastapi.testclient import TestClient
 
 from service.errors import MAX_MESSAGE_CHARS
-from service.observability import TEXT_FORMAT, RequestContextFilter
+from service.observability import TEXT_FORMAT
+from tests.service.conftest import service_log
 
 FORGED = "2026-01-01 00:00:00,000 INFO service: forged"
 
@@ -24,22 +24,10 @@ def _raw(url: str, request: bytes) -> str:
 
 def test_a_path_with_newlines_and_escapes_stays_on_its_own_access_log_line(make_app, serve):
     app = make_app(models=["fake-a"], access_log=True)
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.addFilter(RequestContextFilter())
-    handler.setFormatter(logging.Formatter(TEXT_FORMAT))
-    service_log = logging.getLogger("service")
-    service_log.addHandler(handler)
-    previous = service_log.level
-    service_log.setLevel(logging.INFO)
-    try:
-        with serve(app) as (url, _):
-            # uvicorn decodes the path: %0a is a newline, %1b the escape that starts a terminal's colour code
-            head = _raw(url, b"GET /x%0d%0a" + FORGED.replace(" ", "%20").encode() + b"%1b[31m HTTP/1.1\r\n"
-                             b"host: localhost\r\n\r\n")  # fmt: skip
-    finally:
-        service_log.removeHandler(handler)
-        service_log.setLevel(previous)
+    with service_log(logging.Formatter(TEXT_FORMAT)) as stream, serve(app) as (url, _):
+        # uvicorn decodes the path: %0a is a newline, %1b the escape that starts a terminal's colour code
+        head = _raw(url, b"GET /x%0d%0a" + FORGED.replace(" ", "%20").encode() + b"%1b[31m HTTP/1.1\r\n"
+                         b"host: localhost\r\n\r\n")  # fmt: skip
     assert head.startswith("HTTP/1.1 404")
     lines = stream.getvalue().splitlines()
     access = [line for line in lines if " GET /x" in line]

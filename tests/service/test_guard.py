@@ -3,9 +3,7 @@ any capacity is taken, the body's pace bounded, per-key admission metrics, and w
 
 from __future__ import annotations
 
-import io
 import json
-import logging
 import socket
 import time
 
@@ -16,7 +14,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from service.app import create_app
 from service.auth import key_id
-from service.observability import JsonFormatter, RequestContextFilter, request_id
+from service.observability import JsonFormatter, request_id
+from tests.service.conftest import service_log
 
 KEY = "client-key-1"
 
@@ -121,23 +120,11 @@ def test_a_requests_log_line_and_trace_carry_its_request_id_and_key_id(make_sett
         make_settings(models=["fake-a"], api_keys=KEY, access_log=True, log_format="json"),
         backend_factory=fake_backend_cls, include_adapt=False, tracer_provider=provider,
     )  # fmt: skip
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.addFilter(RequestContextFilter())
-    handler.setFormatter(JsonFormatter())
-    service_log = logging.getLogger("service")
-    service_log.addHandler(handler)
-    previous = service_log.level
-    service_log.setLevel(logging.INFO)
-    try:
-        with serve(app) as (url, _):
-            response = httpx.post(
-                f"{url}/v1/embeddings", json={"input": ["a", "b"]},
-                headers={"authorization": f"Bearer {KEY}", "x-request-id": "req-1"},
-            )  # fmt: skip
-    finally:
-        service_log.removeHandler(handler)
-        service_log.setLevel(previous)
+    with service_log(JsonFormatter()) as stream, serve(app) as (url, _):
+        response = httpx.post(
+            f"{url}/v1/embeddings", json={"input": ["a", "b"]},
+            headers={"authorization": f"Bearer {KEY}", "x-request-id": "req-1"},
+        )  # fmt: skip
     assert response.status_code == 200
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     access = [line for line in lines if line["message"].startswith("POST /v1/embeddings 200")]
