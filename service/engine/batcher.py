@@ -33,8 +33,12 @@ How a batch is formed (TEI's token-budget queue, with length sorting to cut padd
   ~0.5 ms of a 2 ms text. The loop is held for that long (the model is busy meanwhile either way); any slow
   small batch (a crowded machine) sends them back to the inference thread for the next ``INLINE_HISTORY``.
 
-Results are bitwise independent of batch composition up to float rounding: the graph masks padding
-(tested: a text alone equals the same text inside a large mixed batch within 1e-5).
+Whether results depend on the batch a text is in depends on the graph. fp32 graphs (and OpenVINO's int8, whose
+scales were fixed at export) mask the padding, so a text's embedding does not depend on its batch beyond float
+rounding (tested: with onnxruntime fp32, a text alone equals the same text inside a large mixed batch within 1e-5).
+onnxruntime's dynamic int8 quantises each activation with one scale over the whole batch, padding included, so a short
+text among long ones comes out slightly differently: held to the parity bars, since the export and the engine check
+at load score every probe at the worse of length-sorted and mixed-length batches (`core.runtime.probe_cosines`).
 """
 
 from __future__ import annotations
