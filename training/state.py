@@ -2,13 +2,15 @@
 
 `TrainState` is everything that changes from step to step apart from the tensors (model, objective, optimiser):
 the position in the data, the best validation so far, the logs, and the clock. `save` writes it with those
-tensors and every RNG to ``DIR/checkpoint/state.pt`` (written aside, then renamed over the last one); `restore`
-reads it back, so a resumed run continues bit-for-bit where the interrupted one stopped.
+tensors, the state the regularisers keep outside their registered tensors (`extra_states`: the rehearsal's draw of
+texts and its kept reference embeddings) and every RNG to ``DIR/checkpoint/state.pt`` (written aside, then renamed
+over the last one); `restore` reads it back, so a resumed run continues bit-for-bit where the interrupted one stopped.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -22,6 +24,8 @@ import torch
 from torch import nn
 
 from training.config import TrainConfig, show_value
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 METRICS_FILE = "metrics.jsonl"  # in the run's output folder, next to the checkpoint folder
@@ -80,15 +84,18 @@ class TrainState:
         optimizer: torch.optim.Optimizer,
         layers: int,
         device: torch.device,
+        regularisers: dict[str, nn.Module] | None = None,
     ) -> None:
-        """Write ``folder/state.pt`` with the tensors and every torch RNG. The file is written next to its place and
-        renamed over the previous one, which replaces it in one step: interrupted at any moment (Ctrl-C, a kill, a full
-        disk), the folder holds either the previous checkpoint or this one, whole."""
+        """Write ``folder/state.pt`` with the tensors, the regularisers' `extra_states` and every torch RNG. The file
+        is written next to its place and renamed over the previous one, which replaces it in one step: interrupted at
+        any moment (Ctrl-C, a kill, a full disk), the folder holds either the previous checkpoint or this one,
+        whole."""
         folder.mkdir(parents=True, exist_ok=True)
         staging = folder / (STATE_FILE + ".tmp")
         state = {
             "model": model.state_dict(),
             "objective": objective.state_dict(),
+            "regularisers": extra_states(regularisers or {}),
             "optimizer": optimizer.state_dict(),
             "step": self.step,
             "epoch": self.epoch,
@@ -119,8 +126,9 @@ class TrainState:
         optimizer: torch.optim.Optimizer,
         layers: int,
         device: torch.device,
+        regularisers: dict[str, nn.Module] | None = None,
     ) -> TrainState:
-        """Load ``folder/state.pt`` into the tensors and the torch RNGs and return the run's state.
+        """Load ``folder/state.pt`` into the tensors, the regularisers and the torch RNGs and return the run's state.
 
         The run's metrics log (``metrics.jsonl`` next to ``folder``) is cut back to the lines of the steps and
         validations the checkpoint holds: a session killed after its last checkpoint had logged steps that the
@@ -135,6 +143,7 @@ class TrainState:
         if state["objective"] is not None:  # None: written when CoSENT was not yet a module (it has no state)
             objective.load_state_dict(state["objective"])
         optimizer.load_state_dict(state["optimizer"])
+        load_extra_states(regularisers or {}, state.get("regularisers", {}))
         torch.set_rng_state(state["torch_rng"])
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], device)
@@ -165,6 +174,37 @@ class TrainState:
         staging = path.with_name(path.name + ".tmp")
         staging.write_text("".join(json.dumps(record, default=float) + "\n" for record in records))
         os.replace(staging, path)
+
+
+def _keeps_extra_state(module: nn.Module) -> bool:
+    return type(module).get_extra_state is not nn.Module.get_extra_state
+
+
+def extra_states(modules: dict[str, nn.Module]) -> dict[str, Any]:
+    """The state ``modules`` (and their submodules) keep outside their registered tensors, through torch's
+    ``get_extra_state`` hook — a random generator's position, values computed as they ran —, by ``key.submodule``.
+    Regularisers are rebuilt from the recipe on resume and their registered tensors are frozen copies (the anchor's
+    start model, the rehearsal's reference), so this is all of theirs a checkpoint needs; an objective's extra state is
+    in its ``state_dict`` already."""
+    return {
+        f"{key}.{name}": sub.get_extra_state()
+        for key, module in modules.items()
+        for name, sub in module.named_modules()
+        if _keeps_extra_state(sub)
+    }
+
+
+def load_extra_states(modules: dict[str, nn.Module], states: dict[str, Any]) -> None:
+    """Give ``modules`` back the `extra_states` a checkpoint holds. A checkpoint written before a term's state was
+    kept has none: the term starts afresh (the run goes on, no longer bit-for-bit), and the log says so."""
+    for key, module in modules.items():
+        for name, sub in module.named_modules():
+            if not _keeps_extra_state(sub):
+                continue
+            if f"{key}.{name}" in states:
+                sub.set_extra_state(states[f"{key}.{name}"])
+            else:
+                log.warning("the checkpoint holds no state for the %r term: it starts from its seed again", key)
 
 
 # what a resumed run may set differently from the session that wrote its checkpoint: how long it runs, how often it

@@ -242,6 +242,7 @@ class Run:
             optimizer=self.optimizer,
             layers=self.models.layers,
             device=self.device,
+            regularisers=self.regularisers,
         )
 
     def _log(self, record: dict[str, Any]) -> None:
@@ -301,7 +302,7 @@ def train(
     if resuming:
         state = TrainState.restore(
             out / "checkpoint", model=student, objective=objective, optimizer=optimizer, layers=models.layers,
-            device=run_device,
+            device=run_device, regularisers=regularisers,
         )  # fmt: skip
 
     with (out / "metrics.jsonl").open("a" if resuming else "w") as metrics_log:

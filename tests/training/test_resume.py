@@ -60,3 +60,24 @@ def test_a_resumed_run_whose_best_folder_is_gone_writes_it_again(
     assert resumed.best_dir.is_dir()
     assert (resumed.best_step, resumed.best_score) == (2, 0.2)
     assert [(e["step"], e["best"]) for e in resumed.evaluations] == [(0, True), (1, True), (2, True), (3, False)]
+
+
+def test_a_rehearsing_run_resumes_bit_for_bit(tmp_path: Path, tiny_bert_path: Path) -> None:
+    """The rehearsal draws its general texts from its own random generator and keeps its reference's embedding of each
+    (a text embedded in another batch, padded otherwise, differs in its last bits): the checkpoint carries both, so
+    the resumed run rehearses the texts, and the vectors, the uninterrupted run does."""
+    general = [f"General sentence {i} about topic {i}" + ", written to be rehearsed" * (i % 4) for i in range(12)]
+    settings = {"max_steps": 6, "log_every": 1, "rehearsal_weight": 5.0, "rehearsal_texts": tuple(general),
+                "rehearsal_batch_size": 4}  # fmt: skip
+    straight = train(tiny_config(tmp_path, tiny_bert_path, "straight", **settings))
+    config = tiny_config(tmp_path, tiny_bert_path, "resumed", **settings)
+    calls = {"n": 0}
+
+    def stop_after_three() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    assert train(config, should_stop=stop_after_three).steps == 3
+    resumed = train(config.replace(resume=True))
+    assert [r["rehearsal_loss"] for r in resumed.history] == [r["rehearsal_loss"] for r in straight.history]
+    assert_same_weights(weights(resumed.final_dir), weights(straight.final_dir), atol=0)

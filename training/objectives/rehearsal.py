@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +46,9 @@ class SimilarityRehearsal(nn.Module):
     optimiser's and the checkpoint's already); ``reference`` is frozen here, so its embedding of a text never
     changes: each text is embedded by it once, when first drawn, and kept (a pool of 4,000 texts × 384 floats is
     6 MB; over /adapt's 120 steps of 64 the reference embeds ~3,400 texts instead of 7,680). The reference is
-    rebuilt from the recipe on resume, never checkpointed, and so is the cache; the draw of texts restarts from
-    ``seed``."""
+    rebuilt from the recipe on resume, never checkpointed; the kept embeddings and where the draw of texts is go into
+    the checkpoint (``get_extra_state``): a text embedded in another batch may differ in its last bits, so a resumed
+    run rehearses on exactly the vectors and texts an uninterrupted one does."""
 
     def __init__(
         self,
@@ -84,6 +86,21 @@ class SimilarityRehearsal(nn.Module):
         self.position_weight = float(position_weight)
         self.rng = random.Random(seed)
         self._reference_vectors: dict[int, Tensor] = {}  # text index → the reference's L2-normalised embedding
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The draw's position and the kept reference embeddings (torch's hook for state outside the registered
+        tensors; the trainer's checkpoint saves it)."""
+        kept = list(self._reference_vectors)
+        vectors = torch.stack([self._reference_vectors[i] for i in kept]).cpu() if kept else None
+        return {"rng": self.rng.getstate(), "indices": kept, "vectors": vectors}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["rng"])
+        self._reference_vectors = {}
+        if state["vectors"] is not None:
+            device = next(self.reference.parameters()).device
+            vectors = state["vectors"].to(device)
+            self._reference_vectors = dict(zip(state["indices"], vectors.unbind(0), strict=True))
 
     def reference_vectors(self, indices: Sequence[int]) -> Tensor:
         """The reference's normalised embeddings of ``self.texts[i]`` for ``indices``, (len, D_ref): the texts not
