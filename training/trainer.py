@@ -51,7 +51,15 @@ from training.config import TrainConfig
 from training.data import corpus_names
 from training.encoder import Encoder
 from training.inputs import TrainingData, load_training_data
-from training.state import BEST_DIR, FINAL_DIR, STATE_FILE, TrainState, seed_everything, without_rng_side_effects
+from training.state import (
+    BEST_DIR,
+    FINAL_DIR,
+    METRICS_FILE,
+    STATE_FILE,
+    TrainState,
+    seed_everything,
+    without_rng_side_effects,
+)
 from training.targets import TEACHER_EMBEDDINGS, TeacherTargets
 from training.validation import TeacherFidelityValidation, Validation
 from training.views import PairStream
@@ -305,13 +313,13 @@ def train(
             device=run_device, regularisers=regularisers,
         )  # fmt: skip
 
-    with (out / "metrics.jsonl").open("a" if resuming else "w") as metrics_log:
+    with (out / METRICS_FILE).open("a" if resuming else "w") as metrics_log:
         state.start_clock()
         run = Run(
             config, models, objective, regularisers, optimizer, validation, state, run_device, total_steps,
             metrics_log, progress, targets,
         )  # fmt: skip
-        stopped_by = ""
+        stopped_by, record = "", None
         if state.step == 0 and run.validation_due() and not state.evaluations and run.validate():  # the start model
             stopped_by = "early_stopping"
         batches = stream.batches(state.epoch, state.index)
@@ -336,6 +344,8 @@ def train(
                     run.save_checkpoint()
                 student.train()  # validation left it in eval mode
 
+        if record is not None and not (state.history and state.history[-1]["step"] == state.step):
+            state.history.append(record)  # a session's last step is logged whatever log_every says
         if validation is not None and (not state.evaluations or state.evaluations[-1]["step"] != state.step):
             run.validate()
         run.save_checkpoint()
@@ -343,6 +353,7 @@ def train(
         if validation is None:
             save_model(student, out / BEST_DIR, models.saved_max_seq_length)
             state.best_step = state.step
+    state.rewrite_metrics_log(out / METRICS_FILE)  # the last step's line goes before its validation's
 
     if targets is not None:
         setup["teacher_embedded_texts"] = targets.computed
@@ -395,7 +406,7 @@ def _teacher_side(
 def _prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:
     """Clear a previous run's outputs unless resuming it; record the recipe."""
     if fresh:
-        for stale in ("checkpoint", BEST_DIR, FINAL_DIR, "metrics.jsonl", "result.json"):
+        for stale in ("checkpoint", BEST_DIR, FINAL_DIR, METRICS_FILE, "result.json"):
             target = out / stale
             shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
