@@ -218,13 +218,34 @@ def parameter_groups(modules: Sequence[nn.Module], weight_decay: float) -> list[
 
 
 def save_model(encoder: Encoder, folder: Path, max_seq_length: int) -> None:
-    """Write the model next to its final place, then swap it in: a reader never sees half a folder.
+    """Write the model next to its final place, then swap it in: a reader never sees half a folder, and a save
+    interrupted at any moment leaves the old model or the new one, whole (`recover_model_folder` puts it back).
 
-    The folder records ``max_seq_length`` (the source model's limit) rather than the training length, so that
-    the shipped model does not silently cut long inputs to the length its training crops were cut to.
+    The new model is written to ``folder.tmp``; the old folder is moved aside to ``folder.old``, the new one renamed
+    in, then the old one removed. The folder records ``max_seq_length`` (the source model's limit) rather than the
+    training length, so that the shipped model does not silently cut long inputs to the length its training crops
+    were cut to.
     """
-    staging = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
+    recover_model_folder(folder)
+    staging, aside = _swap_folders(folder)
     encoder.save(staging, max_seq_length=max_seq_length)
-    shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists():
+        folder.rename(aside)
     staging.rename(folder)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def recover_model_folder(folder: Path) -> None:
+    """Finish or undo a `save_model` of ``folder`` that was interrupted: the old model moved aside with no new one
+    renamed in goes back (the run's checkpoint still names it); a half-written new model, or an old one the new one
+    already replaced, is removed."""
+    staging, aside = _swap_folders(folder)
+    if aside.exists() and not folder.exists():
+        aside.rename(folder)
+    shutil.rmtree(aside, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_folders(folder: Path) -> tuple[Path, Path]:
+    """Where `save_model` writes the new model, and where it moves the old one aside."""
+    return folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")

@@ -44,6 +44,7 @@ from training.assembly import (
     build_objective,
     build_regularisers,
     parameter_groups,
+    recover_model_folder,
     resolve_device,
     save_model,
 )
@@ -404,7 +405,10 @@ def _teacher_side(
 
 
 def _prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:
-    """Clear a previous run's outputs unless resuming it; record the recipe."""
+    """Clear a previous run's outputs unless resuming it (then finish or undo a model save it left half-done, before
+    the checkpoint is read: it looks for best/); record the recipe."""
+    for folder in (BEST_DIR, FINAL_DIR):
+        recover_model_folder(out / folder)
     if fresh:
         for stale in ("checkpoint", BEST_DIR, FINAL_DIR, METRICS_FILE, "result.json"):
             target = out / stale
