@@ -15,13 +15,12 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from core.catalog import ModelNotFoundError, resolve_model
-from core.model_folder import RECIPE_FILE
 from core.settings import get_settings
 from core.text import CorpusError
 from evaluation.tasks.crops import TooFewCropPairs
 from training.assembly import needs_reference, resolve_device
 from training.config import RECIPES_DIR, ConfigError, TrainConfig, load_config
-from training.state import BEST_DIR, STATE_FILE, resume_conflicts
+from training.state import BEST_DIR, STATE_FILE
 from training.trainer import train
 
 
@@ -129,14 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"embedder train: {problem}", file=sys.stderr)
         return 2
     out = config.resolved_output_dir
-    if config.resume and (out / "checkpoint" / STATE_FILE).is_file():
-        conflicts = resume_conflicts(config, out / RECIPE_FILE)
-        if conflicts:
-            print(f"embedder train: cannot resume {out}: its checkpoint was trained with other settings "
-                  f"({'; '.join(conflicts)}): resume with the recipe that wrote it, or set another output_dir for a "
-                  "new run", file=sys.stderr)  # fmt: skip
-            return 2
-    elif config.resume:
+    if config.resume and not (out / "checkpoint" / STATE_FILE).is_file():
         print(f"embedder train: no checkpoint in {out} to resume: starting a new run", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stop = _StopOnInterrupt()
@@ -154,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED
     # a corpus that names nothing readable or holds too little, a model name that resolves to no folder, objective
     # parameters the objective refuses, held-out documents too few or short for crop pairs, a batch larger than an
-    # epoch, layers the model does not have, a checkpoint of another model: the recipe's to fix
+    # epoch, layers the model does not have, a checkpoint of another model or trained with other settings (`train`
+    # refuses such a resume before any work): the recipe's to fix
     except (CorpusError, ModelNotFoundError, ConfigError, TooFewCropPairs, ValueError) as exc:
         print(f"embedder train: {exc}", file=sys.stderr)
         return 2

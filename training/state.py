@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.config import TrainConfig, show_value
+from core.model_folder import RECIPE_FILE
+from training.config import ConfigError, TrainConfig, show_value
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,18 @@ RESUMABLE_CHANGES = frozenset({
     "name", "output_dir", "resume", "progress_bar", "num_threads", "device", "max_steps", "epochs", "time_budget_s",
     "eval_every", "early_stopping_patience", "checkpoint_every", "log_every",
 })  # fmt: skip
+
+
+def check_resume(config: TrainConfig, out: Path) -> None:
+    """Refuse to resume the run in ``out`` with settings that change what its checkpoint's steps meant (see
+    `RESUMABLE_CHANGES`): `ConfigError` naming the keys, ``key = old → new``. `train` calls it before any work, so
+    every caller gets it."""
+    conflicts = resume_conflicts(config, out / RECIPE_FILE)
+    if conflicts:
+        raise ConfigError(
+            f"cannot resume {out}: its checkpoint was trained with other settings ({'; '.join(conflicts)}): resume "
+            "with the recipe that wrote it, or set another output_dir for a new run"
+        )
 
 
 def resume_conflicts(config: TrainConfig, recorded: Path) -> list[str]:

@@ -58,6 +58,7 @@ from training.state import (
     METRICS_FILE,
     STATE_FILE,
     TrainState,
+    check_resume,
     seed_everything,
     without_rng_side_effects,
 )
@@ -291,6 +292,8 @@ def train(
     seed_everything(config.seed)
     out = config.resolved_output_dir
     resuming = config.resume and (out / "checkpoint" / STATE_FILE).is_file()
+    if resuming:
+        check_resume(config, out)  # before _prepare_output records this config as the run's
     _prepare_output(config, out, fresh=not resuming)
 
     data = load_training_data(config, crop_rule)

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from core.model_folder import RECIPE_FILE
 from tests.training.test_trainer import assert_same_weights, tiny_config, weights
+from training.config import ConfigError
 from training.encoder import Encoder
+from training.state import STATE_FILE
 from training.trainer import train
 from training.validation import CropPairValidation
 
@@ -81,3 +84,22 @@ def test_a_rehearsing_run_resumes_bit_for_bit(tmp_path: Path, tiny_bert_path: Pa
     resumed = train(config.replace(resume=True))
     assert [r["rehearsal_loss"] for r in resumed.history] == [r["rehearsal_loss"] for r in straight.history]
     assert_same_weights(weights(resumed.final_dir), weights(straight.final_dir), atol=0)
+
+
+def test_train_refuses_to_resume_with_settings_that_change_what_the_checkpoint_trained(
+    tmp_path: Path, tiny_bert_path: Path
+) -> None:
+    """The guard is train()'s own, so every caller (the CLI, /adapt, a script) gets it, before any work."""
+    config = tiny_config(tmp_path, tiny_bert_path, max_steps=2)
+    first = train(config)
+    recipe = (first.output_dir / RECIPE_FILE).read_text()
+    checkpoint = (first.output_dir / "checkpoint" / STATE_FILE).read_bytes()
+    with pytest.raises(ConfigError) as refused:
+        train(config.replace(resume=True, max_steps=3, batch_size=6, lr=1e-4))
+    assert str(refused.value) == (
+        f"cannot resume {first.output_dir}: its checkpoint was trained with other settings (batch_size = 4 → 6; "
+        "lr = 0.001 → 0.0001): resume with the recipe that wrote it, or set another output_dir for a new run"
+    )
+    assert (first.output_dir / RECIPE_FILE).read_text() == recipe
+    assert (first.output_dir / "checkpoint" / STATE_FILE).read_bytes() == checkpoint
+    assert train(config.replace(resume=True, max_steps=3, eval_every=1)).steps == 3  # how long, how often: allowed
