@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,8 +34,6 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from core.corpora import CUSTOM_CORPUS
-from core.model_folder import RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
 from core.text import CropRule
 from training.assembly import (
     Models,
@@ -44,14 +41,13 @@ from training.assembly import (
     build_objective,
     build_regularisers,
     parameter_groups,
-    recover_model_folder,
     resolve_device,
     save_model,
 )
 from training.config import TrainConfig
-from training.data import corpus_names
 from training.encoder import Encoder
 from training.inputs import TrainingData, load_training_data
+from training.run_folder import prepare_output
 from training.state import (
     BEST_DIR,
     FINAL_DIR,
@@ -294,7 +290,7 @@ def train(
     resuming = config.resume and (out / "checkpoint" / STATE_FILE).is_file()
     if resuming:
         check_resume(config, out)  # before _prepare_output records this config as the run's
-    _prepare_output(config, out, fresh=not resuming)
+    prepare_output(config, out, fresh=not resuming)
 
     data = load_training_data(config, crop_rule)
     models = build_models(config, run_device, data.validation)
@@ -405,27 +401,3 @@ def _teacher_side(
         preset = Path(config.teacher_vectors) if config.teacher_vectors else None
         targets = TeacherTargets(reference, store, preset)
     return validation, targets, setup
-
-
-def _prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:
-    """Clear a previous run's outputs unless resuming it (then finish or undo a model save it left half-done, before
-    the checkpoint is read: it looks for best/); record the recipe."""
-    for folder in (BEST_DIR, FINAL_DIR):
-        recover_model_folder(out / folder)
-    if fresh:
-        for stale in ("checkpoint", BEST_DIR, FINAL_DIR, METRICS_FILE, "result.json"):
-            target = out / stale
-            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    recipe = {**config.to_dict(), TRAINED_ON_KEY: trained_on(config)}
-    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))
-
-
-def trained_on(config: TrainConfig) -> list[str]:
-    """The corpora the run's weights are trained on: those the start model's recipe declares, then the run's own
-    (built-in names, or ``custom`` for scored pairs, a path or texts), the rehearsal's texts included. Evaluation
-    judges domains by them."""
-    own = [CUSTOM_CORPUS] if config.pairs else corpus_names(config.corpus)
-    if config.rehearsal_weight > 0 and config.rehearsal_texts:
-        own += corpus_names(config.rehearsal_texts)
-    return list(dict.fromkeys(read_trained_on(config.model) + own))

@@ -17,7 +17,7 @@ from evaluation.suite import task_texts
 from evaluation.tasks import TASKS, resolve_task
 from training.config import RECIPES_DIR, TrainConfig, load_config
 from training.data import BUILTIN_CORPORA
-from training.trainer import trained_on
+from training.run_folder import trained_on
 
 RECIPES = sorted(RECIPES_DIR.glob("*.toml"))
 SHINGLE_WORDS = 8
