@@ -51,6 +51,9 @@ lane_b() {
     train exp-crop crop-minilm "${IN_DOMAIN[@]}"
     train exp-dropout crop-minilm "${IN_DOMAIN[@]}" --set objective=simcse --set views=dropout
     train exp-crop-last2 crop-minilm "${IN_DOMAIN[@]}" --set train_last_layers=2
+    # papers/001 §3.1, self-supervised: the reference is the trained model without gradient; with and without its projector
+    train exp-sct crop-minilm "${IN_DOMAIN[@]}" --set objective=sct --set "objective_params={}"
+    train exp-sct-noproj crop-minilm "${IN_DOMAIN[@]}" --set objective=sct --set "objective_params={projector_layers=0}"
     for objective in barlow_twins vicreg; do  # papers/004: the non-contrastive objectives on the same crops
         train "exp-$objective" crop-minilm "${IN_DOMAIN[@]}" --set objective=$objective --set "objective_params={}"
     done
@@ -71,7 +74,8 @@ compare() {
         --baseline minilm-l6 --speed \
         --heldout-from runs/sct-tiny/recipe.json --out runs/compare-compact.json | tee logs/compare-compact.md
     .venv/bin/python benchmarks/train_compare.py minilm-l6 runs/exp-crop/final runs/exp-dropout/final \
-        runs/exp-crop-last2/final runs/exp-barlow_twins/final runs/exp-vicreg/final --baseline minilm-l6 \
+        runs/exp-crop-last2/final runs/exp-barlow_twins/final runs/exp-vicreg/final runs/exp-sct/final \
+        runs/exp-sct-noproj/final --baseline minilm-l6 \
         --tasks LeeDocSTS ACLSumRetrieval --heldout-from runs/exp-crop/recipe.json \
         --out runs/compare-in-domain.json | tee logs/compare-in-domain.md
 }
