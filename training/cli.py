@@ -85,6 +85,10 @@ def _unwritable_output(out: Path) -> str | None:
     return None
 
 
+# the setting that ended a run, by ``stopped_by``: what a resumed run raises to go on
+_LIMITS = {"max_steps": "max_steps", "epochs": "epochs", "time_budget": "time_budget_s",
+           "early_stopping": "early_stopping_patience"}  # fmt: skip
+
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (128 + SIGINT)
 
 
@@ -174,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             indent=2,
         )
     )
+    if result.already_ended:
+        print(f"embedder train: the run in {out} had already ended ({result.stopped_by} at step {result.steps}): "
+              f"nothing was trained; raise {_LIMITS.get(result.stopped_by, 'max_steps')} to go on",
+              file=sys.stderr)  # fmt: skip
     if result.stopped_by == "cancelled":
         print(f"embedder train: stopped at step {result.steps} by Ctrl-C; --set resume=true continues the run",
               file=sys.stderr)  # fmt: skip

@@ -82,6 +82,8 @@ class TrainResult:
     stopped_by: str  # max_steps | epochs | time_budget | early_stopping | cancelled
     layers: int  # transformer layers of the trained model
     extra: dict[str, Any] = field(default_factory=dict)
+    # resumed, the run had ended already (``stopped_by`` says why) and nothing was trained; not in result.json
+    already_ended: bool = False
 
 
 def lr_factor(step: int, progress: float, warmup: float, total_steps: int | None) -> float:
@@ -131,8 +133,11 @@ class Run:
         return self.config.resolved_output_dir
 
     def stop_reason(self, should_stop: Callable[[], bool] | None) -> str:
-        """Why the run must stop before its next step, or "" to go on."""
+        """Why the run must stop before its next step, or "" to go on (polling ``should_stop``, when given)."""
         config, state = self.config, self.state
+        patience = config.early_stopping_patience
+        if state.evaluations and patience is not None and state.bad_evaluations >= patience:
+            return "early_stopping"  # as the last validation said (a resumed run's, under its patience)
         if self.total_steps is not None and state.step >= self.total_steps:
             return "max_steps" if config.max_steps is not None else "epochs"
         if config.time_budget_s is not None and state.elapsed() >= config.time_budget_s:
@@ -238,6 +243,23 @@ class Run:
         patience = self.config.early_stopping_patience
         return patience is not None and state.bad_evaluations >= patience
 
+    def finish(self, already_ended: bool) -> None:
+        """End the session: validate the last step, checkpoint, save ``final/`` (and ``best/`` without validation).
+        A resumed run that had ended already does only what its last session left undone."""
+        state, student, length = self.state, self.models.student, self.models.saved_max_seq_length
+        undone = not already_ended
+        if self.validation is not None and (not state.evaluations or state.evaluations[-1]["step"] != state.step):
+            self.validate()
+            undone = True
+        if undone:
+            self.save_checkpoint()
+        if undone or not (self.out / FINAL_DIR).is_dir():
+            save_model(student, self.out / FINAL_DIR, length)
+        if self.validation is None:
+            if undone or not (self.out / BEST_DIR).is_dir():
+                save_model(student, self.out / BEST_DIR, length)
+            state.best_step = state.step
+
     def save_checkpoint(self) -> None:
         if self.targets is not None:
             self.targets.save()
@@ -289,7 +311,7 @@ def train(
     out = config.resolved_output_dir
     resuming = config.resume and (out / "checkpoint" / STATE_FILE).is_file()
     if resuming:
-        check_resume(config, out)  # before _prepare_output records this config as the run's
+        check_resume(config, out)  # before prepare_output records this config as the run's
     prepare_output(config, out, fresh=not resuming)
 
     data = load_training_data(config, crop_rule)
@@ -319,8 +341,11 @@ def train(
             config, models, objective, regularisers, optimizer, validation, state, run_device, total_steps,
             metrics_log, progress, targets,
         )  # fmt: skip
-        stopped_by, record = "", None
-        if state.step == 0 and run.validation_due() and not state.evaluations and run.validate():  # the start model
+        # a resumed run that had ended (its steps, budget or patience used up under these settings) trains no more
+        stopped_by, record = run.stop_reason(None) if resuming else "", None
+        already_ended = bool(stopped_by)
+        start = not stopped_by and state.step == 0 and not state.evaluations
+        if start and run.validation_due() and run.validate():  # the start model
             stopped_by = "early_stopping"
         batches = stream.batches(state.epoch, state.index)
         student.train()
@@ -346,13 +371,7 @@ def train(
 
         if record is not None and not (state.history and state.history[-1]["step"] == state.step):
             state.history.append(record)  # a session's last step is logged whatever log_every says
-        if validation is not None and (not state.evaluations or state.evaluations[-1]["step"] != state.step):
-            run.validate()
-        run.save_checkpoint()
-        save_model(student, out / FINAL_DIR, models.saved_max_seq_length)
-        if validation is None:
-            save_model(student, out / BEST_DIR, models.saved_max_seq_length)
-            state.best_step = state.step
+        run.finish(already_ended)
     state.rewrite_metrics_log(out / METRICS_FILE)  # the last step's line goes before its validation's
 
     if targets is not None:
@@ -370,6 +389,7 @@ def train(
         best_step=state.best_step,
         stopped_by=stopped_by,
         layers=models.layers,
+        already_ended=already_ended,
         extra={
             "probe": models.probe,
             "crop_rule": data.rule.describe(),
@@ -378,7 +398,11 @@ def train(
             **setup,
         },
     )
-    summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items() if k not in ("history",)}
+    summary = {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in result.__dict__.items()
+        if k not in ("history", "already_ended")
+    }
     (out / "result.json").write_text(json.dumps(summary, indent=2, default=float))
     return result
 

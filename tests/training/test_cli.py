@@ -254,3 +254,18 @@ def test_a_second_ctrl_c_aborts_at_once(
     assert train_main(argv) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "embedder train: aborted"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+
+
+def test_resuming_a_run_that_has_ended_says_so(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*_tiny_corpus_run(tmp_path, tiny_bert_path), *_setting("max_steps", 2), "--set", "time_budget_s=none"]
+    assert train_main(argv) == 0
+    capsys.readouterr()
+    assert train_main([*argv, *_setting("resume", True)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["steps"] == 2
+    assert captured.err.splitlines() == [
+        f"embedder train: the run in {tmp_path / 'out'} had already ended (max_steps at step 2): nothing was "
+        "trained; raise max_steps to go on"
+    ]

@@ -103,3 +103,49 @@ def test_train_refuses_to_resume_with_settings_that_change_what_the_checkpoint_t
     assert (first.output_dir / RECIPE_FILE).read_text() == recipe
     assert (first.output_dir / "checkpoint" / STATE_FILE).read_bytes() == checkpoint
     assert train(config.replace(resume=True, max_steps=3, eval_every=1)).steps == 3  # how long, how often: allowed
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    """The bytes of every file a run wrote that a resumed run that trains nothing must leave as they were."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name not in (RECIPE_FILE, "result.json")
+    }
+
+
+def test_resuming_a_run_that_stopped_early_trains_nothing_more(
+    tmp_path: Path, tiny_bert_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted = iter([0.5, 0.4, 0.3, 0.6])  # steps 0 and 1: no improvement, patience 1 runs out at step 1
+
+    def fake_evaluate(self: CropPairValidation, encoder: Encoder) -> dict[str, float]:
+        return {CropPairValidation.metric: next(scripted)}
+
+    monkeypatch.setattr(CropPairValidation, "evaluate", fake_evaluate)
+    config = tiny_config(tmp_path, tiny_bert_path, max_steps=10, eval_every=1, early_stopping_patience=1)
+    first = train(config)
+    assert (first.steps, first.stopped_by, first.already_ended) == (1, "early_stopping", False)
+    before = _snapshot(first.output_dir)
+    events: list[dict] = []
+    again = train(config.replace(resume=True), progress=events.append)
+    assert (again.steps, again.stopped_by, again.already_ended) == (1, "early_stopping", True)
+    assert (again.best_step, again.best_score, len(again.evaluations)) == (0, 0.5, 2)
+    assert events == [] and _snapshot(again.output_dir) == before  # no step, no validation, nothing rewritten
+    assert json.loads((again.output_dir / "result.json").read_text())["stopped_by"] == "early_stopping"
+    # more patience is a reason to go on: the run continues where it stopped
+    longer = train(config.replace(resume=True, early_stopping_patience=2))
+    assert (longer.steps, longer.stopped_by, longer.already_ended) == (2, "early_stopping", False)
+
+
+def test_resuming_a_run_that_reached_max_steps_trains_nothing_more(tmp_path: Path, tiny_bert_path: Path) -> None:
+    config = tiny_config(tmp_path, tiny_bert_path, max_steps=2)
+    first = train(config)
+    before = _snapshot(first.output_dir)
+    again = train(config.replace(resume=True))
+    assert (again.steps, again.stopped_by, again.already_ended) == (2, "max_steps", True)
+    assert _snapshot(again.output_dir) == before
+    assert again.history == first.history and again.evaluations == first.evaluations
+    shutil.rmtree(first.final_dir)  # removed, or its save cut short: the ended run writes it again
+    assert train(config.replace(resume=True)).final_dir.is_dir()
+    assert train(config.replace(resume=True, max_steps=3)).steps == 3
