@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -26,6 +27,8 @@ from safetensors.numpy import save_file
 
 from core.model_folder import transformer_folder, write_sentence_transformers_config
 from core.settings import get_settings
+
+log = logging.getLogger(__name__)
 
 
 class ModelNotFoundError(ValueError):
@@ -379,7 +382,10 @@ def prepare(name: str, cache_dir: Path | None = None) -> Path:
 
 
 def resolve_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None = None) -> Path:
-    """A built-in name or a Hugging Face model folder → the folder to load.
+    """A built-in name or a Hugging Face model folder → the folder to load (a folder as an absolute path).
+
+    A bare built-in name means the built-in model even where a folder of that name is in the working directory
+    (a warning says so); ``./name`` means the folder.
 
     Raises:
         ModelNotFoundError: neither a built-in name nor a folder with a ``config.json``; the
@@ -387,11 +393,14 @@ def resolve_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None =
     """
     text = os.fspath(name_or_path)
     if text in BUILTIN_MODELS:
+        if Path(text).is_dir():
+            log.warning("%r is the built-in model; the folder of that name here is not used: pass ./%s", text, text)
         return prepare(text, cache_dir)
     path = Path(text).expanduser()
     if path.is_dir():
         if (transformer_folder(path) / "config.json").is_file():  # sentence-transformers' nested layout too
-            return path
+            # absolute: Path("./minilm-l3") prints as "minilm-l3", which would name the built-in model when passed on
+            return path.absolute()
         raise ModelNotFoundError(
             f"{path} is a folder but not a Hugging Face model folder (no config.json). "
             f"Point at a folder saved with save_pretrained, or use a built-in model:\n{_available_text()}"

@@ -150,3 +150,31 @@ def test_a_cut_short_tokenizer_is_refused(package_copy: Path, tmp_path: Path) ->
     (package_copy / "tokenizer.json").write_bytes(original[:1000])
     with pytest.raises(ChecksumError, match=r"tokenizer.json has SHA-256 .*cut short"):
         prepare("minilm-l6", cache_dir=tmp_path / "cache")
+
+
+def test_a_folder_named_like_a_builtin_model_stays_that_folder(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tiny_bert_path: Path,
+    minilm_l3_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`./minilm-l3` is the user's folder wherever it is passed on (export resolves it, then loads what it got);
+    a bare `minilm-l3` is the built-in model, and a warning says the folder beside it is not used."""
+    import shutil
+
+    from training.encoder import Encoder
+
+    shutil.copytree(tiny_bert_path, tmp_path / "minilm-l3")
+    monkeypatch.chdir(tmp_path)
+    folder = resolve_model("./minilm-l3")
+    assert folder == tmp_path / "minilm-l3"
+    assert resolve_model(folder) == folder and resolve_model(str(folder)) == folder
+    assert Encoder.from_pretrained(folder).num_layers == 4  # the tiny model's, not the built-in's 3
+    assert cli_main(["models", "path", "minilm-l3/"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "minilm-l3")
+
+    with caplog.at_level("WARNING", logger="core.catalog"):
+        assert resolve_model("minilm-l3") == minilm_l3_path
+    assert "folder of that name here is not used: pass ./minilm-l3" in caplog.text
