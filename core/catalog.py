@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 from core.model_folder import transformer_folder, write_sentence_transformers_config
@@ -41,6 +42,10 @@ class ModelNotInstalledError(ModelNotFoundError):
 
 class ChecksumError(RuntimeError):
     """A built-in asset whose bytes differ from the ones this project was tested with."""
+
+
+class CacheWriteError(OSError):
+    """The model cache (``EMBED_CACHE_DIR``) cannot take a prepared model: read-only, full, or not writable."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,10 @@ def _verify(path: Path, expected: str, cache_dir: Path) -> None:
 def _verify_files(expected: dict[Path, str], cache_dir: Path) -> None:
     """Check files' SHA-256 once; remember each result by (path, size, mtime) in the cache's ledger."""
     ledger = cache_dir / "verified.json"
-    seen: dict[str, str] = json.loads(ledger.read_text()) if ledger.exists() else {}
+    try:
+        seen: dict[str, str] = json.loads(ledger.read_text()) if ledger.exists() else {}
+    except (OSError, ValueError):  # unreadable or damaged: it only saves hashing again
+        seen = {}
     checked = 0
     for path, digest in expected.items():
         stat = path.stat()
@@ -150,23 +158,43 @@ def _verify_files(expected: dict[Path, str], cache_dir: Path) -> None:
         seen[key] = digest
         checked += 1
     if checked:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(ledger, json.dumps(seen, indent=1))
+        try:  # a read-only or full cache costs the next run a hash, never the model (used in place)
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_write_text(ledger, json.dumps(seen, indent=1))
+        except OSError as err:
+            log.debug("checksums not remembered in %s: %s", ledger, err)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cache_write_error(target: Path, err: Exception) -> CacheWriteError:
+    return CacheWriteError(
+        f"cannot write {target} into the model cache: {err}. Free space there, or point EMBED_CACHE_DIR at a "
+        "writable folder with room for the model"
+    )
 
 
 def _publish_dir(build: Callable[[Path], None], target: Path) -> Path:
     """Build a folder in a temporary sibling and rename it into place: readers never see half a model."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
-        build(tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    except OSError as err:
+        raise _cache_write_error(target, err) from err
+    try:
+        try:
+            build(tmp)
+        except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
+            raise _cache_write_error(target, err) from err
         try:
             os.rename(tmp, target)
         except OSError:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core.catalog import BUILTIN_MODELS, ChecksumError, ModelNotFoundError, prepare, resolve_model
+from core.catalog import (
+    BUILTIN_MODELS,
+    CacheWriteError,
+    ChecksumError,
+    ModelNotFoundError,
+    prepare,
+    resolve_model,
+)
 from core.settings import get_settings
 
 
@@ -46,7 +53,7 @@ def main(argv: list[str]) -> int:
                 print(f"default bundle: {ensure_default_bundle(settings.registry_dir)}")
         else:
             print(resolve_model(args.name, settings.cache_dir))
-    except (ModelNotFoundError, ChecksumError) as err:
+    except (ModelNotFoundError, ChecksumError, CacheWriteError) as err:
         print(f"embedder models: {err}", file=sys.stderr)
         return 1
     return 0

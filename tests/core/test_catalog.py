@@ -178,3 +178,43 @@ def test_a_folder_named_like_a_builtin_model_stays_that_folder(
     with caplog.at_level("WARNING", logger="core.catalog"):
         assert resolve_model("minilm-l3") == minilm_l3_path
     assert "folder of that name here is not used: pass ./minilm-l3" in caplog.text
+
+
+def _read_only(*args: object, **kwargs: object) -> None:
+    raise OSError("Read-only file system")
+
+
+def test_a_read_only_cache_still_resolves_minilm_l6(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minilm_l6_path: Path
+) -> None:
+    """minilm-l6 is used in place: the cache only remembers its checksums, and losing that costs a hash, not the
+    model. A damaged ledger is hashed again too."""
+    monkeypatch.setattr(catalog, "_atomic_write_text", _read_only)
+    assert prepare("minilm-l6", cache_dir=tmp_path / "cache") == minilm_l6_path
+    (tmp_path / "cache" / "verified.json").write_text('{"cut sh')
+    assert prepare("minilm-l6", cache_dir=tmp_path / "cache") == minilm_l6_path
+
+
+def test_a_read_only_or_full_cache_is_named_with_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], minilm_l6_path: Path
+) -> None:
+    import tempfile
+
+    from safetensors import SafetensorError
+
+    cache = tmp_path / "cache"
+    with monkeypatch.context() as patch:
+        patch.setattr(tempfile, "mkdtemp", _read_only)
+        with pytest.raises(OSError, match=r"cannot write .*minilm-l3 into the model cache: Read-only.*EMBED_CACHE_DIR"):
+            prepare("minilm-l3", cache_dir=cache)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(catalog, "save_file", full)
+    with pytest.raises(OSError, match=r"No space left on device.*Free space there, or point EMBED_CACHE_DIR"):
+        prepare("minilm-l3", cache_dir=cache)
+    assert [p.name for p in (cache / "models").iterdir()] == []  # nothing half-written left behind
+    monkeypatch.setenv("EMBED_CACHE_DIR", str(cache))
+    assert cli_main(["models", "prepare", "minilm-l3"]) == 1
+    assert "No space left on device" in capsys.readouterr().err
