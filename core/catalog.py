@@ -8,6 +8,7 @@ Torch-free: the `minilm-l3` rebuild turns ONNX initializers into a safetensors f
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -184,24 +185,36 @@ def _cache_write_error(target: Path, err: Exception) -> CacheWriteError:
 
 
 def _publish_dir(build: Callable[[Path], None], target: Path) -> Path:
-    """Build a folder in a temporary sibling and rename it into place: readers never see half a model."""
+    """Build a folder in a temporary sibling and rename it into place: readers never see half a model.
+
+    One process builds at a time, holding a lock file beside the folder (two replicas starting together): the other
+    waits, then finds the folder built. Under that lock a temporary sibling is one a process killed mid-build left
+    (SIGTERM, SIGKILL, a lost machine; the lock dies with its holder), and is removed.
+    """
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        lock = open(target.parent / f".{target.name}.lock", "a")  # noqa: SIM115 - closed by the with below
     except OSError as err:
         raise _cache_write_error(target, err) from err
-    try:
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").exists():  # built by another process while this one waited
+            return target
+        for stale in target.parent.glob(f".{target.name}.*"):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
         try:
-            build(tmp)
-        except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        except OSError as err:
             raise _cache_write_error(target, err) from err
         try:
+            try:
+                build(tmp)
+            except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
+                raise _cache_write_error(target, err) from err
             os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():  # lost a race to a concurrent prepare: fine
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

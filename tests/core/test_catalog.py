@@ -214,7 +214,66 @@ def test_a_read_only_or_full_cache_is_named_with_what_to_do(
     monkeypatch.setattr(catalog, "save_file", full)
     with pytest.raises(OSError, match=r"No space left on device.*Free space there, or point EMBED_CACHE_DIR"):
         prepare("minilm-l3", cache_dir=cache)
-    assert [p.name for p in (cache / "models").iterdir()] == []  # nothing half-written left behind
+    assert [p.name for p in (cache / "models").iterdir() if p.is_dir()] == []  # nothing half-written left behind
     monkeypatch.setenv("EMBED_CACHE_DIR", str(cache))
     assert cli_main(["models", "prepare", "minilm-l3"]) == 1
     assert "No space left on device" in capsys.readouterr().err
+
+
+_SLOW_BUILD = """
+import sys, time
+from pathlib import Path
+from core.catalog import _publish_dir
+
+def build(tmp: Path) -> None:
+    (tmp / "model.safetensors").write_bytes(b"half" * 1000)
+    print("building", flush=True)
+    time.sleep(60)
+
+_publish_dir(build, Path(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_a_prepare_killed_midway_leaves_nothing_the_next_one_keeps(tmp_path: Path, signal_name: str) -> None:
+    """A replica killed while it builds leaves its temporary folder; the next prepare removes it and publishes a
+    whole model (never the half one)."""
+    import signal
+    import subprocess
+    import sys
+
+    target = tmp_path / "models" / "some-model"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_BUILD, str(target)], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "building"
+    child.send_signal(getattr(signal, signal_name))
+    child.wait(timeout=30)
+    child.stdout.close()
+    assert not target.exists() and list(target.parent.glob(".some-model.*/model.safetensors"))
+
+    def build(tmp: Path) -> None:
+        (tmp / "config.json").write_text("{}")
+
+    assert catalog._publish_dir(build, target) == target
+    assert sorted(p.name for p in target.parent.iterdir() if p.is_dir()) == ["some-model"]
+    assert [p.name for p in target.iterdir()] == ["config.json"]
+
+
+def test_a_second_prepare_waits_for_the_first_instead_of_building_again(tmp_path: Path) -> None:
+    import fcntl
+    import threading
+
+    target = tmp_path / "models" / "some-model"
+    target.parent.mkdir(parents=True)
+    builds: list[Path] = []
+    with open(target.parent / ".some-model.lock", "a") as held:  # the first replica, building
+        fcntl.flock(held, fcntl.LOCK_EX)
+        second = threading.Thread(target=catalog._publish_dir, args=(builds.append, target))
+        second.start()
+        second.join(timeout=0.5)
+        assert second.is_alive()  # waits on the lock
+        target.mkdir()
+        (target / "config.json").write_text("{}")  # the first replica publishes
+    second.join(timeout=10)
+    assert not second.is_alive() and builds == []
