@@ -166,15 +166,30 @@ def _verify_files(expected: dict[Path, str], cache_dir: Path) -> None:
             log.debug("checksums not remembered in %s: %s", ledger, err)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the other users of a shared cache
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _share(folder: Path) -> None:
+    """Modes by the umask, like any file: mkdtemp's 0700 and safetensors' 0600 would hide a model prepared into a
+    shared cache from its other users (an operator prepares, the service reads)."""
+    mask = _umask()
+    for path in (folder, *folder.rglob("*")):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _cache_write_error(target: Path, err: Exception) -> CacheWriteError:
@@ -212,6 +227,7 @@ def _publish_dir(build: Callable[[Path], None], target: Path) -> Path:
                 build(tmp)
             except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
                 raise _cache_write_error(target, err) from err
+            _share(tmp)
             os.rename(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

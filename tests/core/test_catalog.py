@@ -277,3 +277,19 @@ def test_a_second_prepare_waits_for_the_first_instead_of_building_again(tmp_path
         (target / "config.json").write_text("{}")  # the first replica publishes
     second.join(timeout=10)
     assert not second.is_alive() and builds == []
+
+
+def test_a_prepared_model_is_readable_by_the_other_users_of_the_cache(tmp_path: Path, minilm_l6_path: Path) -> None:
+    """An operator prepares models into a shared cache that the service, another user, reads: the folder and the
+    checksum ledger follow the umask like any file, not the private modes of their temporary names."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        folder = prepare("minilm-l3", cache_dir=tmp_path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "verified.json").stat().st_mode) == 0o644
+    assert all(stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 for p in folder.rglob("*"))
