@@ -21,13 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import onnx
-from onnx import numpy_helper
 from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 from core.model_folder import transformer_folder, write_sentence_transformers_config
+from core.onnx_bert import onnx_bert_state_dict
 from core.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -268,37 +266,6 @@ def minilm_l3_onnx_path() -> Path | None:
 def _minilm_l3_files() -> list[Path]:
     onnx_path = minilm_l3_onnx_path()
     return ([] if onnx_path is None else [onnx_path]) + _minilm_l6_files()  # the tokenizer is minilm-l6's
-
-
-def onnx_bert_state_dict(onnx_path: Path, prefix: str = "model.0.auto_model.") -> dict[str, np.ndarray]:
-    """Recover a torch ``BertModel`` state dict from a sentence-transformers ONNX export.
-
-    Embeddings, biases and LayerNorms keep their torch names in the file; the six weight matrices
-    of each layer are anonymous ``onnx::MatMul_*`` initializers. Each such MatMul feeds an Add
-    whose bias is named, so the weight is named after that bias (and transposed: ONNX stores
-    ``x @ W`` while ``nn.Linear`` stores ``W.T``).
-    """
-    graph = onnx.load(str(onnx_path)).graph
-    arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-
-    state: dict[str, np.ndarray] = {}
-    for name, array in arrays.items():
-        if name.startswith(prefix):
-            state[name[len(prefix) :]] = np.ascontiguousarray(array)
-    for node in graph.node:
-        if node.op_type != "MatMul" or node.input[1] not in arrays or node.input[1].startswith(prefix):
-            continue
-        adds = [n for n in consumers.get(node.output[0], []) if n.op_type == "Add"]
-        biases = [i for n in adds for i in n.input if i.startswith(prefix) and i.endswith(".bias")]
-        if len(biases) != 1:
-            raise ValueError(f"cannot name the weight {node.input[1]} of MatMul {node.name}: biases {biases}")
-        weight_name = biases[0][len(prefix) : -len(".bias")] + ".weight"
-        state[weight_name] = np.ascontiguousarray(arrays[node.input[1]].T)
-    return state
 
 
 def _prepare_minilm_l3(model: BuiltinModel, cache_dir: Path) -> Path:
