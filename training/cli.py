@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from core.catalog import ModelNotFoundError, resolve_model
+from core.catalog import CacheWriteError, ModelNotFoundError, resolve_model
 from core.settings import get_settings
 from core.text import CorpusError
 from evaluation.tasks.crops import TooFewCropPairs
@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CorpusError, ModelNotFoundError, ConfigError, TooFewCropPairs, ValueError) as exc:
         print(f"embedder train: {exc}", file=sys.stderr)
         return 2
+    except CacheWriteError as exc:  # the model cache cannot take a model the run prepares: the message says what to do
+        print(f"embedder train: {exc}", file=sys.stderr)
+        return 1
     except FloatingPointError as exc:  # the run diverged: the message says which setting to lower
         kept = config.resolved_output_dir / BEST_DIR
         print(f"embedder train: {exc}" + (f"; the best model so far is in {kept}" if kept.is_dir() else ""),

@@ -209,6 +209,23 @@ def test_a_resume_without_a_checkpoint_says_it_starts_a_new_run(
     assert f"no checkpoint in {tmp_path / 'out'} to resume: starting a new run" in capsys.readouterr().err
 
 
+def test_a_cache_that_cannot_take_a_model_is_one_line(
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A built-in model prepared into a full or read-only cache (``EMBED_CACHE_DIR``) ends in the catalog's message,
+    exit 1, not a traceback."""
+    from core.catalog import CacheWriteError
+    from training import cli
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise CacheWriteError("cannot write minilm-l3 into /cache: No space left on device; free space there")
+
+    monkeypatch.setattr(cli, "train", full)
+    assert train_main(_tiny_corpus_run(tmp_path, tiny_bert_path)) == 1
+    err = capsys.readouterr().err
+    assert err == "embedder train: cannot write minilm-l3 into /cache: No space left on device; free space there\n"
+
+
 def test_ctrl_c_stops_the_run_at_a_checkpoint_that_resume_continues_exactly(
     tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
