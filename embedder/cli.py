@@ -4,6 +4,7 @@ only when it runs, so `embedder serve` never imports torch and `embedder models 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # name -> ("module:function", one-line help). The function takes argv (list[str]) and returns an exit code.
@@ -48,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, _, func_name = COMMANDS[name][0].partition(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(rest) or 0)
+    try:
+        return int(func(rest) or 0)
+    except BrokenPipeError:  # the reader of stdout went away (`embedder models list | head -1`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 141  # 128 + SIGPIPE, as a shell reports a command stopped by a closed pipe
 
 
 if __name__ == "__main__":
