@@ -5,7 +5,9 @@ cannot be created, a device that is not there. A run that diverges ends in one l
 from __future__ import annotations
 
 import json
-import signal
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,8 @@ import torch
 from tests.training.test_trainer import assert_same_weights, weights
 from training.cli import main as train_main
 from training.config import ConfigError, TrainConfig, load_config
-from training.encoder import Encoder
-from training.validation import CropPairValidation
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *, lines: int = 1) -> str:
@@ -226,8 +228,43 @@ def test_a_cache_that_cannot_take_a_model_is_one_line(
     assert err == "embedder train: cannot write minilm-l3 into /cache: No space left on device; free space there\n"
 
 
+# Ctrl-C is raised in a child process: a signal handled among the threads and native libraries an hour of other
+# tests has left in this process would test them, not the command.
+CTRL_C_DURING_VALIDATION = """
+import json, signal, sys
+from training.cli import main
+from training.validation import CropPairValidation
+
+signals, evaluate, calls = int(sys.argv[1]), CropPairValidation.evaluate, []
+
+def interrupted(self, encoder):
+    calls.append(1)
+    if len(calls) == 1:
+        for _ in range(signals):
+            signal.raise_signal(signal.SIGINT)
+        if signals > 1:
+            raise AssertionError("the second Ctrl-C did not abort")
+    return evaluate(self, encoder)
+
+CropPairValidation.evaluate = interrupted
+code = main(json.loads(sys.argv[2]))
+assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the caller's handler is not back"
+sys.exit(code)
+"""
+
+
+def _ctrl_c_during_validation(argv: list[str], signals: int) -> subprocess.CompletedProcess[str]:
+    """The train command in a child process whose first validation receives ``signals`` Ctrl-C (SIGINT)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run(  # the child's SIGINT starts as Python's default handler, whatever this process has
+        [sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         f"exec({CTRL_C_DURING_VALIDATION!r})", str(signals), json.dumps(argv)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
 def test_ctrl_c_stops_the_run_at_a_checkpoint_that_resume_continues_exactly(
-    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ctrl-C during the first validation: the run stops before its first step, checkpointed, exit 130; resuming
     it ends where an uninterrupted run does, with the same weights."""
@@ -239,38 +276,20 @@ def test_ctrl_c_stops_the_run_at_a_checkpoint_that_resume_continues_exactly(
     assert [line.split(":")[0] for line in scores] == ["step 0", "step 2", "step 4"]
     assert scores[0].endswith("(best so far: saved to best/)")
 
-    evaluate = CropPairValidation.evaluate
-    calls = {"n": 0}
-
-    def interrupted(self: CropPairValidation, encoder: Encoder) -> dict[str, float]:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            signal.raise_signal(signal.SIGINT)
-        return evaluate(self, encoder)
-
-    monkeypatch.setattr(CropPairValidation, "evaluate", interrupted)
-    assert train_main(argv) == 130
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["steps"] == 0 and json.loads(captured.out)["stopped_by"] == "cancelled"
-    assert "stopped at step 0 by Ctrl-C; --set resume=true continues the run" in captured.err
+    stopped = _ctrl_c_during_validation(argv, signals=1)
+    assert stopped.returncode == 130, stopped.stderr
+    assert json.loads(stopped.stdout)["steps"] == 0 and json.loads(stopped.stdout)["stopped_by"] == "cancelled"
+    assert "stopped at step 0 by Ctrl-C; --set resume=true continues the run" in stopped.stderr
     assert train_main([*argv, *_setting("resume", True)]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 4
     assert_same_weights(weights(tmp_path / "out" / "final"), weights(tmp_path / "straight" / "final"), atol=0)
 
 
-def test_a_second_ctrl_c_aborts_at_once(
-    tmp_path: Path, tiny_bert_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def interrupted_twice(self: CropPairValidation, encoder: Encoder) -> dict[str, float]:
-        signal.raise_signal(signal.SIGINT)
-        signal.raise_signal(signal.SIGINT)
-        raise AssertionError("the second Ctrl-C did not abort")
-
-    monkeypatch.setattr(CropPairValidation, "evaluate", interrupted_twice)
+def test_a_second_ctrl_c_aborts_at_once(tmp_path: Path, tiny_bert_path: Path) -> None:
     argv = [*_tiny_corpus_run(tmp_path, tiny_bert_path), *_setting("eval_every", 2), *_setting("max_steps", 4)]
-    assert train_main(argv) == 130
-    assert capsys.readouterr().err.splitlines()[-1] == "embedder train: aborted"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+    aborted = _ctrl_c_during_validation(argv, signals=2)
+    assert aborted.returncode == 130, aborted.stderr
+    assert aborted.stderr.splitlines()[-1] == "embedder train: aborted"  # and the caller's handler is back (child)
 
 
 def test_resuming_a_run_that_has_ended_says_so(
