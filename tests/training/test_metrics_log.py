@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.training.test_trainer import tiny_config
+from tests.training.test_trainer import stop_after, tiny_config
 from training.trainer import train
 
 
@@ -30,13 +30,7 @@ def test_a_cancelled_session_logs_its_last_step_and_the_resumed_run_keeps_that_l
     settings = {"max_steps": 6, "log_every": 4}
     straight = train(tiny_config(tmp_path, tiny_bert_path, "straight", **settings))
     config = tiny_config(tmp_path, tiny_bert_path, "resumed", **settings)
-    calls = {"n": 0}
-
-    def stop_after_three() -> bool:
-        calls["n"] += 1
-        return calls["n"] > 3
-
-    first = train(config, should_stop=stop_after_three)
+    first = train(config, should_stop=stop_after(3))
     assert [record["step"] for record in first.history] == [1, 3]
     assert [step for kind, step in _logged(first.output_dir) if kind == "train"] == [1, 3]
     resumed = train(config.replace(resume=True))

@@ -3,45 +3,17 @@ whole, in the folder once the next run starts."""
 
 from __future__ import annotations
 
-import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
+from tests.training.interrupts import Interrupted, interrupt_after
 from tests.training.test_trainer import tiny_config
 from training.assembly import recover_model_folder, save_model
 from training.encoder import Encoder
 from training.trainer import train
-
-
-class _Interrupted(BaseException):
-    """Stands for a Ctrl-C or a kill arriving right after one file operation."""
-
-
-def _interrupt_after(monkeypatch: pytest.MonkeyPatch, operation: int) -> None:
-    """Make the ``operation``-th file operation of a save (counted from 1) complete, then interrupt the save."""
-    count = {"n": 0}
-
-    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            out = function(*args, **kwargs)
-            count["n"] += 1
-            if count["n"] == operation:
-                raise _Interrupted
-            return out
-
-        return wrapped
-
-    monkeypatch.setattr(Encoder, "save", wrap(Encoder.save))
-    monkeypatch.setattr(shutil, "rmtree", wrap(shutil.rmtree))
-    monkeypatch.setattr(os, "replace", wrap(os.replace))
-    monkeypatch.setattr(os, "rename", wrap(os.rename))
-    monkeypatch.setattr(Path, "rename", wrap(Path.rename))
-    monkeypatch.setattr(Path, "replace", wrap(Path.replace))
 
 
 def _weights(folder: Path) -> bytes:
@@ -62,11 +34,11 @@ def test_a_save_interrupted_at_any_moment_leaves_a_whole_model(tmp_path: Path, t
         shutil.rmtree(folder, ignore_errors=True)
         save_model(old, folder, old.max_seq_length)
         with pytest.MonkeyPatch.context() as monkeypatch:
-            _interrupt_after(monkeypatch, operation)
+            interrupt_after(monkeypatch, operation, (Encoder, "save"))
             try:
                 save_model(new, folder, new.max_seq_length)
                 completed = True
-            except _Interrupted:
+            except Interrupted:
                 pass
         recover_model_folder(folder)  # what the next run does first
         assert folder.is_dir(), f"no model after an interruption at file operation {operation}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.model_folder import RECIPE_FILE
-from tests.training.test_trainer import assert_same_weights, tiny_config, weights
+from tests.training.test_trainer import assert_same_weights, stop_after, tiny_config, weights
 from training.config import ConfigError
 from training.encoder import Encoder
 from training.state import STATE_FILE
@@ -74,13 +74,7 @@ def test_a_rehearsing_run_resumes_bit_for_bit(tmp_path: Path, tiny_bert_path: Pa
                 "rehearsal_batch_size": 4}  # fmt: skip
     straight = train(tiny_config(tmp_path, tiny_bert_path, "straight", **settings))
     config = tiny_config(tmp_path, tiny_bert_path, "resumed", **settings)
-    calls = {"n": 0}
-
-    def stop_after_three() -> bool:
-        calls["n"] += 1
-        return calls["n"] > 3
-
-    assert train(config, should_stop=stop_after_three).steps == 3
+    assert train(config, should_stop=stop_after(3)).steps == 3
     resumed = train(config.replace(resume=True))
     assert [r["rehearsal_loss"] for r in resumed.history] == [r["rehearsal_loss"] for r in straight.history]
     assert_same_weights(weights(resumed.final_dir), weights(straight.final_dir), atol=0)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.training.interrupts import Interrupted, interrupt_after
 from training.state import STATE_FILE, TrainState
 
 
@@ -22,42 +20,16 @@ def _parts() -> dict[str, Any]:
     return {"model": model, "objective": objective, "optimizer": optimizer, "layers": 1, "device": torch.device("cpu")}
 
 
-class _Interrupted(BaseException):
-    """Stands for a Ctrl-C (a KeyboardInterrupt is a BaseException too) arriving right after one file operation."""
-
-
-def _interrupt_after(monkeypatch: pytest.MonkeyPatch, operation: int) -> None:
-    """Make the ``operation``-th file operation of a save (counted from 1) complete, then interrupt the save."""
-    count = {"n": 0}
-
-    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            out = function(*args, **kwargs)
-            count["n"] += 1
-            if count["n"] == operation:
-                raise _Interrupted
-            return out
-
-        return wrapped
-
-    monkeypatch.setattr(torch, "save", wrap(torch.save))
-    monkeypatch.setattr(shutil, "rmtree", wrap(shutil.rmtree))
-    monkeypatch.setattr(os, "replace", wrap(os.replace))
-    monkeypatch.setattr(os, "rename", wrap(os.rename))
-    monkeypatch.setattr(Path, "rename", wrap(Path.rename))
-    monkeypatch.setattr(Path, "replace", wrap(Path.replace))
-
-
 def test_a_save_interrupted_at_any_moment_leaves_a_whole_checkpoint(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoint"
     TrainState(step=1).save(folder, **_parts())
     interrupted = 0
     for operation in range(1, 20):
         with pytest.MonkeyPatch.context() as monkeypatch:
-            _interrupt_after(monkeypatch, operation)
+            interrupt_after(monkeypatch, operation, (torch, "save"))
             try:
                 TrainState(step=2).save(folder, **_parts())
-            except _Interrupted:
+            except Interrupted:
                 interrupted += 1
             else:
                 break

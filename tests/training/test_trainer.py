@@ -4,6 +4,7 @@ schedule, progress events, corpora."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,17 @@ def tiny_config(tmp_path: Path, model: Path, name: str = "run", **changes: objec
     return TrainConfig(**values)  # type: ignore[arg-type]
 
 
+def stop_after(steps: int) -> Callable[[], bool]:
+    """A ``should_stop`` that lets ``steps`` steps run, then asks the run to stop (as Ctrl-C or a cancel does)."""
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > steps
+
+    return stop
+
+
 def weights(folder: Path) -> dict[str, torch.Tensor]:
     """Backbone weights; the pooler head is unused by the encoder and re-initialised on every load."""
     state = Encoder.from_pretrained(folder).backbone.state_dict()
@@ -80,14 +92,8 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path: Path, ti
     objective = "simcse" if views == "dropout" else "infonce"
     straight = train(tiny_config(tmp_path, tiny_bert_path, "straight", views=views, objective=objective, max_steps=6))
 
-    calls = {"n": 0}
-
-    def stop_after_three() -> bool:
-        calls["n"] += 1
-        return calls["n"] > 3
-
     config = tiny_config(tmp_path, tiny_bert_path, "resumed", views=views, objective=objective, max_steps=6)
-    first = train(config, should_stop=stop_after_three)
+    first = train(config, should_stop=stop_after(3))
     assert first.stopped_by == "cancelled" and first.steps == 3
     resumed = train(config.replace(resume=True))
     assert resumed.steps == 6 and resumed.stopped_by == "max_steps"
@@ -174,7 +180,8 @@ def test_best_checkpoint_is_the_best_validated_model_and_early_stopping_ends_the
     assert [e["step"] for e in result.evaluations] == [0, 1, 2, 3]
     assert [e["best"] for e in result.evaluations] == [True, True, False, False]
     # DIR/best holds the step-1 model: identical to a one-step run with the same seed.
-    one_step = train(tiny_config(tmp_path, tiny_bert_path, "one", max_steps=10, eval_every=0), should_stop=_after(1))
+    one = tiny_config(tmp_path, tiny_bert_path, "one", max_steps=10, eval_every=0)
+    one_step = train(one, should_stop=stop_after(1))
     assert_same_weights(weights(result.best_dir), weights(one_step.final_dir))
     assert not torch.equal(
         weights(result.best_dir)["encoder.layer.3.output.dense.weight"],
@@ -194,16 +201,6 @@ def test_validation_reports_the_rank_diagnostics_of_the_held_out_crops(tiny_bert
     assert 0.0 <= scores[CropPairValidation.metric] <= 100.0
     assert 1.0 <= scores["effective_rank"] <= min(2 * len(pairs), encoder.dim)
     assert 0.0 <= scores["alignment"] <= 4.0 and scores["uniformity"] <= 0.0
-
-
-def _after(n: int):
-    calls = {"n": 0}
-
-    def stop() -> bool:
-        calls["n"] += 1
-        return calls["n"] > n
-
-    return stop
 
 
 def test_time_budget_stops_the_run(tmp_path: Path, tiny_bert_path: Path) -> None:
