@@ -3,7 +3,8 @@
 On a fresh machine the registry is empty, so the default model's bundle is created first — in a
 subprocess (``embedder export``), because exporting needs torch and this process must never import it.
 Bound to an interface other hosts reach, it refuses to start while /adapt is on and no key may use it
-(`ServiceSettings.open_adapt_error`, checked before anything is loaded).
+(`ServiceSettings.open_adapt_error`, checked before anything is loaded). The port is bound before the bundles are made
+and the models loaded, so a port already in use is named in a second, not after the load.
 Shutdown is graceful: on SIGTERM/SIGINT the server stops taking work (503), lets requests in flight
 finish (up to ``shutdown_grace_seconds``), then drains the model queues and exits.
 """
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -236,25 +239,50 @@ def main(argv: list[str] | None = None) -> int:
     if refusal is not None:  # before the default bundle is exported: that can take minutes
         print(f"embedder serve: {refusal}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
     try:
-        settings, folders = model_folders(settings)
-        ensure_bundles(settings, folders)
-    except RuntimeError as err:
-        log.error("%s", err)
-        return 1
-    from service.app import create_app
+        listener = bind_listener(settings.host, settings.port)
+    except OSError as err:
+        print(f"embedder serve: cannot listen on {settings.host} port {settings.port}: {err.strerror or err}"
+              + (" (another server is using it: stop it, or pass --port)" if err.errno == errno.EADDRINUSE else ""),
+              file=sys.stderr)  # fmt: skip
+        return 2
+    with listener:
+        configure_logging(settings.log_level, settings.log_format)
+        try:
+            settings, folders = model_folders(settings)
+            ensure_bundles(settings, folders)
+        except RuntimeError as err:
+            log.error("%s", err)
+            return 1
+        from service.app import create_app
 
-    return run_server(create_app(settings), settings)
+        return run_server(create_app(settings), settings, listener)
 
 
-def run_server(app: Any, settings: ServiceSettings) -> int:
-    """Serve ``app`` (`service.app.create_app`'s) with uvicorn on the settings' host and port until a signal drains
-    it; 0 once it ran, 1 if it never started."""
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (not yet listening: a connection is refused until the server runs),
+    as uvicorn would bind it; ``OSError`` when the address is taken or not this machine's."""
+    host = host.strip("[]")  # "[::1]", as a URL writes it
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def run_server(app: Any, settings: ServiceSettings, listener: socket.socket | None = None) -> int:
+    """Serve ``app`` (`service.app.create_app`'s) with uvicorn on ``listener`` (`bind_listener`'s), or on the
+    settings' host and port, until a signal drains it; 0 once it ran, 1 if it never started."""
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
     )  # fmt: skip
     server = DrainingServer(config, app.state, settings.shutdown_grace_seconds)
-    server.run()
+    server.run(sockets=None if listener is None else [listener])
     return 0 if server.started else 1

@@ -311,3 +311,39 @@ def test_job_store_urls_that_open_are_kept(tmp_path):
     for url in (f"sqlite:///{tmp_path / 'jobs.sqlite3'}", "postgresql://u:p@db/jobs", "postgres://u:p@db/jobs", ""):
         settings = ServiceSettings.from_flat(adapt_store_url=url)
         assert settings.adapt.store_url is not None and settings.adapt.store_url.get_secret_value() == url
+
+
+def test_a_port_in_use_stops_the_server_before_any_bundle_is_made_or_model_loaded(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from service import cli
+
+    def never(*args, **kwargs):
+        raise AssertionError("the port is checked before the bundles are made")
+
+    monkeypatch.setattr(cli, "ensure_bundles", never)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["--port", str(port), "--registry-dir", str(tmp_path / "reg")]
+        assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"embedder serve: cannot listen on 127.0.0.1 port {port}: Address already in use")
+    assert "pass --port" in err
+
+
+def test_the_bound_listener_is_the_one_uvicorn_serves_on(tmp_path):
+    """`bind_listener`'s socket is not listening until the server runs: a client is refused, not left hanging."""
+    import socket
+
+    from service.cli import bind_listener
+
+    for host in ("127.0.0.1", "localhost", "[::1]"):
+        try:
+            listener = bind_listener(host, 0)
+        except OSError:  # a machine without IPv6 loopback
+            assert host == "[::1]"
+            continue
+        with listener, pytest.raises(ConnectionRefusedError):
+            socket.create_connection(listener.getsockname()[:2], timeout=2).close()
