@@ -7,6 +7,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 if [ ! -x "$VENV/bin/python" ]; then
+  # checked before anything is installed: for another Python, pip finds no local torch wheel and pulls a multi-GB
+  # CUDA build before it finds out that the project needs 3.11 (pyproject.toml, requires-python)
+  found=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo "none")
+  if [ "$found" != "3.11" ]; then
+    echo "bootstrap: this project needs Python 3.11; $PY is $found. Install it, or name it in PYTHON," \
+      "e.g. PYTHON=python3.11 bash scripts/test.sh" >&2
+    exit 2
+  fi
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
