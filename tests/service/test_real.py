@@ -162,11 +162,12 @@ print("LEAKED", leaked)
     assert "LEAKED []" in result.stdout, result.stdout
 
 
-def test_embedder_serve_end_to_end_and_sigterm(tiny_registry, tmp_path):
+def test_the_readme_serve_command_end_to_end_and_sigterm(tiny_registry, tmp_path):
+    """``bash scripts/serve.sh`` (the README's first command: set-up, then ``embedder serve``), flags passed on."""
     port = free_port()
     env = {**os.environ, "EMBED_API_KEYS": "s3cret", "HF_HUB_OFFLINE": "1"}
     command = [
-        sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(tiny_registry), "--port", str(port),
+        "bash", "scripts/serve.sh", "--registry-dir", str(tiny_registry), "--port", str(port),
         "--default-model", "tiny", "--no-adapt-enabled", "--no-adapt-supervise-worker",
         "--adapt-dir", str(tmp_path / "adapt"), "--intra-op-threads", "1",
     ]  # fmt: skip
