@@ -17,6 +17,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -216,13 +217,37 @@ def ensure_bundles(settings: ServiceSettings, folders: Mapping[str, Path] = {}) 
         command = export_command(settings, name, source)
         log.info("registry %s: %s (a minute or two; next starts skip this)", root.absolute(), reason)
         env = {**os.environ, "EMBED_CACHE_DIR": str(settings.cache_dir)}
-        completed = subprocess.run(command, env=env, check=False)
-        if completed.returncode != 0:
+        returncode = run_export(command, env=env)
+        if returncode != 0:
             raise RuntimeError(
-                f"creating the bundle {name!r} failed (exit {completed.returncode}); run it yourself to see why: "
+                f"creating the bundle {name!r} failed (exit {returncode}); run it yourself to see why: "
                 + " ".join(command)
             )
     return models_to_serve(settings, registry.served_models(root))
+
+
+EXPORT_STOP_SECONDS = (5.0, 60.0)  # on Ctrl-C: the export's own exit, then its exit after SIGTERM, before a kill
+
+
+def run_export(command: list[str], env: Mapping[str, str]) -> int:
+    """Run the export subprocess; its exit code. On Ctrl-C (``KeyboardInterrupt``, re-raised) the export is given
+    time to remove its staging folder first: a terminal's Ctrl-C reached it too, a SIGINT sent to this process alone
+    did not, so it is asked with SIGTERM (which it also stops cleanly on) before it is killed."""
+    process = subprocess.Popen(command, env=env)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        own_exit, after_sigterm = EXPORT_STOP_SECONDS
+        try:
+            process.wait(timeout=own_exit)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                process.wait(timeout=after_sigterm)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as err:
             log.error("%s", err)
             return 1
+        except KeyboardInterrupt:
+            print("embedder serve: stopped by SIGINT before the server started", file=sys.stderr)
+            return 128 + signal.SIGINT
         from service.app import create_app
 
         return run_server(create_app(settings), settings, listener)

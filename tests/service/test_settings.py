@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,9 +73,9 @@ def test_default_bundle_is_made_by_the_export_subprocess(tmp_path, monkeypatch):
 
     def fake_run(command, **kwargs):
         calls.append(command)
-        return subprocess.CompletedProcess(command, 3)
+        return 3
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(cli, "run_export", fake_run)
     with pytest.raises(RuntimeError, match="creating the bundle 'minilm-l6' failed \\(exit 3\\); run it yourself"):
         cli.ensure_bundles(settings)
     assert calls == [export_command(settings)]
@@ -90,9 +91,9 @@ def test_built_in_models_to_serve_are_exported_once_and_others_named_before_the_
     def fake_export(command, **kwargs):  # what the export subprocess leaves behind: the model, promoted
         calls.append(command)
         make_fake_bundle(root, command[command.index("--name") + 1])
-        return subprocess.CompletedProcess(command, 0)
+        return 0
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_export)
+    monkeypatch.setattr(cli, "run_export", fake_export)
     settings = ServiceSettings(registry_dir=root, models=["fake-a", "minilm-l3"])
     assert settings.default_model == "fake-a"  # no minilm-l6 among the models: the first is the default
     assert cli.ensure_bundles(settings) == ["fake-a", "minilm-l3"]
@@ -121,7 +122,7 @@ def fake_folder_export(root, calls):
         bundle = make_fake_bundle(root, command[command.index("--name") + 1])
         source = {"sha256": sha256_file(folder / "model.safetensors"), "files": embedding_file_digests(folder)}
         (bundle / "manifest.json").write_text(json.dumps(registry.read_manifest(bundle) | {"source": source}))
-        return subprocess.CompletedProcess(command, 0)
+        return 0
 
     return fake_export
 
@@ -137,7 +138,7 @@ def test_a_model_folder_is_served_under_its_name_and_exported_again_when_its_wei
     (folder / "model.safetensors").write_bytes(b"first weights")
     calls = []
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_folder_export(root, calls))
+    monkeypatch.setattr(cli, "run_export", fake_folder_export(root, calls))
     monkeypatch.chdir(tmp_path)
     settings, folders = cli.model_folders(ServiceSettings(registry_dir=root, models=["./models/My Model v2"]))
     assert (settings.models, settings.default_model) == (["my-model-v2"], "my-model-v2")
@@ -191,7 +192,7 @@ def test_a_model_folder_is_exported_again_when_any_file_that_decides_its_embeddi
     root = tmp_path / "reg"
     folder = _st_folder(tmp_path / "mine")
     calls = []
-    monkeypatch.setattr(cli.subprocess, "run", fake_folder_export(root, calls))
+    monkeypatch.setattr(cli, "run_export", fake_folder_export(root, calls))
     settings, folders = cli.model_folders(ServiceSettings(registry_dir=root, models=[str(folder)]))
     assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == 1
     assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == 1  # unchanged: served as is
@@ -235,7 +236,7 @@ def test_a_bundle_that_recorded_only_its_weights_digest_is_exported_again_once(t
     manifest = registry.read_manifest(old) | {"source": {"sha256": sha256_file(folder / "model.safetensors")}}
     (old / "manifest.json").write_text(json.dumps(manifest))
     calls = []
-    monkeypatch.setattr(cli.subprocess, "run", fake_folder_export(root, calls))
+    monkeypatch.setattr(cli, "run_export", fake_folder_export(root, calls))
     settings, folders = cli.model_folders(ServiceSettings(registry_dir=root, models=[str(folder)]))
     with caplog.at_level(logging.INFO, logger="service"):
         assert cli.ensure_bundles(settings, folders) == ["mine"] and len(calls) == 1
@@ -347,3 +348,47 @@ def test_the_bound_listener_is_the_one_uvicorn_serves_on(tmp_path):
             continue
         with listener, pytest.raises(ConnectionRefusedError):
             socket.create_connection(listener.getsockname()[:2], timeout=2).close()
+
+
+@pytest.mark.parametrize("whom", ["group", "server"], ids=["terminal-ctrl-c", "sigint-to-the-server"])
+def test_ctrl_c_while_the_first_bundle_is_made_stops_cleanly_and_leaves_nothing(tiny_bert_path, tmp_path, whom):
+    """A terminal's Ctrl-C reaches the server and its export subprocess; a SIGINT sent to the server alone reaches
+    only it. Either way: no traceback, exit 130, no staging folder left behind and nothing published."""
+    import os
+    import signal
+    import time
+
+    from tests.ports import free_port
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    folder = tmp_path / "my-model"
+    shutil.copytree(tiny_bert_path, folder)
+    command = [
+        sys.executable, "-m", "embedder.cli", "serve", "--registry-dir", str(tmp_path / "reg"),
+        "--models", str(folder), "--port", str(free_port()), "--no-adapt-enabled",
+    ]  # fmt: skip
+    env = {**os.environ, "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal starts it
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith("embedder-export-") for p in scratch.iterdir()):
+            assert server.poll() is None and time.monotonic() < deadline, "the export never started"
+            time.sleep(0.02)
+        if whom == "group":
+            os.killpg(server.pid, signal.SIGINT)
+        else:
+            server.send_signal(signal.SIGINT)
+        output, _ = server.communicate(timeout=120)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert server.returncode == 130, output
+    assert "embedder serve: stopped by SIGINT before the server started" in output
+    assert "Traceback" not in output
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("embedder-")] == []  # staging folders
+    assert not list((tmp_path / "reg").glob("*/current"))
