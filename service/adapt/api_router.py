@@ -220,12 +220,12 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
         try:
             api.authorize(request)
             store = job_store()
-            await api.call(get_or_404, store, job_id)
+            job = await api.call(get_or_404, store, job_id)
         except ServiceError as err:
             return api.fail(request, err)
         after_id = last_event_id(request.headers.get("last-event-id"))
         return StreamingResponse(
-            stream_events(request, store, job_id, after_id, config.settings.poll_seconds),
+            stream_events(request, store, job_id, after_id, config.settings.poll_seconds, ended=job.terminal),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

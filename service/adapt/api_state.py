@@ -239,8 +239,16 @@ def get_or_404(store: JobStore, job_id: str) -> Any:
 
 
 async def stream_events(
-    request: Request, store: JobStore, job_id: str, after_id: int, poll_s: float
+    request: Request, store: JobStore, job_id: str, after_id: int, poll_s: float, *, ended: bool = False
 ) -> AsyncIterator[str]:
+    """The job's events after ``after_id``, each once and in the order they were committed, then ``done`` with the
+    whole job. ``ended``: the job had ended when the stream was asked for (read before its events), so every event it
+    will ever have is committed already.
+
+    A job's end commits its ``state`` event with what the end implies in one transaction — a dependant's
+    ``corpus_removed`` comes after its ``state`` — so once the terminal ``state`` is seen, the stream reads on until
+    nothing is left, then ends. A client that resumes after the terminal ``state`` (or after any later event) gets
+    the rest and ``done`` at once, rather than keep-alives forever."""
     last_sent = time.monotonic()
     loop = asyncio.get_running_loop()
     while True:
@@ -255,18 +263,20 @@ async def stream_events(
                 after_id = event.id
                 yield _sse(event.id, event.type, {"job_id": job_id, "created_at": event.created_at, **event.data})
                 last_sent = time.monotonic()
-                if event.type == "state" and event.data.get("state") in TERMINAL_STATES:
-                    with contextlib.suppress(StoreUnavailable):
-                        job = await run_in_threadpool(store.get, job_id)
-                        yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
-                    return
-            if not events:
-                if await request.is_disconnected():
-                    return
-                if time.monotonic() - last_sent > KEEPALIVE_S:
-                    yield ": keep-alive\n\n"
-                    last_sent = time.monotonic()
-                with contextlib.suppress(TimeoutError):  # woken when the store notifies (PostgreSQL), else the poll
-                    await asyncio.wait_for(wake.wait(), poll_s)
+                ended = ended or (event.type == "state" and event.data.get("state") in TERMINAL_STATES)
+            if events:
+                continue  # read on: a batch may not hold every event committed so far
+            if ended:
+                with contextlib.suppress(StoreUnavailable):
+                    job = await run_in_threadpool(store.get, job_id)
+                    yield _sse(None, "done", AdaptJob.from_job(job).model_dump(mode="json"))
+                return
+            if await request.is_disconnected():
+                return
+            if time.monotonic() - last_sent > KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                last_sent = time.monotonic()
+            with contextlib.suppress(TimeoutError):  # woken when the store notifies (PostgreSQL), else the poll
+                await asyncio.wait_for(wake.wait(), poll_s)
         finally:
             disarm()
