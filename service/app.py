@@ -40,9 +40,9 @@ from service.errors import (
     validation_message,
     validation_param,
 )
-from service.guard import COUNTED_ROUTES, GuardMiddleware, Scope
+from service.guard import COUNTED_ROUTES, GuardMiddleware, Scope, route_template
 from service.metrics import NO_MODEL, MetricsListener, ServiceMetrics
-from service.observability import build_tracer, loggable_path
+from service.observability import build_tracer, failed, loggable_path
 from service.settings import ServiceSettings
 
 log = logging.getLogger("service")
@@ -146,18 +146,28 @@ def create_app(
         app.include_router(metrics_router)
     if include_adapt:
         from adapt_jobs.settings import AdaptConfig
-        from service.adapt.api_router import build_adapt_router
+        from service.adapt.api_router import ADAPT_ROUTES, build_adapt_router
 
         config = AdaptConfig(registry_dir=settings.registry_dir, cache_dir=settings.cache_dir, settings=settings.adapt)
         app.include_router(build_adapt_router(config, keys))
+        metrics.register_routes(ADAPT_ROUTES)
+
+    def _count(request: Request, kind: ErrorKind, *, tracked: bool = False) -> None:
+        """Count a failure the framework or a handler answers: on an embedding route or /tokenize here, unless its
+        tracking (`RouteMetrics.track`) already did (``tracked``); on another route by the guard, once answered."""
+        if request.url.path not in COUNTED_ROUTES:
+            if not failed(request.scope, kind):  # /health, /ready, /metrics: the guard lets them by
+                metrics.failures.labels(route_template(request.scope, metrics), NO_MODEL, kind.code).inc()
+        elif not tracked:
+            route_metrics.count_failure(request.url.path, NO_MODEL, kind)
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, err: ServiceError) -> Response:
+        _count(request, err.kind, tracked=True)
         return err.response()
 
     def _invalid_request(request: Request, message: str, param: str | None = None) -> Response:
-        if request.url.path in COUNTED_ROUTES:
-            route_metrics.count_failure(request.url.path, NO_MODEL, ErrorKind.invalid_request)
+        _count(request, ErrorKind.invalid_request)
         return error_response(ErrorKind.invalid_request, message, param=param)
 
     @app.exception_handler(RequestValidationError)
@@ -172,8 +182,10 @@ def create_app(
             message = f"invalid request: {err.detail}; send UTF-8 JSON (or a well-formed multipart upload to /adapt)"
             return _invalid_request(request, message)
         if err.status_code == 404:
+            _count(request, ErrorKind.not_found)
             return error_response(ErrorKind.not_found, _not_found_message(app, request.scope))
         if err.status_code == 405:
+            _count(request, ErrorKind.method_not_allowed)
             allowed = _allowed_methods(app, request.scope)
             message = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
             return error_response(ErrorKind.method_not_allowed, message, {"Allow": allowed})
@@ -184,6 +196,7 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, err: Exception) -> Response:
+        _count(request, ErrorKind.internal, tracked=True)
         log.error("internal error on %s %s", request.method, loggable_path(request.url.path), exc_info=err)
         return error_response(ErrorKind.internal, INTERNAL_MESSAGE)
 

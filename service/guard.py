@@ -20,13 +20,14 @@ from service.api.routes import MODEL_ROUTE_PREFIX
 from service.api.tracking import RouteMetrics
 from service.auth import ApiKeys
 from service.engine.admission import Ticket
-from service.errors import ErrorKind, ServiceError, error_response
-from service.metrics import EMBEDDING_ROUTES, NO_MODEL, TOKENIZE_ROUTE
+from service.errors import INTERNAL_MESSAGE, ErrorKind, ServiceError, error_response
+from service.metrics import EMBEDDING_ROUTES, NO_MODEL, TOKENIZE_ROUTE, UNMATCHED, ServiceMetrics
 from service.observability import (
     KEY_ID,
     REQUEST,
     REQUEST_ID,
     RequestContext,
+    failed,
     loggable_path,
     record_stages,
     request_id,
@@ -47,7 +48,6 @@ _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics"})
 CLIENT_ROUTES = frozenset({*EMBEDDING_ROUTES, TOKENIZE_ROUTE, "/v1/models", "/info"})
 # the routes whose failures embed_request_failures_total counts (by route, model and kind)
 COUNTED_ROUTES = frozenset({*EMBEDDING_ROUTES, TOKENIZE_ROUTE})
-UNMATCHED = "unmatched"  # a span's route when no route of the app matched the path
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
 
 
@@ -88,7 +88,12 @@ class GuardMiddleware:
 
     An admitted request carries its `RequestContext` in ``scope["state"]``; its clock starts at its arrival here,
     so the server's histograms include the time it waited in line and was read and parsed. With tracing on, the
-    request is a span with a child per stage; with ``access_log`` on, it ends with one log line."""
+    request is a span with a child per stage; with ``access_log`` on, it ends with one log line.
+
+    Every failure is counted in ``embed_request_failures_total``: an embedding or /tokenize request's by its route's
+    own bookkeeping (by model, `service.api.tracking.RouteMetrics`), any other request's here once it is answered,
+    labelled by the route it matched as declared (``unmatched`` for a path no route has). An unexpected exception is
+    answered 500 here, inside the request's context: its log record and its answer carry the request id."""
 
     def __init__(
         self,
@@ -140,11 +145,13 @@ class GuardMiddleware:
         route = path if path in COUNTED_ROUTES else None
         span = start_request_span(self.tracer, scope["method"], route or UNMATCHED, context)
         status = 500
+        responded = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, responded
             if message["type"] == "http.response.start":
                 status = message["status"]
+                responded = True
                 message["headers"] = [*message.get("headers", ()), (b"x-request-id", context.request_id.encode())]
                 if context.ticket is not None and "batch" in context.stages:
                     context.stage("response", context.stages["batch"][1], time.perf_counter())
@@ -152,12 +159,22 @@ class GuardMiddleware:
 
         started = time.perf_counter()
         try:
-            await self._guard(scope, receive, send_with_id, context, route, svc)
+            try:
+                await self._guard(scope, receive, send_with_id, context, route, svc)
+            except Exception as err:  # what no handler answered: here, not outside, so the log and answer have the id
+                if responded:
+                    raise
+                log.error("internal error on %s %s", scope["method"], loggable_path(path), exc_info=err)
+                if route is None:
+                    context.failure = ErrorKind.internal
+                await error_response(ErrorKind.internal, INTERNAL_MESSAGE)(scope, receive, send_with_id)
         finally:
             if route is None:  # named by the route the app matched, as declared: a bounded set, whatever the path
-                template = getattr(scope.get("route"), "path", UNMATCHED)
+                template = route_template(scope, svc.metrics)
                 span.update_name(f"{scope['method']} {template}")
                 span.set_attribute("http.route", template)
+                if context.failure is not None:
+                    svc.metrics.failures.labels(template, NO_MODEL, context.failure.code).inc()
             span.set_attribute("http.response.status_code", status)
             record_stages(self.tracer, span, context)
             span.end()
@@ -179,6 +196,8 @@ class GuardMiddleware:
         if self.state.draining:
             if route:
                 svc.count_failure(route, NO_MODEL, ErrorKind.shutting_down)
+            else:
+                context.failure = ErrorKind.shutting_down
             await error_response(ErrorKind.shutting_down, "the server is shutting down; retry on another replica")(
                 scope, receive, send
             )
@@ -189,6 +208,8 @@ class GuardMiddleware:
             except ServiceError as err:
                 if route:
                     svc.count_failure(route, NO_MODEL, err.kind)
+                else:
+                    context.failure = err.kind
                 await err.response()(scope, receive, send)
                 return
         limit, setting = self._limit(scope)
@@ -262,7 +283,16 @@ class GuardMiddleware:
                       err: _BodyRefused) -> None:  # fmt: skip
         if route:
             svc.count_failure(route, NO_MODEL, err.kind)
+        else:
+            failed(scope, err.kind)
         await error_response(err.kind, err.message)(scope, receive, send)
+
+
+def route_template(scope: Scope, metrics: ServiceMetrics) -> str:
+    """The route a request matched, as declared (``/adapt/{job_id}``), or `UNMATCHED`: a bounded set of labels, however
+    many paths clients make up. A request refused before the app routed it is matched by its path
+    (`ServiceMetrics.route_of`)."""
+    return getattr(scope.get("route"), "path", None) or metrics.route_of(scope["path"])
 
 
 def _encoded(encoding: bytes) -> _BodyRefused:

@@ -1,12 +1,14 @@
 """Prometheus metrics of one app instance, pre-registered so every series exists before the first request.
 
 Each app gets its own `CollectorRegistry` (tests build several apps in one process). Label sets:
-``route`` is the route template, ``model`` the served model name (``-`` before a model is resolved,
-so unknown names sent by clients cannot blow up the series count), ``error_type`` an `ErrorKind` code.
+``route`` is the route template (``unmatched`` for a path no route has), ``model`` the served model name (``-``
+before a model is resolved, so unknown names sent by clients cannot blow up the series count), ``error_type`` an
+`ErrorKind` code.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterable
 from wsgiref.simple_server import WSGIServer
@@ -18,6 +20,12 @@ from service.errors import ErrorKind
 EMBEDDING_ROUTES = ("/v1/embeddings", "/embed", "/", "/similarity")  # "/" is TEI's root alias of /embed
 TOKENIZE_ROUTE = "/tokenize"  # counted and timed like them; no admission (it runs no graph)
 NO_MODEL = "-"
+UNMATCHED = "unmatched"  # the route of a request whose path no route of the app has: made-up paths add no series
+# The app's other routes, as declared: their failures are counted too (model "-"), by the guard (service.guard).
+OTHER_ROUTES = (
+    "/v1/models", "/v1/models/{model}", "/info", "/health", "/ready", "/metrics", "/openapi.json", "/docs",
+    "/docs/oauth2-redirect", "/redoc", UNMATCHED,
+)  # fmt: skip
 
 # Seconds: fine where an idle request lands (ms), and to a minute for bulk requests that wait their turn under load.
 _LATENCY_BUCKETS = (
@@ -128,7 +136,24 @@ class ServiceMetrics:
         )
         self.tokens = Counter("embed_tokens", "Tokens embedded.", ["model"], registry=r)
         self.embeddings = Counter("embed_embeddings", "Embeddings returned.", ["model"], registry=r)
+        self._routes: list[tuple[re.Pattern[str], str]] = []
         self.register_model(NO_MODEL)
+        self.register_routes(OTHER_ROUTES)
+
+    def register_routes(self, routes: Iterable[str]) -> None:
+        """Create the failure series of routes other than the embedding routes and /tokenize at zero, for every
+        error kind (model ``-``: they serve no model); `route_of` then knows their paths."""
+        for route in routes:
+            for kind in ErrorKind:
+                self.failures.labels(route, NO_MODEL, kind.code)
+            if route != UNMATCHED:  # a {param} of the template: one path segment
+                pattern = "[^/]+".join(re.escape(part) for part in re.split(r"\{[^/}]*\}", route))
+                self._routes.append((re.compile(pattern), route))
+
+    def route_of(self, path: str) -> str:
+        """The registered route whose template ``path`` fits (``/adapt/{job_id}`` for ``/adapt/j1``), or `UNMATCHED`:
+        the label of a request refused before the app routed it."""
+        return next((route for pattern, route in self._routes if pattern.fullmatch(path)), UNMATCHED)
 
     def register_keys(self, key_ids: Iterable[str]) -> None:
         """Create the per-key series at zero for every configured key (and 'anonymous')."""

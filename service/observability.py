@@ -16,6 +16,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 
 from service.auth import Caller
 from service.engine.admission import Ticket
+from service.errors import ErrorKind
 
 REQUEST = "embed_request"  # key in the ASGI scope's "state": the request's `RequestContext` (guard middleware)
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
@@ -58,16 +60,30 @@ def loggable_path(path: str) -> str:
 
 @dataclass
 class RequestContext:
-    """One request as the guard middleware sees it: its id, its caller, its admission ticket (embedding routes)
-    and the perf_counter() interval of each stage the engine records (`stage`), for its trace."""
+    """One request as the guard middleware sees it: its id, its caller, its admission ticket (embedding routes),
+    the perf_counter() interval of each stage the engine records (`stage`), for its trace, and the kind of error it
+    was answered with on a route whose failures the guard counts (`failed`)."""
 
     request_id: str
     caller: Caller
     ticket: Ticket | None = None
     stages: dict[str, tuple[float, float]] = field(default_factory=dict)
+    failure: ErrorKind | None = None
 
     def stage(self, name: str, start: float, end: float) -> None:
         self.stages[name] = (start, end)
+
+
+def failed(scope: MutableMapping[str, Any], kind: ErrorKind) -> bool:
+    """Note that the request of ``scope`` is answered with an error of ``kind``: the guard counts it once the answer is
+    sent, labelled by the route the request matched (`service.guard.GuardMiddleware`). For the routes other than the
+    embedding routes and /tokenize, whose own bookkeeping counts their failures by model (`service.api.tracking`).
+    False when the request has no context (a path the guard lets by): the caller counts it then."""
+    context = scope.get("state", {}).get(REQUEST)
+    if context is None:
+        return False
+    context.failure = kind
+    return True
 
 
 class RequestContextFilter(logging.Filter):

@@ -42,6 +42,9 @@ from service.api.protocol import ErrorResponse
 from service.auth import ApiKeys
 from service.errors import ErrorKind, ServiceError
 
+# Every route of this router, as declared: the service creates their failure series at zero (`ServiceMetrics`).
+ADAPT_ROUTES = ("/adapt", "/adapt/{job_id}", "/adapt/{job_id}/events", "/adapt/{job_id}/cancel")
+
 _ERROR_DESCRIPTIONS = {
     401: "admin API key missing or wrong",
     403: "a client API key: /adapt needs an admin key (or adapt_allow_client_keys); with no key set, a caller on "
@@ -102,9 +105,8 @@ def build_adapt_router(config: AdaptConfig, keys: ApiKeys) -> APIRouter:
             return
         await api.start()
         metrics = getattr(app.state, "metrics", None)
-        if metrics is not None:  # inside the full service: job gauges and failures on its /metrics
+        if metrics is not None:  # inside the full service: job gauges on its /metrics
             metrics.registry.register(AdaptCollector(api))
-            api.metrics = metrics
         try:
             yield
         finally:

@@ -30,7 +30,7 @@ from service.adapt.schemas import AdaptJob
 from service.adapt.supervisor import WorkerSupervisor
 from service.auth import ApiKeys, bearer_token, key_id
 from service.errors import ErrorKind, ServiceError
-from service.metrics import NO_MODEL, ServiceMetrics
+from service.observability import failed
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,6 @@ class AdaptAPI:
         self.keys = keys
         self.store: JobStore | None = None
         self.supervisor: WorkerSupervisor | None = None
-        self.metrics: ServiceMetrics | None = None  # the service's, when mounted in it: failures are counted there
         self.holder = f"{socket.gethostname()}-{os.getpid()}"  # this replica, for the store's prune lease
         self.uploads = UploadReader()
         self._task: asyncio.Task[None] | None = None
@@ -184,10 +183,8 @@ class AdaptAPI:
             ) from err
 
     def fail(self, request: Request, err: ServiceError) -> Response:
-        """Count the failure like the embedding routes' (route template, error kind) and render it."""
-        if self.metrics is not None:
-            route = getattr(request.scope.get("route"), "path", request.url.path)
-            self.metrics.failures.labels(route, NO_MODEL, err.kind.code).inc()
+        """Render the failure; the service's guard counts it like any route's (route template, error kind)."""
+        failed(request.scope, err.kind)
         return err.response()
 
     # ------------------------------------------------------------------ checks

@@ -1,0 +1,117 @@
+"""Every failure is counted, under a bounded set of labels, and an unexpected one is answered and logged inside its
+request's context: what an operator alerting on /metrics and reading the log by request id relies on."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.app import create_app
+from service.observability import JsonFormatter
+from tests.service.conftest import FakeBackend, service_log
+
+
+def _failures(text: str) -> dict[tuple[str, str, str], float]:
+    return {
+        (s.labels["route"], s.labels["model"], s.labels["error_type"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "embed_request_failures_total"
+    }
+
+
+def _series(text: str) -> set[str]:
+    """Every series of an exposition, by name and labels (values left out)."""
+    return {line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_a_failure_on_any_route_is_counted_under_the_route_as_declared(make_app, tmp_path):
+    app = make_app(include_adapt=True, api_keys="k", admin_api_keys="admin", adapt_enabled=True,
+                   adapt_supervise_worker=False, adapt_dir=tmp_path / "adapt")  # fmt: skip
+    key, admin = ({"Authorization": f"Bearer {k}"} for k in ("k", "admin"))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        before = _failures(client.get("/metrics").text)
+        answers = [
+            client.get("/nowhere/123", headers=key),
+            client.post("/embeddings", json={"input": "a"}, headers=key),  # an OpenAI client without /v1
+            client.delete("/embed", headers=key),
+            client.get("/v1/models/nope", headers=key),
+            client.delete("/v1/models/fake-a", headers=key),
+            client.get("/v1/models"),
+            client.get("/info"),
+            client.post("/health"),
+            client.get("/adapt", params={"limit": 0}, headers=admin),
+            client.post("/adapt", content=b"x", headers={**admin, "content-encoding": "gzip"}),
+            client.get("/adapt/job-x", headers=admin),
+            client.get("/adapt/job-x", headers=key),
+        ]
+        after = _failures(client.get("/metrics").text)
+    assert [a.status_code for a in answers] == [404, 404, 405, 404, 405, 401, 401, 405, 422, 415, 404, 403]
+    expected = {
+        ("unmatched", "-", "not_found"): 2,
+        ("/embed", "-", "method_not_allowed"): 1,
+        ("/v1/models/{model}", "-", "model_not_found"): 1,
+        ("/v1/models/{model}", "-", "method_not_allowed"): 1,
+        ("/v1/models", "-", "invalid_api_key"): 1,
+        ("/info", "-", "invalid_api_key"): 1,
+        ("/health", "-", "method_not_allowed"): 1,
+        ("/adapt", "-", "invalid_request"): 1,
+        ("/adapt", "-", "unsupported_content_encoding"): 1,
+        ("/adapt/{job_id}", "-", "job_not_found"): 1,
+        ("/adapt/{job_id}", "-", "forbidden"): 1,
+    }
+    assert {labels: after[labels] - before.get(labels, 0) for labels in after if after[labels] != before.get(labels)} \
+        == expected  # fmt: skip
+    assert set(expected) <= set(before)  # each series was there, at zero, before the first request
+
+
+def test_made_up_paths_model_names_prompts_and_keys_add_no_series(make_app, tmp_path):
+    """A client that sends thousands of distinct bogus values creates no series: no label takes a value it sent."""
+    app = make_app(include_adapt=True, adapt_enabled=True, adapt_supervise_worker=False, adapt_dir=tmp_path / "a")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.post("/embed", json={"inputs": "warm"}).status_code == 200
+        client.post("/embed", json={"inputs": "x", "model": "warm"})  # every kind of answer once before counting
+        before = _series(client.get("/metrics").text)
+        for i in range(300):
+            bogus = f"bogus-{i}"
+            auth = {"Authorization": f"Bearer {bogus}"}
+            assert client.post("/v1/embeddings", json={"input": "x", "model": bogus}, headers=auth).status_code == 404
+            assert client.post("/tokenize", json={"inputs": "x", "model": bogus}).status_code == 404
+            assert client.post("/embed", json={"inputs": "x", "prompt_name": bogus}).status_code == 422
+            assert client.get(f"/v1/models/{bogus}").status_code == 404
+            assert client.get(f"/{bogus}/{i}").status_code == 404
+            assert client.post(f"/{bogus}", json={}).status_code == 404
+            assert client.get(f"/adapt/{bogus}").status_code == 404
+        after = _series(client.get("/metrics").text)
+    assert after == before
+
+
+class _BrokenTokenizer(FakeBackend):
+    def tokens(self, texts, add_special_tokens=True):  # type: ignore[no-untyped-def]
+        raise RuntimeError("tokenizer state dump (secret detail that must not reach clients)")
+
+
+def test_an_unexpected_error_off_the_direct_path_is_answered_and_logged_with_its_request_id(make_settings):
+    """/tokenize, /info and an embedding body declared with another JSON type run through FastAPI's routing: an
+    exception there is answered inside the request's context, so the 500 carries x-request-id and the traceback's
+    log record the same id; it is answered, not re-raised to the server (which would log it a second time)."""
+    app = create_app(make_settings(models=["fake-a"]), backend_factory=_BrokenTokenizer, include_adapt=False)
+    with service_log(JsonFormatter()) as stream, TestClient(app) as client:  # raises what the app lets out
+        before = _failures(client.get("/metrics").text)
+        tokenize = client.post("/tokenize", json={"inputs": "a"}, headers={"x-request-id": "rid-tok"})
+        app.state.engine.models.models = lambda: 1 / 0
+        info = client.get("/info", headers={"x-request-id": "rid-info"})
+        after = _failures(client.get("/metrics").text)
+    for response, rid in ((tokenize, "rid-tok"), (info, "rid-info")):
+        assert response.status_code == 500 and response.headers["x-request-id"] == rid
+        assert response.json()["error"] == {"message": "internal error", "type": "server_error", "param": None,
+                                            "code": "internal_error"}  # fmt: skip
+        assert "secret" not in response.text and "Traceback" not in response.text
+    records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    errors = {r["request_id"]: r for r in records if r["level"] == "error"}
+    assert set(errors) == {"rid-tok", "rid-info"}
+    assert "secret detail" in errors["rid-tok"]["exception"]
+    assert after[("/tokenize", "fake-a", "internal_error")] - before[("/tokenize", "fake-a", "internal_error")] == 1
+    assert after[("/info", "-", "internal_error")] - before[("/info", "-", "internal_error")] == 1
