@@ -24,6 +24,7 @@ from fastapi.responses import Response
 from opentelemetry.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from service.api.routes import SERVICE_VERSION, metrics_router, router
@@ -170,12 +171,21 @@ def create_app(
         _count(request, ErrorKind.invalid_request)
         return error_response(ErrorKind.invalid_request, message, param=param)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, err: ClientDisconnect) -> Response:
+        """The client closed its connection while its body was being read: counted as a client gone (no answer
+        reaches it; the access log shows 499), not as a malformed request nor an internal error."""
+        _count(request, ErrorKind.client_closed)
+        return Response(status_code=ErrorKind.client_closed.status)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> Response:
         return _invalid_request(request, validation_message(err.errors()), validation_param(err.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
+        if err.status_code == 400 and isinstance(err.__cause__, ClientDisconnect):  # FastAPI's, for a body cut off
+            return await _client_gone(request, err.__cause__)
         if err.status_code == 400:
             # The framework's own 400 is a body it could not decode (bytes that are not UTF-8, a broken multipart
             # form): malformed like broken JSON, which is a 422 (`invalid_request`), so both get the same answer.

@@ -4,7 +4,12 @@ request's context: what an operator alerting on /metrics and reading the log by 
 from __future__ import annotations
 
 import json
+import logging
+import socket
+import time
+from pathlib import Path
 
+import httpx
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -115,3 +120,33 @@ def test_an_unexpected_error_off_the_direct_path_is_answered_and_logged_with_its
     assert "secret detail" in errors["rid-tok"]["exception"]
     assert after[("/tokenize", "fake-a", "internal_error")] - before[("/tokenize", "fake-a", "internal_error")] == 1
     assert after[("/info", "-", "internal_error")] - before[("/info", "-", "internal_error")] == 1
+
+
+def _send_part_and_leave(url: str, path: str, content_type: str) -> None:
+    """Headers promising 1,000 bytes, a few of them, then the connection closed."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: {content_type}\r\ncontent-length: 1000\r\n"
+                     '\r\n{"inputs": ["a'.encode())  # fmt: skip
+        time.sleep(0.2)
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_counted_as_gone(make_app, serve, tmp_path: Path):
+    """Not a malformed request (422) nor, on /adapt, an internal error (500) with a traceback in the log: a client
+    gone, in the failure counter and in the access log (499)."""
+    app = make_app(include_adapt=True, adapt_enabled=True, adapt_supervise_worker=False, adapt_dir=tmp_path / "a",
+                   access_log=True)  # fmt: skip
+    sent = [("/embed", "application/json"), ("/tokenize", "application/json"),
+            ("/embed", "application/vnd.api+json"), ("/adapt", "application/json")]  # fmt: skip
+    with service_log(logging.Formatter("%(levelname)s %(message)s")) as stream, serve(app) as (url, _):
+        for path, content_type in sent:
+            _send_part_and_leave(url, path, content_type)
+        deadline = time.monotonic() + 10
+        while stream.getvalue().count(" 499 ") < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        failures = _failures(httpx.get(f"{url}/metrics").text)
+    counted = {labels: value for labels, value in failures.items() if value}
+    assert counted == {("/embed", "-", "client_closed"): 2, ("/tokenize", "-", "client_closed"): 1,
+                       ("/adapt", "-", "client_closed"): 1}  # fmt: skip
+    log = stream.getvalue()
+    assert log.count(" 499 ") == len(sent) and "ERROR" not in log, log
