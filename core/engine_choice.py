@@ -134,19 +134,23 @@ def _first_of_fastest(pool: Sequence[str], seconds: Mapping[str, float], toleran
     return min((e for e in pool if seconds[e] <= fastest * (1 + tolerance)), key=order.index)
 
 
-def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[str, str]:
+def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE, slower: Sequence[str] = ()) -> tuple[str, str]:
     """The default engine among the trials — the one that runs every shape class no challenger takes
     (`pick_routes`) — and why (pure: the choice logic, apart from loading and timing).
 
     Only a ``passed`` trial is eligible: onnxruntime int8 (the baseline) where it passed; else the fastest
     timed passing engine by the geometric mean of the short and long batches, the first in `ENGINES` order within
-    ``tolerance`` of it; with nothing passed, the fp32 reference graph.
+    ``tolerance`` of it; with nothing passed, the fp32 reference graph. ``slower``: engines that kept the parity bars
+    too but left the timing race early, each slower than one still in it (not among ``trials``; named in the reason).
     """
     passed = [t for t in trials if t.status == "passed"]
     if not passed:
         return FALLBACK, "no candidate kept the parity bars on this CPU: serving the fp32 reference graph"
     if any(t.engine == BASELINE for t in passed):
         return BASELINE, f"{BASELINE} kept the parity bars: the default"
+    left_early = f"; {', '.join(slower)} kept them too, slower: out of the timing race" if slower else ""
+    if len(passed) == 1 and slower:
+        return passed[0].engine, f"the fastest that kept the parity bars on this CPU; {BASELINE} did not{left_early}"
     if len(passed) == 1:
         return passed[0].engine, "the only candidate that kept the parity bars on this CPU"
     timed = {t.engine: _score(t.seconds) for t in passed if t.seconds}
@@ -156,7 +160,7 @@ def pick(trials: Sequence[Trial], tolerance: float = SPEED_TOLERANCE) -> tuple[s
     winner = _first_of_fastest(list(timed), timed, tolerance)
     return winner, (
         f"the fastest that kept the parity bars, or first in engine order within {tolerance:.0%} of it; {BASELINE} "
-        f"did not (median geometric mean: {times})"
+        f"did not (median geometric mean: {times}){left_early}"
     )
 
 

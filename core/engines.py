@@ -171,7 +171,8 @@ def load_engine(
             trial.seconds = {shape: round(s, 6) for shape, s in timed.get(trial.engine, {}).items()}
         # Only the engines timed to the last round compete: an engine out of the race has medians of fewer rounds.
         contenders = [t for t in trials if t.status != "passed" or t.engine in bundles]
-        default, reason = pick(contenders)
+        slower = [t.engine for t in trials if t.status == "passed" and t.engine not in bundles]
+        default, reason = pick(contenders, slower=slower)
     routes = pick_routes(contenders, default, shapes)
     if len(routes) > 1 or routes[0].engine != default:  # a challenger took some batch sizes, or all of them
         reason += f"; {describe(routes)}, each faster there by the margin"

@@ -85,6 +85,19 @@ def test_without_onnxruntime_int8_the_fastest_passing_engine_is_the_default() ->
     assert _routes(trials) == [(FALLBACK, ["1", "4", "16"]), ("openvino-bf16", ["short", "long"])]
 
 
+def test_engines_that_kept_the_bars_but_lost_the_race_are_named_not_called_failed() -> None:
+    """With onnxruntime int8 below the bars and the others out of the timing race, the one left is the fastest of
+    several that kept the bars, not "the only candidate" that did."""
+    trials = [Trial(BASELINE, "failed", "int8: min cosine to torch 0.96 < 0.97"), _passed("openvino-int8", 0.02, 0.1)]
+    engine, reason = pick(trials, slower=[FALLBACK, "openvino-bf16"])
+    assert engine == "openvino-int8" and "only candidate" not in reason
+    assert reason == (
+        f"the fastest that kept the parity bars on this CPU; {BASELINE} did not; "
+        f"{FALLBACK}, openvino-bf16 kept them too, slower: out of the timing race"
+    )
+    assert pick(trials)[1] == "the only candidate that kept the parity bars on this CPU"
+
+
 def test_ties_go_to_the_default_and_a_challenger_must_beat_it_by_the_margin() -> None:
     under = engine_choice.CHALLENGER_MARGIN * 0.97  # faster on both batches, but by less than the margin
     trials = [_passed(BASELINE, 0.040, 0.200), _passed("openvino-bf16", 0.040 / under, 0.200 / under)]
