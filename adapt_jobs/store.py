@@ -227,11 +227,14 @@ class JobStore(StoreUpkeep):
 
         Only the first request changes anything: asking again while the worker stops, or cancelling a finished job,
         returns the job unchanged and records nothing (one audit record per cancel, however often a client retries).
+        Nor does one that comes once the running attempt began publishing its model (`begin_publish`): the job ends
+        with it, so the cancel is not acknowledged rather than acknowledged and then not honoured.
         """
         with self._transaction(write=True) as conn:
             row = self._row(conn, job_id, lock=True)
             now = self._now(conn)
-            asked = row.state == QUEUED or (row.state in ACTIVE_STATES and not row.cancel_requested)
+            publishing = row.publishing_attempt is not None and row.publishing_attempt == row.attempt
+            asked = row.state == QUEUED or (row.state in ACTIVE_STATES and not row.cancel_requested and not publishing)
             if asked:
                 self._add_event(conn, job_id, AUDIT_EVENT, audit_record("cancelled", actor, row.params), now)
             if row.state == QUEUED:
@@ -338,6 +341,19 @@ class JobStore(StoreUpkeep):
         with self._transaction(write=True) as conn:
             self._held(conn, lease)
             self._add_event(conn, lease.job_id, type_, data, self._now(conn))
+
+    def begin_publish(self, lease: Lease, lease_s: float) -> bool:
+        """The point of no return before a held job publishes its model: False when a cancel was asked for (the worker
+        stops, publishing nothing); else renews the lease and records that this attempt publishes, so a cancel asked
+        for from now on is refused (`cancel`). One transaction, under the job's row lock, so a cancel is either seen
+        here or refused there. `LeaseLost` if the lease is no longer ours (the fence: a worker that lost the job
+        publishes nothing)."""
+        with self._transaction(write=True) as conn:
+            row = self._held(conn, lease)
+            if row.cancel_requested:
+                return False
+            self._touch(conn, lease, self._now(conn), lease_s, publishing_attempt=lease.attempt)
+            return True
 
     def cancel_requested(self, job_id: str) -> bool:
         with self._transaction() as conn:

@@ -46,6 +46,7 @@ jobs_table = sa.Table(
     sa.Column("kind", sa.String(32), nullable=False, server_default=JOB_KIND_ADAPT),
     sa.Column("after_job", sa.String(64), nullable=True),  # claimed only once this job succeeded
     sa.Column("created_by", sa.String(64), nullable=True),  # the creator's API key id; None on an open server
+    sa.Column("publishing_attempt", sa.Integer, nullable=True),  # the attempt that began publishing: too late to cancel
     sa.Index("adapt_jobs_state_seq", "state", "seq"),
     sa.Index("adapt_jobs_state_finished", "state", "finished_at"),
 )

@@ -103,6 +103,18 @@ class JobContext:
             self.lost.set()
             raise
 
+    def begin_publish(self) -> None:
+        """The point of no return before publishing (`JobStore.begin_publish`): `JobCancelled` if a cancel was asked
+        for, `LeaseLost` if the job is no longer ours; past it, a cancel is refused and the job ends with its model."""
+        try:
+            publishing = self.retrying(lambda: self.store.begin_publish(self.lease, self.lease_s))
+        except LeaseLost:
+            self.lost.set()
+            raise
+        if not publishing:
+            self._cancelled = True
+            raise JobCancelled("cancelled")
+
     # -------------------------------------------------------------- reporting
     def elapsed(self) -> float:
         return time.monotonic() - self._started

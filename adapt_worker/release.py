@@ -131,9 +131,11 @@ def record(attempt: AnyAttempt, evaluation: Evaluation, decision: GateDecision) 
 def publish(attempt: AnyAttempt, exported: Exported, verdict: Verdict) -> Published:
     """Publish the staged bundle as the next version of its name (its manifest's ``validation``: the evaluation and the
     gate), promoted when the gate passed and the job promotes; fenced by the lease (a worker that lost the job
-    promotes nothing). Promotion leaves a newer version of the name in place (another job's, promoted meanwhile):
-    the result says the job's own version was not promoted, and a ``log`` event says why."""
+    promotes nothing) and by a cancel asked for before it (`JobContext.begin_publish`: one asked for later is
+    refused). Promotion leaves a newer version of the name in place (another job's, promoted meanwhile): the result
+    says the job's own version was not promoted, and a ``log`` event says why."""
     ctx, job = attempt.ctx, attempt.job
+    ctx.begin_publish()  # the fence: publish only while this worker holds the job and no cancel was asked for
     ctx.stage("publishing")
     manifest = reg.read_manifest(exported.bundle)
     manifest["validation"] = {
@@ -142,7 +144,6 @@ def publish(attempt: AnyAttempt, exported: Exported, verdict: Verdict) -> Publis
         "evaluation": verdict.evaluation.model_dump(mode="json", by_alias=True),
         "gate": verdict.gate.model_dump(mode="json", by_alias=True),
     }
-    ctx.renew()  # the fence: publish only while this worker still holds the job
     try:
         bundle = publish_bundle(exported.bundle, attempt.config.registry_dir, manifest, promote=False)
     except OSError as err:
@@ -168,6 +169,7 @@ def published_before(attempt: AnyAttempt) -> Published | None:
             break
     else:
         return None
+    attempt.ctx.begin_publish()  # a cancel asked for before it ends the job cancelled, the version left as it is
     attempt.ctx.stage("publishing")
     attempt.ctx.log(f"version {version} of {name} was published by attempt {validation.get('attempt')} of this job, "
                     "which stopped before the job ended: the job ends with it")  # fmt: skip

@@ -130,3 +130,51 @@ def test_a_version_overtaken_by_a_newer_promotion_says_it_was_not_promoted(publi
     logs = [e.data["message"] for e in store.events(job.id) if e.type == "log"]
     assert any("version 2" in m and "newer" in m for m in logs), logs
     assert not [e for e in store.events(job.id) if e.type == "audit" and e.data["action"] == "promoted"]
+
+
+def test_a_cancel_once_the_copy_began_is_refused_and_the_job_ends_with_its_model(publishing, tmp_path: Path) -> None:
+    """Past the point of no return a cancel is not acknowledged (the answer says so: no ``cancel_requested``, no audit
+    record) rather than acknowledged and then ignored by a job that goes on to promote its model."""
+    store, job, worker = publishing
+    answered, asked = store.cancel(job.id, actor="key-1")
+    assert not asked and not answered.cancel_requested and answered.state == RUNNING
+    assert answered.progress["stage"] == "publishing"
+    (tmp_path / "go").touch()
+    assert _outcome(worker) == SUCCEEDED
+    assert registry.current_version(tmp_path / "registry", NAME) == "1"
+    types = [(e.type, e.data.get("action")) for e in store.events(job.id)]
+    assert ("audit", "cancelled") not in types and ("cancel_requested", None) not in types
+
+
+def test_a_cancel_acknowledged_before_the_publish_publishes_nothing(tmp_path: Path, store_url: str) -> None:
+    """A cancel that lands after the job's last stop check and before its publish (the end of its evaluation) stops it
+    at the publish: nothing reaches the registry, and the job ends cancelled."""
+    import threading
+    from types import SimpleNamespace
+
+    from adapt_jobs.results import Evaluation, GateDecision
+    from adapt_jobs.settings import AdaptConfig, AdaptSettings
+    from adapt_worker.attempt import Exported, Verdict
+    from adapt_worker.release import publish
+    from adapt_worker.stages import scratch_dir
+    from adapt_worker.worker import process_job
+
+    settings = AdaptSettings(dir=tmp_path / "adapt", store_url=store_url)
+    config = AdaptConfig(registry_dir=tmp_path / "registry", cache_dir=tmp_path / "cache", settings=settings)
+    store = JobStore(store_url)
+    store.create({"base_model": "b", "name": NAME}, corpus_dir=tmp_path / "adapt" / "jobs" / "j", n_documents=1,
+                 max_pending=5, max_attempts=3)  # fmt: skip
+    job = store.claim_next("w1", max_running=1, lease_s=30.0)
+    staging = scratch_dir(job) / "bundle"
+    staging.mkdir(parents=True)
+    (staging / registry.MANIFEST).write_text(json.dumps({"name": NAME}))
+
+    def pipeline(job: object, ctx: object, config: AdaptConfig) -> None:
+        ctx.check()  # the last stop check before the publish passes
+        assert store.cancel(job.id, actor="key-1")[1]  # acknowledged
+        attempt = SimpleNamespace(job=job, ctx=ctx, config=config, promote=True)
+        publish(attempt, Exported(staging), Verdict(Evaluation(), GateDecision(passed=True)))
+
+    assert process_job(store, job, config, threading.Event(), pipeline) == "cancelled"
+    assert registry.list_versions(tmp_path / "registry", NAME) == []
+    assert "model" not in store.get(job.id).result
