@@ -45,7 +45,7 @@ log = logging.getLogger("service")
 class DrainingServer(uvicorn.Server):
     """uvicorn, but a first exit signal only starts draining: new requests get 503 (readiness fails, so a load
     balancer moves traffic away) while in-flight ones finish; then uvicorn's own shutdown runs. A second signal
-    exits at once."""
+    exits at once, and so does a first one while the models are still loading."""
 
     def __init__(self, config: uvicorn.Config, app_state: Any, grace_seconds: float) -> None:
         super().__init__(config)
@@ -58,6 +58,15 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.started:
+            # Still loading and warming the models (a minute on a slow CPU), which runs in a thread nothing can
+            # interrupt and uvicorn waits for however often it is signalled: nothing was served, nothing is in flight
+            # and the adapt workers stop when this process is gone, so stop now.
+            name = signal.Signals(sig).name
+            print(f"embedder serve: stopped by {name} while starting, before anything was served", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + sig)
         if self.app_state.draining or self._loop is None:
             # a second signal (uvicorn forces the exit only on a second SIGINT): stop waiting for anything
             self.force_exit = self.app_state.draining

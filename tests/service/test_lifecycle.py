@@ -211,3 +211,47 @@ def test_an_engine_choice_that_raises_falls_back_to_the_baseline_engine_and_says
     assert "the engine choice failed (RuntimeError: Exception from src/inference" in reason
     assert reason.endswith("pinned")
     assert "boom" in caplog.text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_models_load_stops_the_server_at_once(tmp_path, sig):
+    """Loading runs in a thread uvicorn waits for however often it is signalled: Ctrl-C during a minute's load did
+    nothing until the load ended. Nothing is served or in flight yet, so the first signal stops it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.ports import free_port
+    from tests.service.conftest import make_fake_bundle
+
+    root = Path(__file__).resolve().parents[2]
+    make_fake_bundle(tmp_path / "reg", "slow", warmup_s=120)
+    code = f"""
+from service.app import create_app
+from service.cli import run_server
+from service.settings import ServiceSettings
+from tests.service.conftest import FakeBackend
+settings = ServiceSettings.from_flat(registry_dir={str(tmp_path / "reg")!r}, default_model="slow", port={free_port()},
+                                     registry_poll_seconds=0, adapt_enabled=False)
+run_server(create_app(settings, backend_factory=FakeBackend, include_adapt=False), settings)
+"""
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=root, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal starts it
+    )  # fmt: skip
+    try:
+        lines = []
+        for line in server.stderr:  # the lifespan has begun loading
+            lines.append(line)
+            if "Waiting for application startup" in line:
+                break
+        time.sleep(0.5)
+        server.send_signal(sig)
+        _, rest = server.communicate(timeout=20)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 128 + sig, "".join(lines) + rest
+    assert f"embedder serve: stopped by {signal.Signals(sig).name} while starting, before anything was served" in rest
+    assert "Traceback" not in rest
