@@ -52,7 +52,7 @@ def load_training_data(config: TrainConfig, crop_rule: CropRule | None = None) -
             else None
         )
         return TrainingData(documents, None, rule, None, held_out)
-    crop_validation = CropPairValidation(validation_documents, config.seed) if validation_documents else None
+    crop_validation = CropPairValidation(validation_documents, config.seed, rule) if validation_documents else None
     return TrainingData(documents, None, rule, crop_validation)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
+from core.text import CropRule
 from evaluation.diagnostics import alignment, effective_rank, layerwise_scores, uniformity
 from evaluation.mteb_bridge import EmbeddingMemo
 from evaluation.suite import score_task
@@ -33,12 +34,13 @@ from training.torch_model import TorchModel
 class CropPairValidation:
     """Held-out crop-pair retrieval: `evaluation.tasks.CropPairRetrieval` over the held-out documents — one
     crop of each document must retrieve another crop of the same document among all of them. Score = its
-    main metric, nDCG@10 in points (0–100), the same number the /adapt gate and the evaluation reports use."""
+    main metric, nDCG@10 in points (0–100), the same number the /adapt gate and the evaluation reports use. The
+    crops are cut by ``rule``, the run's own (default: chosen from ``documents``), as the /adapt gate cuts them."""
 
     metric = "crop_pair_ndcg_at_10"
 
-    def __init__(self, documents: Sequence[str], seed: int) -> None:
-        self.task = CropPairRetrieval.from_corpus(list(documents), seed=seed, name="HeldOutCropPairs")
+    def __init__(self, documents: Sequence[str], seed: int, rule: CropRule | None = None) -> None:
+        self.task = CropPairRetrieval.from_corpus(list(documents), seed=seed, name="HeldOutCropPairs", rule=rule)
         self.task.crop_pairs()  # fails now, with what to change, when too few documents have two crops
 
     def evaluate(self, encoder: Encoder) -> dict[str, float]:

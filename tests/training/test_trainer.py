@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from core.model_folder import RECIPE_FILE
-from core.text import CorpusError, split_sentences
+from core.text import CorpusError, CropRule, split_sentences
 from evaluation.domain_checks import PIECES, short_piece
 from training.config import ConfigError, TrainConfig
 from training.data import (
@@ -201,6 +201,21 @@ def test_validation_reports_the_rank_diagnostics_of_the_held_out_crops(tiny_bert
     assert 0.0 <= scores[CropPairValidation.metric] <= 100.0
     assert 1.0 <= scores["effective_rank"] <= min(2 * len(pairs), encoder.dim)
     assert 0.0 <= scores["alignment"] <= 4.0 and scores["uniformity"] <= 0.0
+
+
+def test_held_out_crops_are_cut_by_the_rule_the_run_trains_with(tmp_path: Path, tiny_bert_path: Path) -> None:
+    # best/ is chosen on held-out crops: cut by another rule than training's, they score another task than the
+    # one trained for and than the /adapt gate, which evaluates with the rule its training used
+    config = tiny_config(tmp_path, tiny_bert_path, crop_sentences=1)
+    data = load_training_data(config)
+    assert data.validation is not None
+    pairs = data.validation.task.crop_pairs()
+    assert pairs and all(len(split_sentences(crop)) == 1 for pair in pairs for crop in pair)
+    given = CropRule(sentences=3, min_chars=40)  # a caller's rule (/adapt's) wins over the recipe's
+    data = load_training_data(tiny_config(tmp_path, tiny_bert_path), crop_rule=given)
+    assert data.rule == given and data.validation is not None
+    pairs = data.validation.task.crop_pairs()
+    assert pairs and all(len(split_sentences(crop)) == 3 for pair in pairs for crop in pair)
 
 
 def test_time_budget_stops_the_run(tmp_path: Path, tiny_bert_path: Path) -> None:
