@@ -41,7 +41,7 @@ from adapt_jobs.jobs import (
     StoreUnavailable,
 )
 from adapt_jobs.store_db import db_now, engine_url, events_table, jobs_table, make_engine
-from adapt_jobs.store_notify import CLAIMABLE_CHANNEL, EVENTS_CHANNEL, Listener
+from adapt_jobs.store_notify import CLAIMABLE_CHANNEL, EVENTS_CHANNEL, EventPoller, Listener
 
 # PostgreSQL transaction advisory-lock keys: serialise the checks that count rows (jobs pending, jobs running),
 # migrations, and the grant of a named lease.
@@ -61,9 +61,10 @@ class CommitUnknown(StoreUnavailable):
 class StoreCore:
     """The engine and the helpers every store method uses."""
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0, keep_uploads: bool = False) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 30.0, keep_uploads: bool = False, poll_s: float = 0.5) -> None:
         """``keep_uploads``: an ended job keeps its folder until it is pruned past its retention (default: the folder
-        is deleted when the job ends)."""
+        is deleted when the job ends). ``poll_s``: how often the event poller of a SQLite store reads the event
+        counters of the jobs streamed from this process (`wake_on_event`)."""
         self.url = engine_url(url)
         self.keep_uploads = keep_uploads
         self.engine = make_engine(self.url, timeout_s)
@@ -71,11 +72,13 @@ class StoreCore:
         self._timeout_s = timeout_s
         self._listener: Listener | None = None
         self._listener_lock = threading.Lock()
+        self._poller = EventPoller(self._event_seqs, poll_s)
         self._migrate()
 
     def close(self) -> None:
         if self._listener is not None:
             self._listener.close()
+        self._poller.close()
         self.engine.dispose()
 
     # ---------------------------------------------------------------- wake-ups (PostgreSQL LISTEN/NOTIFY)
@@ -85,9 +88,25 @@ class StoreCore:
         caller's poll interval is the wake-up."""
         return self._arm(CLAIMABLE_CHANNEL, "", wake)
 
-    def wake_on_event(self, job_id: str, wake: Callable[[], None]) -> Callable[[], None]:
-        """Call ``wake`` once when an event of ``job_id`` is committed; as `wake_when_claimable`."""
+    def wake_on_event(self, job_id: str, wake: Callable[[], None], after_seq: int | None = None) -> Callable[[], None]:
+        """Call ``wake`` once when an event of ``job_id`` is committed; returns the function that disarms it.
+        PostgreSQL: its notification. SQLite, given ``after_seq`` (the last event id the caller read): the first poll
+        of `EventPoller` that finds a later event — one query per poll for every stream of the process."""
+        if not self.postgresql and after_seq is not None:
+            return self._poller.arm(job_id, after_seq, wake)
         return self._arm(EVENTS_CHANNEL, job_id, wake)
+
+    def _event_seqs(self, job_ids: list[str]) -> dict[str, int]:
+        """The event counters of ``job_ids`` (a job that no longer exists is left out)."""
+        seqs: dict[str, int] = {}
+        with self._transaction() as conn:
+            for start in range(0, len(job_ids), 500):
+                chunk = job_ids[start : start + 500]
+                rows = conn.execute(
+                    sa.select(jobs_table.c.id, jobs_table.c.event_seq).where(jobs_table.c.id.in_(chunk))
+                ).all()
+                seqs.update({row.id: int(row.event_seq) for row in rows})
+        return seqs
 
     def _arm(self, channel: str, key: str, wake: Callable[[], None]) -> Callable[[], None]:
         if not self.postgresql:

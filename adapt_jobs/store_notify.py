@@ -6,7 +6,8 @@ once it committed: ``adapt_claimable`` when a job is queued, goes back to the qu
 a job waits for succeeds), ``adapt_events`` with the job's id when an event is added. One listener thread per process
 holds its own connection, LISTENs on both, and reconnects after losing it (then wakes every waiter, since it may
 have missed something). Polling stays: a waiter still wakes after its poll interval, which is all a SQLite store, or
-a PostgreSQL store whose listener is down, gets.
+a PostgreSQL store whose listener is down, gets. On SQLite an event stream is woken by `EventPoller`: one read of the
+event counters of every job streamed from this process per poll, whatever the number of streams.
 """
 
 from __future__ import annotations
@@ -92,3 +93,70 @@ class Listener:
             finally:
                 self.listening.clear()
             self._closed.wait(_RECONNECT_S)
+
+
+class EventPoller:
+    """The wake-ups of event streams where the store sends no notifications (SQLite): one thread per process reads
+    the event counter of every job a stream waits on, in one query per poll, and wakes each stream whose job has
+    events past the last one it read. However many streams wait, the store is read once per poll, not once per
+    stream per poll. ``read_seqs`` maps job ids to their event counters (a missing job counts as changed); it may
+    raise while the store is unavailable, and the next poll tries again."""
+
+    def __init__(self, read_seqs: Callable[[list[str]], dict[str, int]], every_s: float) -> None:
+        self._read_seqs = read_seqs
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._waiters: dict[str, dict[Wake, int]] = {}  # job id -> {wake: the last event id its stream read}
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, job_id: str, after_seq: int, wake: Wake) -> Callable[[], None]:
+        """Call ``wake`` once, at the first poll that finds an event of ``job_id`` after ``after_seq``."""
+        with self._lock:
+            self._waiters.setdefault(job_id, {})[wake] = after_seq
+            if self._thread is None and not self._closed.is_set():
+                self._thread = threading.Thread(target=self._run, name="adapt-store-poller", daemon=True)
+                self._thread.start()
+
+        def disarm() -> None:
+            with self._lock:
+                waiters = self._waiters.get(job_id)
+                if waiters is not None:
+                    waiters.pop(wake, None)
+                    if not waiters:
+                        del self._waiters[job_id]
+
+        return disarm
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._every_s + 5)
+
+    def _run(self) -> None:
+        while not self._closed.wait(self._every_s):
+            with self._lock:
+                ids = list(self._waiters)
+            if not ids:
+                continue
+            try:
+                seqs = self._read_seqs(ids)
+            except Exception as err:  # the store unavailable: the streams' own slow poll covers the gap
+                log.debug("adapt: the event poller could not read the store: %s", err)
+                continue
+            woken: list[Wake] = []
+            with self._lock:
+                for job_id in ids:
+                    waiters = self._waiters.get(job_id, {})
+                    seq = seqs.get(job_id)
+                    for wake, after in list(waiters.items()):
+                        if seq is None or seq > after:
+                            woken.append(wake)
+                            del waiters[wake]
+                    if not waiters:
+                        self._waiters.pop(job_id, None)
+            for wake in woken:
+                try:
+                    wake()
+                except Exception:  # a waiter gone (its event loop closed) must not end the poller
+                    log.debug("adapt: a store waiter could not be woken", exc_info=True)

@@ -116,7 +116,8 @@ class AdaptAPI:
 
     def open_store(self) -> JobStore:
         """The job store; it deletes an ended job's folder unless ``keep_uploads``."""
-        return JobStore(self.config.store_url, keep_uploads=self.config.settings.keep_uploads)
+        settings = self.config.settings
+        return JobStore(self.config.store_url, keep_uploads=settings.keep_uploads, poll_s=settings.poll_seconds)
 
     async def _started(self) -> None:
         assert self.store is not None
@@ -249,8 +250,10 @@ async def stream_events(
     last_sent = time.monotonic()
     loop = asyncio.get_running_loop()
     while True:
-        wake = asyncio.Event()  # armed before the read, so an event committed meanwhile does not wait for the poll
-        disarm = store.wake_on_event(job_id, lambda wake=wake: loop.call_soon_threadsafe(wake.set))
+        # Armed before the read, so an event committed meanwhile is not missed: woken by the store's notification
+        # (PostgreSQL) or by the poll of the event counters every stream of this process shares (SQLite).
+        wake = asyncio.Event()
+        disarm = store.wake_on_event(job_id, lambda wake=wake: loop.call_soon_threadsafe(wake.set), after_seq=after_id)
         try:
             try:
                 events = await run_in_threadpool(store.events, job_id, after_id=after_id)
@@ -270,10 +273,11 @@ async def stream_events(
                 return
             if await request.is_disconnected():
                 return
-            if time.monotonic() - last_sent > KEEPALIVE_S:
+            if time.monotonic() - last_sent >= KEEPALIVE_S:
                 yield ": keep-alive\n\n"
                 last_sent = time.monotonic()
-            with contextlib.suppress(TimeoutError):  # woken when the store notifies (PostgreSQL), else the poll
-                await asyncio.wait_for(wake.wait(), poll_s)
+            # Until woken, else until the next keep-alive: an idle stream reads its job's events that seldom itself.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), max(poll_s, KEEPALIVE_S - (time.monotonic() - last_sent)))
         finally:
             disarm()

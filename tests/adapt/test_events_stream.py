@@ -74,3 +74,41 @@ def test_a_dependant_of_a_failed_build_streams_its_corpus_removed_then_ends(clie
     assert [e[1] for e in events] == ["state", "audit", "state", CORPUS_REMOVED_EVENT, "done"]
     assert events[-1][2]["state"] == FAILED and events[-1][2]["error"]["reason"] == "dependency"
     assert [e[1] for e in _read(client, waiting["id"], events[2][0])] == [CORPUS_REMOVED_EVENT, "done"]
+
+
+def test_an_idle_stream_does_not_read_the_store_at_every_poll(tmp_path: Path, store_url: str) -> None:
+    """Streams of idle jobs share one poll of the store's event counters per process (SQLite; PostgreSQL's wake-ups
+    are its notifications), rather than each reading its job's events at every poll: an event another process
+    commits still reaches the stream within a poll or so."""
+    app = FastAPI()
+    config = _config(tmp_path, max_pending_jobs=8, poll_seconds=0.05, store_url=store_url)
+    app.include_router(build_adapt_router(config, ADMIN_KEYS))
+    with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        job_id = client.post("/adapt", json=_body()).json()["id"]
+        served = app.state.adapt.store
+        reads = []
+        events = served.events
+        served.events = lambda *a, **k: reads.append(time.monotonic()) or events(*a, **k)
+        worker = JobStore(config.store_url)  # another process's
+        claimed = worker.claim_next("w", max_running=1, lease_s=30)
+        seen: list[tuple[str, float]] = []
+
+        def run() -> None:
+            time.sleep(1.5)
+            worker.update_progress(claimed.lease, {"stage": "training", "step": 1})
+            seen.append(("committed", time.monotonic()))
+            time.sleep(0.5)
+            worker.finish(claimed.lease, SUCCEEDED)
+
+        import threading
+
+        thread = threading.Thread(target=run)
+        with client.stream("GET", f"/adapt/{job_id}/events") as r:
+            thread.start()
+            for line in r.iter_lines():
+                if line == "event: progress":
+                    seen.append(("streamed", time.monotonic()))
+        thread.join()
+    (_, committed), (_, streamed) = seen
+    assert streamed - committed < 1.0
+    assert len(reads) <= 10, f"{len(reads)} reads of the job's events in 2 s of an idle stream polling every 0.05 s"
