@@ -116,7 +116,10 @@ def split_documents(documents: Sequence[str], fraction: float, *, seed: int, max
     """Hold out a seeded random ``fraction`` of the documents (at most ``max_validation``) for validation."""
     held = set(hold_out(documents, fraction, seed=seed, minimum=1, maximum=max_validation))
     if len(documents) - len(held) < 2:
-        raise CorpusError(f"{len(documents)} documents are too few to hold out {len(held)} for validation")
+        raise CorpusError(
+            f"{len(documents)} documents are too few to hold out {len(held)} for validation and train on at least 2: "
+            "give more documents, lower validation_fraction or set validation = 'none'"
+        )
     return ValidationSplit(
         train=[d for i, d in enumerate(documents) if i not in held],
         validation=[d for i, d in enumerate(documents) if i in held],

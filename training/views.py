@@ -141,11 +141,12 @@ class PairStream:
         self._cache: dict[int, list[tuple[str, str, float]]] = {}
         first = self.epoch_examples(0)
         if len(first) < config.batch_size:
+            relax = " or crop_rule = 'auto'" if config.crop_rule == "paper" else ""
             raise ValueError(
                 f"only {len(first)} training examples per epoch (from {len(self.documents)} documents; "
                 f"{self.skipped} skipped for having fewer than two crops under the rule {rule.describe()!r}), "
-                f"fewer than batch_size={config.batch_size}: use a larger corpus, a smaller batch_size or "
-                "crop_rule = 'auto'"
+                f"fewer than batch_size={config.batch_size}: use a larger corpus, longer documents (two sentences "
+                f"or more), a smaller batch_size{relax}"
             )
         self.batches_per_epoch = len(first) // config.batch_size
 

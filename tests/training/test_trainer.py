@@ -255,6 +255,23 @@ def test_too_small_a_corpus_says_what_to_change(tmp_path: Path, tiny_bert_path: 
         train(tiny_config(tmp_path, tiny_bert_path, batch_size=64))
 
 
+def test_a_corpus_too_small_to_hold_out_from_says_what_to_change(tmp_path: Path, tiny_bert_path: Path) -> None:
+    with pytest.raises(CorpusError, match=r"2 documents are too few .*: give more documents, .*validation = 'none'"):
+        load_training_data(tiny_config(tmp_path, tiny_bert_path, corpus=tuple(tiny_corpus(2))))
+
+
+def test_documents_too_short_to_crop_are_not_told_to_set_the_rule_they_run(
+    tmp_path: Path, tiny_bert_path: Path
+) -> None:
+    short = tuple(f"note {i}" for i in range(12))  # no two crops under any rule
+    with pytest.raises(ValueError, match="0 training examples") as refused:
+        train(tiny_config(tmp_path, tiny_bert_path, corpus=short, validation=None))
+    assert "crop_rule = 'auto'" not in str(refused.value)  # the run already has it
+    assert "longer documents" in str(refused.value)
+    with pytest.raises(ValueError, match="crop_rule = 'auto'"):  # what relaxes the paper's rule
+        train(tiny_config(tmp_path, tiny_bert_path, corpus=short, validation=None, crop_rule="paper"))
+
+
 def test_validation_none_saves_the_final_model_as_best(tmp_path: Path, tiny_bert_path: Path) -> None:
     result = train(tiny_config(tmp_path, tiny_bert_path, validation=None, max_steps=1))
     assert result.evaluations == [] and result.best_step == 1
