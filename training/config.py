@@ -342,7 +342,13 @@ def objective_param_problems(objective: str, params: Mapping[str, Any]) -> list[
         if key not in accepted:
             if not takes_any:
                 close = difflib.get_close_matches(key, names, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                owners = [name for name in OBJECTIVE_NAMES if key in inspect.signature(OBJECTIVES[name]).parameters]
+                if close:
+                    hint = f" (did you mean {close[0]!r}?)"
+                elif owners:  # a recipe's setting for its own objective, left behind by --set objective=...
+                    hint = f" but of {', '.join(owners)}: --set 'objective_params={{}}' drops the recipe's"
+                else:
+                    hint = ""
                 problems.append(
                     f"objective_params.{key} is not a parameter of objective {objective!r}{hint}; "
                     f"it takes {', '.join(names)}"

@@ -62,6 +62,17 @@ def test_an_objective_parameter_the_objective_does_not_take_is_refused(capsys: p
     assert "(did you mean 'temperature'?)" in line
 
 
+def test_another_objective_on_a_recipe_says_how_to_drop_the_recipes_objective_parameters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # crop-minilm sets infonce's temperature; a --set cannot remove one key, only replace the table
+    line = _refused(["crop-minilm", "--set", "objective=vicreg", "--print-config"], capsys)
+    assert "objective_params.temperature is not a parameter of objective 'vicreg'" in line
+    assert "--set 'objective_params={}'" in line
+    cleared = ["--set", "objective_params={}", "--print-config"]
+    assert train_main(["crop-minilm", "--set", "objective=vicreg", *cleared]) == 0
+
+
 def test_an_objective_parameter_of_the_wrong_type_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     line = _refused(["crop-minilm", "--set", "objective_params.temperature=abc"], capsys)
     assert line.endswith("objective_params.temperature expects a number, got 'abc'")
