@@ -1,0 +1,125 @@
+"""What README.md and docs/ tell a user to type exists: every `EMBED_*` variable they name is read by the code, and
+every flag of a command they show (`embedder COMMAND`, `scripts/serve.sh`, `benchmarks/*.py`) is one that command's
+parser declares. The parsers are read with `ast` (or, for `embedder serve`, built from the settings): nothing runs."""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SUBCOMMANDS = "models|export|adapt-worker|adapt|serve|train|validate|layers|bench"
+COMMAND = re.compile(rf"\b(embedder (?:{SUBCOMMANDS})\b|scripts/serve\.sh|benchmarks/\w+\.py)")
+FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*(?![\w<-])")
+PLACEHOLDERS = {"--flag"}  # "every setting is an `embedder serve --flag`"
+
+
+def snippets(text: str) -> list[tuple[int, str]]:
+    """Each command line of a fenced block (continuation lines joined, comments dropped) and each inline code span."""
+    found: list[tuple[int, str]] = []
+    fenced, pending, start = False, "", 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            found += [(number, span) for span in re.findall(r"`([^`]+)`", line)]
+            continue
+        start = start or number
+        pending += re.sub(r"\s#\s.*$", "", line.rstrip()).removesuffix("\\") + " "
+        if not line.rstrip().endswith("\\"):
+            found.append((start, pending))
+            pending, start = "", 0
+    return found
+
+
+def documented_flags() -> list[tuple[str, str, str]]:
+    """(where, command, flag) for every flag written after a command, up to the next command, pipe or `--`."""
+    out = []
+    for doc in DOCS:
+        for number, snippet in snippets(doc.read_text()):
+            commands = list(COMMAND.finditer(snippet))
+            for i, command in enumerate(commands):
+                end = commands[i + 1].start() if i + 1 < len(commands) else len(snippet)
+                words = re.split(r"\s(?:\||&&|;)\s", snippet[command.end() : end])[0].split(" -- ")[0]
+                where = f"{doc.relative_to(ROOT)}:{number}"
+                out += [(where, command[1], flag) for flag in FLAG.findall(words) if flag not in PLACEHOLDERS]
+    return out
+
+
+def declared_flags(*paths: Path) -> set[str]:
+    """The option strings of every `add_argument` call in these files (``--no-x`` too for a BooleanOptionalAction)."""
+    flags: set[str] = {"--help"}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                names = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+                flags.update(names)
+                if any(getattr(k.value, "attr", None) == "BooleanOptionalAction" for k in node.keywords):
+                    flags.update("--no-" + name[2:] for name in names)
+    return flags
+
+
+@cache
+def flags_of(command: str) -> frozenset[str]:
+    if command in ("embedder serve", "scripts/serve.sh"):  # its flags are made from the settings
+        from service.cli import build_parser
+
+        parser = build_parser()
+        return frozenset(s for a in parser._actions for s in a.option_strings)
+    if command.startswith("embedder "):
+        from embedder.cli import COMMANDS
+
+        module = COMMANDS[command.split()[1]][0].partition(":")[0]
+        return frozenset(declared_flags(ROOT / (module.replace(".", "/") + ".py")))
+    script = ROOT / command
+    helpers = {p.stem: p for p in script.parent.glob("*.py")}  # the scripts' own helpers, imported by name
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    return frozenset(declared_flags(script, *(helpers[name] for name in imported if name in helpers)))
+
+
+def test_every_flag_the_docs_show_is_declared_by_its_command() -> None:
+    flags = documented_flags()
+    assert len(flags) > 100, "the docs' commands were not found"
+    wrong = [f"{where}: `{command} {flag}`" for where, command, flag in flags if flag not in flags_of(command)]
+    assert not wrong, wrong
+
+
+def test_the_flag_reader_sees_boolean_flags_and_helpers(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import argparse\np=argparse.ArgumentParser()\np.add_argument('--a', '-a')\n"
+                      "p.add_argument('--b', action=argparse.BooleanOptionalAction)\n")  # fmt: skip
+    assert declared_flags(script) == {"--help", "--a", "--b", "--no-b"}
+    assert "--bundle" in flags_of("benchmarks/bench_routes.py")  # declared by its helper, bundle_args
+    assert {"--adapt-max-steps", "--no-adapt-enabled"} <= flags_of("embedder serve")
+
+
+def environment_variables_read() -> set[str]:
+    """``EMBED_*`` of every setting, and those a command reads itself as a flag's default (``os.environ.get``)."""
+    from core.settings import Settings
+    from service.settings import ServiceSettings
+
+    names = {f"EMBED_{name.upper()}" for name in [*ServiceSettings.flat_fields(), *Settings.model_fields]}
+    for path in (ROOT / "embedder").glob("*.py"):
+        names.update(re.findall(r"os\.environ\.get\(\"(EMBED_[A-Z0-9_]+)\"", path.read_text()))
+    return names
+
+
+def test_every_embed_variable_the_docs_name_is_read() -> None:
+    known = environment_variables_read()
+    wrong = [
+        f"{doc.relative_to(ROOT)}:{number}: {name}"
+        for doc in DOCS
+        for number, line in enumerate(doc.read_text().splitlines(), 1)
+        for name in re.findall(r"\bEMBED_[A-Z0-9_]*[A-Z0-9]\b", line)
+        if name not in known and not line[line.index(name) + len(name) :].startswith("_*")  # a prefix: EMBED_ADAPT_*
+    ]
+    assert not wrong, wrong
