@@ -56,7 +56,8 @@ LABEL org.opencontainers.image.title="embedder" \
       org.opencontainers.image.description="Compact text embedders over ONNX: serve, validate, adapt" \
       org.opencontainers.image.licenses="Apache-2.0"
 # torch stays in the runtime image: `embedder validate` (the Helm pre-upgrade gate) and the adapt worker
-# train and export with it. The API process itself never imports it (docs/DEPLOY.md, "Image").
+# train and export with it. The API process itself never imports it (docs/DEPLOY.md, "Why the runtime image keeps
+# torch").
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
