@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bz2
 import json
+import math
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -230,19 +231,27 @@ class ScoredPair:
 
 
 def load_scored_pairs(path: str | Path) -> list[ScoredPair]:
-    """Supervised pairs for CoSENT fine-tuning: JSONL lines ``{"text1", "text2", "score"}``."""
+    """Supervised pairs for CoSENT fine-tuning: JSONL lines ``{"text1", "text2", "score"}``, UTF-8 (a byte-order
+    mark dropped) as corpus files are; a score is a finite number."""
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"scored-pairs file {path} does not exist")
+    try:
+        content = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise CorpusError(f"{path} is not UTF-8 text ({err}); re-encode it as UTF-8") from err
     pairs = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            pairs.append(ScoredPair(str(row["text1"]), str(row["text2"]), float(row["score"])))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            text1, text2, score = str(row["text1"]), str(row["text2"]), row["score"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CorpusError(f"{path}:{number}: expected {{'text1', 'text2', 'score'}}, got {line[:80]!r}") from exc
+        if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+            raise CorpusError(f"{path}:{number}: the score must be a finite number, got {score!r}")
+        pairs.append(ScoredPair(text1, text2, float(score)))
     if len(pairs) < 2:
         raise CorpusError(f"{path}: need at least 2 scored pairs, found {len(pairs)}")
     return pairs

@@ -340,6 +340,20 @@ def test_corpus_errors_say_what_to_fix(tmp_path: Path) -> None:
         load_scored_pairs(tmp_path / "p.jsonl")
 
 
+def test_scored_pairs_are_read_as_corpus_files_are(tmp_path: Path) -> None:
+    lines = [json.dumps({"text1": f"first {i}", "text2": f"second {i}", "score": i / 2}) for i in range(3)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode())  # a byte-order mark and CRLF, as Windows saves
+    assert [p.score for p in load_scored_pairs(path)] == [0.0, 0.5, 1.0]
+    path.write_bytes("\n".join(lines).encode() + b'\n{"text1": "caf\xe9", "text2": "x", "score": 1}\n')
+    with pytest.raises(CorpusError, match=r"pairs.jsonl is not UTF-8 text .*re-encode it as UTF-8"):
+        load_scored_pairs(path)
+    for bad in ("NaN", "Infinity", '"high"', "true"):
+        path.write_text("\n".join([*lines, f'{{"text1": "a", "text2": "b", "score": {bad}}}']))
+        with pytest.raises(CorpusError, match=r"pairs.jsonl:4: .*score must be a finite number"):
+            load_scored_pairs(path)
+
+
 # --- whole-text distillation, selected by fidelity to the teacher -----------------------------------
 
 
