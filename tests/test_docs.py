@@ -123,3 +123,56 @@ def test_every_embed_variable_the_docs_name_is_read() -> None:
         if name not in known and not line[line.index(name) + len(name) :].startswith("_*")  # a prefix: EMBED_ADAPT_*
     ]
     assert not wrong, wrong
+
+
+def documented_overrides() -> list[tuple[str, list[tuple[str, str]]]]:
+    """(where, [(key, value), ...]) of the `--set key=value` of each line of the docs (values with shell variables or
+    placeholders left out), but of an example of the error an unknown key gets."""
+    out = []
+    for doc in DOCS:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            pairs = []
+            for quoted, bare in re.findall(r"--set\s+(?:'([^']*)'|([^\s`'\"]+))", line):
+                key, _, value = (quoted or bare.rstrip("),.;:")).partition("=")
+                if re.fullmatch(r"[A-Za-z_][\w.]*", key) and key != "key" and not re.search(r"[$<…]", value):
+                    pairs.append((key, value))
+            if pairs and "unknown config key" not in line:
+                out.append((f"{doc.relative_to(ROOT)}:{number}", pairs))
+    return out
+
+
+def test_every_override_the_docs_show_is_a_recipe_field_or_a_chart_value() -> None:
+    import yaml
+
+    from training.config import ConfigError, load_config
+
+    recipes = sorted(p.stem for p in (ROOT / "training" / "recipes").glob("*.toml"))
+    values = yaml.safe_load((ROOT / "helm" / "embedder" / "values.yaml").read_text())
+
+    def chart_value(path: str) -> bool:
+        node = values
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    def some_recipe_takes(items: list[str]) -> bool:  # objective_params depend on the objective, so on the recipe
+        for recipe in recipes:
+            try:
+                load_config(recipe, items)
+                return True
+            except ConfigError:
+                pass
+        return False
+
+    lines = documented_overrides()
+    assert sum(len(pairs) for _, pairs in lines) > 50, "the docs' overrides were not found"
+    wrong = []
+    for where, pairs in lines:
+        items = [f"{key}={value}" for key, value in pairs]
+        if where.startswith("docs/DEPLOY.md"):  # helm's
+            wrong += [f"{where}: --set {key}={value}" for key, value in pairs if not chart_value(key)]
+        elif not some_recipe_takes(items):  # an override may need another of its line (objective, objective_params)
+            wrong += [f"{where}: --set {item}" for item in items if not some_recipe_takes([item])]
+    assert not wrong, wrong
