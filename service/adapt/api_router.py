@@ -46,18 +46,24 @@ from service.errors import ErrorKind, ServiceError
 ADAPT_ROUTES = ("/adapt", "/adapt/{job_id}", "/adapt/{job_id}/events", "/adapt/{job_id}/cancel")
 
 _ERROR_DESCRIPTIONS = {
+    400: "a Host header this server does not answer to (allowed_hosts)",
     401: "admin API key missing or wrong",
     403: "a client API key: /adapt needs an admin key (or adapt_allow_client_keys); with no key set, a caller on "
-    "another machine",
+    "another machine; a browser page of an origin not in cors_allow_origins",
     404: "unknown job (or listing cursor `after`), or unknown base_model",
+    408: "the body did not arrive within body_timeout_seconds (plus 1 s per body_min_bytes_per_second)",
     409: "name belongs to a model that /adapt did not make",
-    413: "body or upload over adapt_max_upload_bytes, or a file that decodes to more text than that",
+    413: "body over adapt_max_upload_bytes on POST /adapt (max_body_bytes on the other routes), or an upload that "
+    "decodes to more text than that",
     415: "a compressed body (Content-Encoding other than identity)",
     422: "invalid body, name, query or corpus",
     429: "adapt_max_pending_jobs jobs queued; retry after Retry-After seconds (none when the limit is below the two "
     "places a job and the build of its student take)",
+    500: "an unexpected error (the message says only 'internal error'; the log has the traceback)",
     503: "/adapt disabled, or the job store not open yet",
 }
+# What the service's guard (`service.guard`) may answer on any route before the route runs, and a 500 after it.
+_EVERY_ROUTE = (400, 401, 403, 408, 413, 415, 500, 503)
 
 
 # Event ids are the store's per-job sequence numbers: positive and within a 64-bit signed integer.
@@ -81,7 +87,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries of a route's error answers: its own ``statuses`` plus those every route can give."""
     return {
         status: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]}
-        for status in sorted({401, 403, 503, *statuses})
+        for status in sorted({*_EVERY_ROUTE, *statuses})
     }
 
 

@@ -437,3 +437,13 @@ def test_the_schema_describes_the_request_as_json_and_as_a_form(client: TestClie
     form = body["multipart/form-data"]["schema"]
     assert form["properties"]["file"]["format"] == "binary" and "texts" not in form["properties"]
     assert set(form["required"]) == {"base_model", "name", "file"}
+
+
+def test_every_adapt_route_declares_what_the_services_guard_answers_on_any_route(client: TestClient) -> None:
+    """Inside the service every /adapt request meets its guard first (`service.guard`): a Host it does not answer to
+    (400), a body too slow (408), too large (413) or compressed (415), an unexpected error (500) — statuses the schema
+    must name for these routes too, as it does for the embedding routes (docs/API.md: it documents every status)."""
+    guarded = {"400", "401", "403", "408", "413", "415", "500", "503"}
+    for path, operations in client.app.openapi()["paths"].items():
+        for method, operation in operations.items():
+            assert guarded <= set(operation["responses"]), (method, path)
