@@ -35,8 +35,8 @@ lane_a() {
     train sct-tiny sct-tiny --set num_threads=1
     train student-mse sct-tiny --set num_threads=1 --set objective=mse_distillation --set "objective_params={}"
     train student-infonce sct-tiny --set num_threads=1 --set objective=infonce \
-        --set "objective_params={temperature=0.05}"
-    train sct-tiny-pca sct-tiny-pca --set num_threads=1  # the 128-wide PCA-initialised student
+        --set "objective_params={temperature=0.05}" --set views=crop --set validation_metric=crop_retrieval
+    train sct-tiny-pca distil-tiny-pca --set num_threads=1  # the 128-wide PCA-initialised student (then sct-tiny-pca)
 }
 
 s128() {  # sct-tiny with 128-token training crops, both threads, 25 minutes (run alone)
