@@ -5,9 +5,12 @@ parser declares. The parsers are read with `ast` (or, for `embedder serve`, buil
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -176,3 +179,43 @@ def test_every_override_the_docs_show_is_a_recipe_field_or_a_chart_value() -> No
         elif not some_recipe_takes(items):  # an override may need another of its line (objective, objective_params)
             wrong += [f"{where}: --set {item}" for item in items if not some_recipe_takes([item])]
     assert not wrong, wrong
+
+
+@pytest.mark.filterwarnings("ignore:recipe .* is now called")  # a run recorded under a recipe's old name
+def test_every_embedder_train_command_in_the_docs_loads_its_recipe_with_its_overrides() -> None:
+    """`embedder train RECIPE --set ...` as shown: the recipe with all of the command's overrides is a valid config (a
+    setting one recipe takes may be refused on another: another objective, a validation metric)."""
+    import shlex
+
+    from training.config import ConfigError, load_config, resolve_recipe
+
+    checked, wrong = 0, []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        for number, snippet in snippets("\n".join(lines)):
+            if "unknown config key" in lines[number - 1]:  # an example of the error itself
+                continue
+            commands = list(COMMAND.finditer(snippet))
+            for i, command in enumerate(commands):
+                end = commands[i + 1].start() if i + 1 < len(commands) else len(snippet)
+                if command[1] != "embedder train":
+                    continue
+                text = re.split(r"\s(?:\||&&|;)\s", snippet[command.end() : end])[0]
+                try:
+                    words = shlex.split(text)
+                except ValueError:  # a quote the span cuts off
+                    words = text.split()
+                if not words:
+                    continue
+                try:
+                    resolve_recipe(words[0])
+                except ConfigError:  # a placeholder: RECIPE, my-recipe.toml
+                    continue
+                overrides = itertools.pairwise(words)
+                items = [value for flag, value in overrides if flag == "--set" and not re.search(r"[$<]", value)]
+                try:
+                    load_config(words[0], items)
+                    checked += 1
+                except ConfigError as err:
+                    wrong.append(f"{doc.relative_to(ROOT)}:{number}: embedder train {words[0]} {items}: {err}")
+    assert checked > 20 and not wrong, wrong
