@@ -219,3 +219,38 @@ def test_every_embedder_train_command_in_the_docs_loads_its_recipe_with_its_over
                 except ConfigError as err:
                     wrong.append(f"{doc.relative_to(ROOT)}:{number}: embedder train {words[0]} {items}: {err}")
     assert checked > 20 and not wrong, wrong
+
+
+def exported_metrics() -> dict[str, set[str]]:
+    """Every series family the service exports, as scraped (counters with ``_total``), and its label names: those of
+    `ServiceMetrics`, and the /adapt collector's, made at each scrape (`service.adapt.api_state.AdaptCollector`)."""
+    from service.metrics import ServiceMetrics
+
+    families: dict[str, set[str]] = {}
+    for metric in vars(ServiceMetrics()).values():
+        if hasattr(metric, "_labelnames"):
+            families[metric._name + ("_total" if metric._type == "counter" else "")] = set(metric._labelnames)
+    source = (ROOT / "service" / "adapt" / "api_state.py").read_text()
+    for kind, name, labels in re.findall(r"(\w+)MetricFamily\(\s*\"(\w+)\"[^)]*?(?:labels=\[([^\]]*)\])?\)", source):
+        families[name + ("_total" if kind == "Counter" else "")] = set(re.findall(r"\"(\w+)\"", labels))
+    return families
+
+
+def test_the_metrics_table_lists_every_series_with_its_labels_and_the_docs_name_no_other() -> None:
+    families = exported_metrics()
+    assert {"embed_requests_total", "embed_queue_depth", "embed_adapt_jobs"} <= set(families)
+    rows: dict[str, set[str]] = {}
+    for line in (ROOT / "docs" / "API.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`embed_"):
+            labels = {re.sub(r"\s*\(.*\)", "", label).strip() for label in cells[2].split(",")} - {""}
+            rows.update({name: labels for name in re.findall(r"`(embed_\w+)`", cells[0])})
+    assert rows == families
+    suffixes = ("", "_bucket", "_sum", "_count")
+    named = {
+        f"{doc.relative_to(ROOT)}: {name}"
+        for doc in [*DOCS, *(ROOT / "helm").rglob("*.yaml")]
+        for name in re.findall(r"\bembed_[a-z0-9_]+\b", doc.read_text())
+        if not any(name.removesuffix(suffix) in families for suffix in suffixes if name.endswith(suffix))
+    }
+    assert not named, sorted(named)
