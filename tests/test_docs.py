@@ -254,3 +254,21 @@ def test_the_metrics_table_lists_every_series_with_its_labels_and_the_docs_name_
         if not any(name.removesuffix(suffix) in families for suffix in suffixes if name.endswith(suffix))
     }
     assert not named, sorted(named)
+
+
+def test_the_error_table_is_the_services_error_table() -> None:
+    """docs/API.md's table of statuses, codes and types holds `service.errors.ErrorKind`'s rows, and names each kind:
+    in the table, or (the /adapt ones) with its status in the paragraph below it."""
+    from service.errors import ErrorKind
+
+    text = (ROOT / "docs" / "API.md").read_text()
+    rows = set(re.findall(r"^\| (\d{3}) \| `(\w+)` \| `(\w+)` \|", text, flags=re.MULTILINE))
+    kinds = {(str(kind.status), kind.code, kind.type): kind for kind in ErrorKind}
+    assert rows <= set(kinds), rows - set(kinds)
+    adapt = text.split("`/adapt` answers the same shape with codes of its own", 1)[1].split("\n\n", 1)[0]
+    missing = [
+        kind.name
+        for row, kind in kinds.items()
+        if row not in rows and not (f"`{kind.code}`" in adapt and str(kind.status) in adapt)
+    ]
+    assert not missing, missing
