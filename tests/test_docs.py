@@ -1,6 +1,8 @@
-"""What README.md and docs/ tell a user to type exists: every `EMBED_*` variable they name is read by the code, and
-every flag of a command they show (`embedder COMMAND`, `scripts/serve.sh`, `benchmarks/*.py`) is one that command's
-parser declares. The parsers are read with `ast` (or, for `embedder serve`, built from the settings): nothing runs."""
+"""What README.md and docs/ tell a user to type or to expect exists: every `EMBED_*` variable they name is read by the
+code; every flag of a command they show (`embedder COMMAND`, `scripts/serve.sh`, `benchmarks/*.py`) is one that
+command's parser declares (read with `ast`, or for `embedder serve` built from the settings: nothing runs); every
+`--set` is a recipe field or a chart value, and each `embedder train` loads its recipe with all its overrides; the
+metrics and error tables of docs/API.md are the service's."""
 
 from __future__ import annotations
 
