@@ -63,19 +63,25 @@ def split_corpus(
     Held-out documents are drawn only from documents that yield two crops (``CropPairRetrieval``
     needs a query and a positive from each), and never appear in training.
     """
-    held = hold_out(texts, fraction, seed=seed, minimum=min_held_out, maximum=max_held_out, eligible=usable)
+    split = hold_out(texts, fraction, seed=seed, minimum=min_held_out, maximum=max_held_out, eligible=usable)
+    drawn = len(texts) - len(split.train)
+    if len(split.held) < min(min_held_out, drawn):  # drawn documents the corpus repeats were not held out
+        raise JobFailed(
+            "corpus",
+            f"only {len(split.held)} documents could be held out for evaluation, {min_held_out} needed: the corpus "
+            "repeats the others drawn, and a document trained on cannot test the model; send more distinct documents",
+        )
     usable_count = sum(map(usable, texts))
-    if not held or usable_count - len(held) < len(held):
+    if not split.held or usable_count - len(split.held) < len(split.held):
         raise JobFailed(
             "corpus",
             f"only {usable_count} documents yield two crops: need at least {2 * min_held_out} "
             f"(half to train on, half to evaluate with); send more multi-sentence documents",
         )
-    held_set = set(held)
     return HeldOutSplit(
-        train=[texts[i] for i in range(len(texts)) if i not in held_set],
-        held_out=[texts[i] for i in held],
-        held_out_indices=held,
+        train=[texts[i] for i in split.train],
+        held_out=[texts[i] for i in split.held],
+        held_out_indices=split.held,
     )
 
 

@@ -294,6 +294,14 @@ def can_crop(text: str) -> bool:
     return len(LOOSEST_RULE.chunks(text)) >= 2
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """A hold-out split by index (each list sorted): no text of ``held`` is among ``train``'s, nor held twice."""
+
+    train: list[int]
+    held: list[int]
+
+
 def hold_out(
     texts: Sequence[str],
     fraction: float,
@@ -302,13 +310,26 @@ def hold_out(
     minimum: int = 1,
     maximum: int | None = None,
     eligible: Callable[[str], bool] | None = None,
-) -> list[int]:
-    """Indices (sorted) of a seeded random ``fraction`` of the ``eligible`` texts, at least ``minimum`` and at most
-    ``maximum``: the one hold-out rule of training's validation split and /adapt's evaluation split."""
+) -> HeldOut:
+    """A seeded random ``fraction`` of the ``eligible`` texts held out, at least ``minimum`` and at most ``maximum``,
+    the others to train on: the one hold-out rule of training's validation split and /adapt's evaluation split.
+
+    Disjoint by text, not only by position: a drawn text that recurs among the training texts is not held out (it
+    would be scored as unseen after being trained on), nor is a second copy of one held out; the training side keeps
+    exactly the texts not drawn, so duplicates change only the held-out side, which may then hold fewer than
+    ``minimum``."""
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
     candidates = [i for i in order if eligible is None or eligible(texts[i])]
     count = max(minimum, round(fraction * len(candidates)))
     if maximum is not None:
         count = min(maximum, count)
-    return sorted(candidates[:count])
+    drawn = set(candidates[:count])
+    train = [i for i in range(len(texts)) if i not in drawn]
+    seen = {texts[i] for i in train}
+    held = []
+    for i in sorted(drawn):
+        if texts[i] not in seen:
+            seen.add(texts[i])
+            held.append(i)
+    return HeldOut(train, held)

@@ -115,16 +115,19 @@ class ValidationSplit:
 
 def split_documents(documents: Sequence[str], fraction: float, *, seed: int, max_validation: int) -> ValidationSplit:
     """Hold out a seeded random ``fraction`` of the documents (at most ``max_validation``) for validation."""
-    held = set(hold_out(documents, fraction, seed=seed, minimum=1, maximum=max_validation))
-    if len(documents) - len(held) < 2:
+    split = hold_out(documents, fraction, seed=seed, minimum=1, maximum=max_validation)
+    if len(split.train) < 2:
         raise CorpusError(
-            f"{len(documents)} documents are too few to hold out {len(held)} for validation and train on at least 2: "
-            "give more documents, lower validation_fraction or set validation = 'none'"
+            f"{len(documents)} documents are too few to hold out {len(documents) - len(split.train)} for validation "
+            "and train on at least 2: give more documents, lower validation_fraction or set validation = 'none'"
         )
-    return ValidationSplit(
-        train=[d for i, d in enumerate(documents) if i not in held],
-        validation=[d for i, d in enumerate(documents) if i in held],
-    )
+    if not split.held:
+        raise CorpusError(
+            "no document can be held out for validation: each one drawn is also among the training documents "
+            "(the corpus repeats them); give more distinct documents, raise validation_fraction or set "
+            "validation = 'none'"
+        )
+    return ValidationSplit(train=[documents[i] for i in split.train], validation=[documents[i] for i in split.held])
 
 
 def name_phrases(text: str) -> list[str]:

@@ -177,6 +177,19 @@ def test_split_is_seeded_disjoint_and_holds_out_only_croppable_documents() -> No
         split_corpus(texts[:5], seed=0, min_held_out=8)
 
 
+def test_a_document_the_corpus_repeats_is_never_both_trained_on_and_evaluated() -> None:
+    """Customers' corpora repeat documents (boilerplate pages, FAQ entries): a held-out copy of a trained text would
+    be scored as unseen, and the gate would reward memorising it."""
+    texts = [f"Doc {i} first part. Doc {i} second part." for i in range(60)]
+    plain = split_corpus(texts, seed=1, fraction=0.25, min_held_out=4, max_held_out=100)
+    repeated = [*texts, plain.held_out[0], plain.held_out[1]]  # two held documents, repeated at the end
+    split = split_corpus(repeated, seed=1, fraction=0.25, min_held_out=4, max_held_out=100)
+    assert not set(split.held_out) & set(split.train)
+    assert len(set(split.held_out)) == len(split.held_out) and len(split.held_out) >= 4
+    with pytest.raises(JobFailed, match=r"only [0-3] documents could be held out for evaluation, 4 needed"):
+        split_corpus([texts[0]] * 60 + texts[1:4], seed=1, fraction=0.25, min_held_out=4, max_held_out=100)
+
+
 def test_general_tasks_leave_out_those_the_base_model_was_trained_on() -> None:
     tasks = ("LeeDocSTS", "BBCNewsKNN", "PyDocSummaryRetrieval")
     assert general_tasks(tasks, []) == {"out_of_domain": list(tasks), "in_domain": []}

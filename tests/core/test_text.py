@@ -119,3 +119,20 @@ def test_can_crop_is_the_loosest_rule_choose_crop_rule_may_pick() -> None:
     corpus = ["Only one sentence here without enough words."] * 3 + ["One. Two."]
     assert rules.choose_crop_rule(corpus) == rules.LOOSEST_RULE
     assert [rules.can_crop(doc) for doc in corpus] == [len(rules.LOOSEST_RULE.chunks(doc)) >= 2 for doc in corpus]
+
+
+def test_hold_out_is_disjoint_by_text_and_keeps_the_training_side_of_a_corpus_without_repeats() -> None:
+    texts = [f"document {i}." for i in range(200)]
+    plain = rules.hold_out(texts, 0.1, seed=3)
+    assert len(plain.held) == 20 and sorted(plain.train + plain.held) == list(range(200))
+    # The same corpus with copies: of a held text among the training ones, and twice among the held ones.
+    first, second = plain.held[:2]
+    trained = plain.train[0]
+    repeated = list(texts)
+    repeated[first] = texts[trained]  # drawn, but trained on too
+    repeated[plain.held[3]] = repeated[second]  # drawn twice
+    split = rules.hold_out(repeated, 0.1, seed=3)
+    assert split.train == plain.train  # the training side is what it was: only the held-out side changes
+    assert split.held == [i for i in plain.held if i not in (first, plain.held[3])]
+    held_texts = [repeated[i] for i in split.held]
+    assert len(set(held_texts)) == len(held_texts) and not set(held_texts) & {repeated[i] for i in split.train}

@@ -22,6 +22,7 @@ from training.data import (
     name_phrases,
     query_units,
     shared_pieces,
+    split_documents,
     text_units,
 )
 from training.encoder import Encoder
@@ -553,3 +554,13 @@ def test_a_diverged_run_says_to_lower_the_learning_rate(tmp_path: Path, tiny_ber
     config = tiny_config(tmp_path, tiny_bert_path, lr=1e12, max_steps=6, validation=None, warmup=0)
     with pytest.raises(FloatingPointError, match=r"non-finite at step \d: lower lr \(now 1000000000000.0\)"):
         train(config)
+
+
+def test_validation_never_holds_a_document_the_run_trains_on() -> None:
+    documents = [f"Document {i} opens here. It goes on." for i in range(100)]
+    plain = split_documents(documents, 0.1, seed=0, max_validation=50)
+    repeated = documents + plain.validation[:3]  # three held documents repeated: all copies stay trained on
+    split = split_documents(repeated, 0.1, seed=0, max_validation=50)
+    assert not set(split.validation) & set(split.train) and len(set(split.validation)) == len(split.validation)
+    with pytest.raises(CorpusError, match="no document can be held out for validation: each one drawn is also"):
+        split_documents(["The same page. Again."] * 20, 0.1, seed=0, max_validation=50)
