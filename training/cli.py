@@ -17,11 +17,10 @@ from tqdm.auto import tqdm
 from core.catalog import CacheWriteError, ModelNotFoundError, resolve_model
 from core.settings import get_settings
 from core.text import CorpusError
-from evaluation.tasks.crops import TooFewCropPairs
-from training.assembly import needs_reference, resolve_device
 from training.config import RECIPES_DIR, ConfigError, TrainConfig, load_config
-from training.state import BEST_DIR, STATE_FILE
-from training.trainer import train
+
+# torch, transformers and mteb (the modules below import them) take seconds to import: `--help`, `--print-config`
+# and a recipe's mistakes answer before they are loaded
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
 def _missing_model(config: TrainConfig) -> str | None:
     """The first model the run loads (``model``, the ``teacher`` of a teacher objective, the ``rehearsal_model``)
     that names neither a built-in model nor a model folder, as a message naming the key; else None."""
+    from training.assembly import needs_reference
+
     keys = ["model"]
     if needs_reference(config):
         keys.append("teacher")
@@ -67,6 +68,8 @@ def _missing_model(config: TrainConfig) -> str | None:
 
 def _unusable_device(name: str) -> str | None:
     """Why the run cannot use the torch device ``name`` (a recipe's ``device``, else ``EMBED_DEVICE``), else None."""
+    from training.assembly import resolve_device
+
     try:
         resolve_device(name)
     except (ValueError, RuntimeError) as exc:  # RuntimeError: a name torch does not know ("gpu")
@@ -125,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    from evaluation.tasks.crops import TooFewCropPairs
+    from training.state import BEST_DIR, STATE_FILE
+    from training.trainer import train
+
     settings = get_settings()  # a recipe's own device / num_threads still win
     device = str(config.device or settings.device)
     problem = _unusable_device(device) or _missing_model(config) or _unwritable_output(config.resolved_output_dir)

@@ -228,15 +228,32 @@ def test_a_cache_that_cannot_take_a_model_is_one_line(
     """A built-in model prepared into a full or read-only cache (``EMBED_CACHE_DIR``) ends in the catalog's message,
     exit 1, not a traceback."""
     from core.catalog import CacheWriteError
-    from training import cli
+    from training import trainer
 
     def full(*args: object, **kwargs: object) -> None:
         raise CacheWriteError("cannot write minilm-l3 into /cache: No space left on device; free space there")
 
-    monkeypatch.setattr(cli, "train", full)
+    monkeypatch.setattr(trainer, "train", full)
     assert train_main(_tiny_corpus_run(tmp_path, tiny_bert_path)) == 1
     err = capsys.readouterr().err
     assert err == "embedder train: cannot write minilm-l3 into /cache: No space left on device; free space there\n"
+
+
+def test_help_and_a_recipe_mistake_answer_before_torch_is_imported() -> None:
+    """``embedder train --help`` took 8-10 s on a 2-core machine, all of it importing torch, transformers and mteb."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from training.cli import main
+code = main(["no-such-recipe"])
+heavy = sorted(m for m in ("torch", "transformers", "mteb") if m in sys.modules)
+print("EXIT", code, "HEAVY", heavy)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "EXIT 2 HEAVY []" in result.stdout, result.stdout + result.stderr
+    assert "recipe 'no-such-recipe' is neither a file nor a built-in recipe" in result.stderr
 
 
 # Ctrl-C is raised in a child process: a signal handled among the threads and native libraries an hour of other
