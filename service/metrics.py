@@ -33,6 +33,9 @@ _LATENCY_BUCKETS = (
     20.0, 30.0, 60.0,
 )  # fmt: skip
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# Tokens, powers of two: a batch's padded tokens, and a text's length — common limits (128 to 8192 tokens, up to
+# 32768 for long-context models; any Hugging Face folder may be served) fall on a bucket's bound, so the texts a model
+# cut at its max_seq_length are all in that bucket and none is lost in +Inf.
 _TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -100,7 +103,7 @@ class ServiceMetrics:
             "embed_input_length_tokens",
             "Tokens per input text after truncation.",
             ["model"],
-            buckets=_TOKEN_BUCKETS[:8],
+            buckets=_TOKEN_BUCKETS,
             registry=r,
         )
         self.queue_depth = Gauge("embed_queue_depth", "Texts waiting for a batch.", ["model"], registry=r)
