@@ -43,7 +43,7 @@ from service.errors import (
 )
 from service.guard import COUNTED_ROUTES, GuardMiddleware, Scope, route_template
 from service.metrics import NO_MODEL, MetricsListener, ServiceMetrics
-from service.observability import build_tracer, failed, loggable_path
+from service.observability import REQUEST, build_tracer, failed, loggable_path
 from service.settings import ServiceSettings
 
 log = logging.getLogger("service")
@@ -160,7 +160,8 @@ def create_app(
             if not failed(request.scope, kind):  # /health, /ready, /metrics: the guard lets them by
                 metrics.failures.labels(route_template(request.scope, metrics), NO_MODEL, kind.code).inc()
         elif not tracked:
-            route_metrics.count_failure(request.url.path, NO_MODEL, kind)
+            context = request.scope.get("state", {}).get(REQUEST)  # None in an app run without the guard: not timed
+            route_metrics.count_failure(request.url.path, NO_MODEL, kind, context.started if context else None)
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, err: ServiceError) -> Response:

@@ -195,7 +195,7 @@ class GuardMiddleware:
             return
         if self.state.draining:
             if route:
-                svc.count_failure(route, NO_MODEL, ErrorKind.shutting_down)
+                svc.count_failure(route, NO_MODEL, ErrorKind.shutting_down, context.started)
             else:
                 context.failure = ErrorKind.shutting_down
             await error_response(ErrorKind.shutting_down, "the server is shutting down; retry on another replica")(
@@ -207,7 +207,7 @@ class GuardMiddleware:
                 self.state.keys.check_client(context.caller)
             except ServiceError as err:
                 if route:
-                    svc.count_failure(route, NO_MODEL, err.kind)
+                    svc.count_failure(route, NO_MODEL, err.kind, context.started)
                 else:
                     context.failure = err.kind
                 await err.response()(scope, receive, send)
@@ -229,7 +229,7 @@ class GuardMiddleware:
             admitted = await self.state.engine.admission.enter(context.caller.key_id)
             svc.metrics.admissions.labels(context.caller.key_id, _outcome(admitted)).inc()
             if isinstance(admitted, ServiceError):
-                svc.count_failure(route, NO_MODEL, admitted.kind)
+                svc.count_failure(route, NO_MODEL, admitted.kind, context.started)
                 await admitted.response()(scope, receive, send)
                 return
             context.ticket = admitted
@@ -282,7 +282,7 @@ class GuardMiddleware:
     async def _refuse(self, route: str | None, svc: RouteMetrics, scope: Scope, receive: Receive, send: Send,
                       err: _BodyRefused) -> None:  # fmt: skip
         if route:
-            svc.count_failure(route, NO_MODEL, err.kind)
+            svc.count_failure(route, NO_MODEL, err.kind, scope["state"][REQUEST].started)
         else:
             failed(scope, err.kind)
         await error_response(err.kind, err.message)(scope, receive, send)

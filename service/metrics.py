@@ -3,7 +3,7 @@
 Each app gets its own `CollectorRegistry` (tests build several apps in one process). Label sets:
 ``route`` is the route template (``unmatched`` for a path no route has), ``model`` the served model name (``-``
 before a model is resolved, so unknown names sent by clients cannot blow up the series count), ``error_type`` an
-`ErrorKind` code.
+`ErrorKind` code, ``outcome`` the class of a failed request's answer (`failure_outcome`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,17 @@ _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 # cut at its max_seq_length are all in that bucket and none is lost in +Inf.
 _TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
+# How a failed request ended, by its answer's status: a bounded label for the failures' latency, so the time a 429 was
+# held or a request ran before its 503, 500 or 499 shows apart from the quick refusals of bad requests.
+FAILURE_OUTCOMES = ("client_error", "overloaded", "client_closed", "unavailable", "server_error")
+_OUTCOME_BY_STATUS = {429: "overloaded", 499: "client_closed", 503: "unavailable"}
+
+
+def failure_outcome(kind: ErrorKind) -> str:
+    """The ``outcome`` label of a request that failed with ``kind``: ``overloaded`` (429), ``client_closed`` (499),
+    ``unavailable`` (503), ``server_error`` (any other 5xx), ``client_error`` (any other 4xx)."""
+    return _OUTCOME_BY_STATUS.get(kind.status, "server_error" if kind.status >= 500 else "client_error")
+
 
 class ServiceMetrics:
     """All series of the service (names follow Prometheus conventions: seconds, ``_total`` counters)."""
@@ -56,8 +67,16 @@ class ServiceMetrics:
         )
         self.request_duration = Histogram(
             "embed_request_duration_seconds",
-            "Time from the request reaching the handler to the response body being ready.",
+            "Time from the request's arrival to the response body being ready, of requests that succeeded.",
             ["route", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.failure_duration = Histogram(
+            "embed_request_failure_duration_seconds",
+            "Time from the request's arrival to its error being answered (a 429's hold, a request's run before its "
+            "503, 500 or 499), by route and outcome (the answer's status class).",
+            ["route", "outcome"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -140,6 +159,9 @@ class ServiceMetrics:
         self.tokens = Counter("embed_tokens", "Tokens embedded.", ["model"], registry=r)
         self.embeddings = Counter("embed_embeddings", "Embeddings returned.", ["model"], registry=r)
         self._routes: list[tuple[re.Pattern[str], str]] = []
+        for route in (*EMBEDDING_ROUTES, TOKENIZE_ROUTE):
+            for outcome in FAILURE_OUTCOMES:
+                self.failure_duration.labels(route, outcome)
         self.register_model(NO_MODEL)
         self.register_routes(OTHER_ROUTES)
 

@@ -60,12 +60,13 @@ def loggable_path(path: str) -> str:
 
 @dataclass
 class RequestContext:
-    """One request as the guard middleware sees it: its id, its caller, its admission ticket (embedding routes),
-    the perf_counter() interval of each stage the engine records (`stage`), for its trace, and the kind of error it
-    was answered with on a route whose failures the guard counts (`failed`)."""
+    """One request as the guard middleware sees it: its id, its caller, when it arrived (perf_counter()), its
+    admission ticket (embedding routes), the perf_counter() interval of each stage the engine records (`stage`), for
+    its trace, and the kind of error it was answered with on a route whose failures the guard counts (`failed`)."""
 
     request_id: str
     caller: Caller
+    started: float = field(default_factory=time.perf_counter)
     ticket: Ticket | None = None
     stages: dict[str, tuple[float, float]] = field(default_factory=dict)
     failure: ErrorKind | None = None

@@ -21,7 +21,7 @@ import numpy as np
 from service.engine.engine import EmbedResult
 from service.engine.served import ServedModel
 from service.errors import ErrorKind, ServiceError
-from service.metrics import NO_MODEL, ServiceMetrics
+from service.metrics import NO_MODEL, ServiceMetrics, failure_outcome
 from service.observability import RequestContext
 
 log = logging.getLogger(__name__)
@@ -102,30 +102,37 @@ class RouteMetrics:
     # ------------------------------------------------------------------------------------ tracking
     @asynccontextmanager
     async def track(self, route: str, context: RequestContext | None = None) -> AsyncIterator[Track]:
-        """Count and time one request from its arrival at the admission (its ``context``'s ticket; now without one: an
-        app run without `service.guard.GuardMiddleware`); label a failure with its kind (unexpected errors become
-        ``internal``)."""
+        """Count and time one request from its arrival (at the admission: its ``context``'s ticket; else at the guard,
+        /tokenize's; now without a context: an app run without `service.guard.GuardMiddleware`); label a failure with
+        its kind (unexpected errors become ``internal``) and time it too."""
         ticket = context.ticket if context is not None else None
-        started = time.perf_counter() if ticket is None else ticket.arrived
+        if ticket is not None:
+            started = ticket.arrived
+        else:
+            started = context.started if context is not None else time.perf_counter()
         track = Track(route=route, started=started, context=context)
         try:
             yield track
         except ServiceError as err:
-            self.count_failure(route, track.model, err.kind)
+            self.count_failure(route, track.model, err.kind, track.started)
             raise
         except ClientGone:
-            self.count_failure(route, track.model, ErrorKind.client_closed)
+            self.count_failure(route, track.model, ErrorKind.client_closed, track.started)
             raise
         except Exception:
-            self.count_failure(route, track.model, ErrorKind.internal)
+            self.count_failure(route, track.model, ErrorKind.internal, track.started)
             raise
         else:
             self.metrics.requests.labels(route, track.model).inc()
             self.metrics.request_duration.labels(route, track.model).observe(time.perf_counter() - track.started)
 
-    def count_failure(self, route: str, model: str, kind: ErrorKind) -> None:
+    def count_failure(self, route: str, model: str, kind: ErrorKind, started: float | None) -> None:
+        """Count a request of an embedding route or /tokenize that failed with ``kind``, and how long it took since it
+        arrived at ``started`` (perf_counter(); None: unknown, not timed) under its outcome (`failure_outcome`)."""
         self.metrics.requests.labels(route, model).inc()
         self.metrics.failures.labels(route, model, kind.code).inc()
+        if started is not None:
+            self.metrics.failure_duration.labels(route, failure_outcome(kind)).observe(time.perf_counter() - started)
 
 
 def check_dimensions(dimensions: int | None, dim: int) -> None:

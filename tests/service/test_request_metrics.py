@@ -33,3 +33,39 @@ def test_input_lengths_of_a_long_context_model_land_in_finite_buckets(make_app, 
         after = _samples(client.get("/metrics").text, "embed_input_length_tokens_bucket")
     counts = {le: _bucket(after, le, model="long") for le in ("1024.0", "2048.0", "4096.0", "8192.0", "+Inf")}
     assert counts == {"1024.0": 0, "2048.0": 1, "4096.0": 2, "8192.0": 3, "+Inf": 3}
+
+
+def test_failed_requests_are_timed_by_outcome(make_app, publish_fake, fake_registry):
+    """How long a 429 was held, or a request ran before its 500 or 503, shows in a histogram of its own (the
+    successes' histogram keeps meaning successes), labelled by route and outcome: every series there from the start."""
+    publish_fake(fake_registry, "flaky", fail_word="boom", delay_s=0.2)
+    app = make_app(overload_hold_seconds=0.3, max_queue_size=8, max_client_batch_size=8)
+    name = "embed_request_failure_duration_seconds"
+    with TestClient(app, raise_server_exceptions=False) as client:
+        before = client.get("/metrics").text
+        for route in ("/v1/embeddings", "/embed", "/", "/similarity", "/tokenize"):
+            for outcome in ("client_error", "overloaded", "client_closed", "unavailable", "server_error"):
+                assert _samples(before, f"{name}_count")[(("outcome", outcome), ("route", route))] == 0
+        assert client.post("/embed", json={"inputs": [""]}).status_code == 422
+        assert client.post("/embed", json={"inputs": ["a boom"], "model": "flaky"}).status_code == 500
+        for served in app.state.engine.models.models():  # every queue full: held at the admission, then refused
+            served.batcher._queued = served.batcher._queued_by["anonymous"] = 8
+        assert client.post("/embed", json={"inputs": ["held"]}).status_code == 429
+        for served in app.state.engine.models.models():
+            served.batcher._queued = 0
+            served.batcher._queued_by.clear()
+        app.state.draining = True
+        assert client.post("/embed", json={"inputs": ["late"]}).status_code == 503
+        app.state.draining = False
+        assert client.post("/embed", json={"inputs": ["fine"]}).status_code == 200
+        after = client.get("/metrics").text
+    counts, sums = _samples(after, f"{name}_count"), _samples(after, f"{name}_sum")
+    expected = {"client_error": 1, "server_error": 1, "overloaded": 1, "unavailable": 1, "client_closed": 0}
+    for outcome, n in expected.items():
+        assert counts[(("outcome", outcome), ("route", "/embed"))] == n, outcome
+    assert sums[(("outcome", "overloaded"), ("route", "/embed"))] >= 0.3  # held for overload_hold_seconds
+    assert sums[(("outcome", "server_error"), ("route", "/embed"))] >= 0.2  # ran its batch before failing
+    assert sums[(("outcome", "unavailable"), ("route", "/embed"))] < 0.3
+    successes = _samples(after, "embed_request_duration_seconds_count")
+    assert successes[(("model", "fake-a"), ("route", "/embed"))] == 1  # failures stay out of the successes' histogram
+    assert successes[(("model", "flaky"), ("route", "/embed"))] == 0
