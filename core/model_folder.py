@@ -165,6 +165,39 @@ def weights_file(folder: Path) -> Path | None:
     return next((inner / name for name in WEIGHT_FILES if (inner / name).is_file()), None)
 
 
+TOKENIZER_FILE = "tokenizer.json"  # a fast tokenizer's whole definition, readable without transformers
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def set_tokenizer_limit(folder: Path, max_length: int) -> bool:
+    """Make the tokenizer files saved in ``folder`` cut as the model does when read on their own: truncation at
+    ``max_length`` tokens from the right, no padding, and ``model_max_length`` the same. Returns whether the folder
+    has a ``tokenizer.json`` (a slow tokenizer saves none).
+
+    A fast tokenizer saves whatever truncation and padding its last call set (a training batch's length, padding
+    to a batch's longest text) or it was loaded with (all-MiniLM-L6-v2's file cuts at 128 and pads to 128 where the
+    model takes 256): sentence-transformers and transformers set both on every call, but the ``tokenizers``
+    library and other runtimes read the file as it is, and would cut a longer text short. The export's bundle and
+    every model folder a run saves go through here, so each says what ``sentence_bert_config.json`` says."""
+    from tokenizers import Tokenizer  # the tokenizers package alone: no transformers, no torch
+
+    path = Path(folder) / TOKENIZER_FILE
+    if not path.is_file():
+        return False
+    fast = Tokenizer.from_file(str(path))
+    fast.no_padding()
+    fast.enable_truncation(max_length=max_length)  # from the right, as the service cuts by default
+    fast.save(str(path))
+    config_path = Path(folder) / TOKENIZER_CONFIG
+    if config_path.is_file():
+        config = json.loads(config_path.read_text())
+        config["model_max_length"] = max_length
+        if "max_length" in config:  # a saved call argument transformers keeps: the same limit, not an older one
+            config["max_length"] = max_length
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return True
+
+
 # Every file a tokenizer of transformers' AutoTokenizer may read, whichever kind the model has.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
@@ -316,6 +349,30 @@ def read_sentence_transformers_config(folder: Path) -> dict[str, Any]:
 # names their domains; ``custom`` for text given as a path or in memory).
 RECIPE_FILE = "recipe.json"
 TRAINED_ON_KEY = "trained_on"
+# The model folders a run writes into its output folder: the best-validated model and the last one.
+BEST_DIR, FINAL_DIR = "best", "final"
+
+
+def run_folder_hint(folder: str | Path) -> str | None:
+    """What to pass instead when ``folder`` is a training run's output folder rather than a model folder (its
+    ``best/`` — what to export — and ``final/``), or None when it is not one. A run's folder is known by its
+    ``recipe.json`` or by a model folder in ``best/`` or ``final/``."""
+    folder = Path(folder)
+    models = [
+        folder / name for name in (BEST_DIR, FINAL_DIR) if (transformer_folder(folder / name) / "config.json").is_file()
+    ]
+    if models:
+        named = " or ".join(
+            f"{path} ({'the best-validated model, what to export' if path.name == BEST_DIR else 'the last step'})"
+            for path in models
+        )
+        return f"{folder} is a training run's folder, not a model folder: pass {named}"
+    if (folder / RECIPE_FILE).is_file():
+        return (
+            f"{folder} is a training run's folder, and the run has saved no model yet: {folder / BEST_DIR} is written "
+            f"at its first validation and {folder / FINAL_DIR} at its end; pass one of those"
+        )
+    return None
 
 
 def read_trained_on(folder: str | Path) -> list[str]:

@@ -5,7 +5,8 @@ cuts at 128 tokens and pads every text to 128, while the model serves 256 (``sen
 service sets both when it loads the file (`core.runtime.OnnxBundle`), but onnxruntime with ``tokenizers`` or
 transformers' ``AutoTokenizer`` outside this project reads them as they are, and would embed a longer text cut
 short. So the bundle's copy says what the manifest says: truncation at ``max_seq_length`` from the right, no
-padding (a batch is padded to its longest text, ``attention_mask`` 0 there), and ``model_max_length`` the same.
+padding (a batch is padded to its longest text, ``attention_mask`` 0 there), and ``model_max_length`` the same —
+`core.model_folder.set_tokenizer_limit`, which every model folder a training run saves goes through too.
 
 Only a fast tokenizer has a ``tokenizer.json``: a folder without one exports where transformers can make it from the
 slow tokenizer's files (BERT's ``vocab.txt``), and is refused in one line before the export's work where it cannot
@@ -21,30 +22,15 @@ from typing import Any
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from core.model_folder import transformer_folder
-
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
+from core.model_folder import TOKENIZER_CONFIG, TOKENIZER_FILE, set_tokenizer_limit, transformer_folder
 
 
 def write_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: Path, max_length: int) -> dict[str, Any]:
     """Save ``tokenizer`` into ``folder`` cutting at ``max_length`` tokens and padding nothing; return the
     manifest's ``tokenizer`` record."""
     tokenizer.save_pretrained(folder)
-    path = Path(folder) / TOKENIZER_FILE
-    if not path.is_file():  # a slow tokenizer: `export.bundle` refuses one before tracing
+    if not set_tokenizer_limit(Path(folder), max_length):  # a slow tokenizer: `export.bundle` refuses one first
         raise ValueError(f"the tokenizer saved no {TOKENIZER_FILE}; a bundle serves a fast tokenizer's")
-    fast = Tokenizer.from_file(str(path))
-    fast.no_padding()
-    fast.enable_truncation(max_length=max_length)  # from the right, as the service cuts by default
-    fast.save(str(path))
-    config_path = Path(folder) / TOKENIZER_CONFIG
-    if config_path.is_file():
-        config = json.loads(config_path.read_text())
-        config["model_max_length"] = max_length
-        if "max_length" in config:  # a saved call argument transformers keeps: the same limit, not an older one
-            config["max_length"] = max_length
-        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     return {
         "file": TOKENIZER_FILE,
         "truncation": {"max_length": max_length, "direction": "right"},

@@ -40,6 +40,7 @@ from core.model_folder import (
     DenseLayer,
     Prompts,
     read_sentence_transformers_config,
+    set_tokenizer_limit,
     transformer_folder,
     write_sentence_transformers_config,
 )
@@ -223,18 +224,23 @@ class Encoder(nn.Module):
     def save(self, folder: str | os.PathLike[str], *, max_seq_length: int | None = None) -> Path:
         """Save as a Hugging Face folder that sentence-transformers can also load.
 
-        ``max_seq_length`` overrides the input limit recorded in the folder (default: this encoder's own).
+        ``max_seq_length`` overrides the input limit recorded in the folder (default: this encoder's own); the
+        folder's ``tokenizer.json`` cuts there too and pads nothing (`core.model_folder.set_tokenizer_limit`).
         """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        max_seq_length = max_seq_length or self.max_seq_length
         self.backbone.save_pretrained(folder, safe_serialization=True)
         self.tokenizer.save_pretrained(folder)
+        # the tokenizer keeps the last call's truncation (a training batch's length) and padding: the saved file
+        # says the model's own limit instead, for whatever reads tokenizer.json without sentence-transformers
+        set_tokenizer_limit(folder, max_seq_length)
         write_sentence_transformers_config(
             folder,
             dim=self.hidden_size,
             pooling=self.pooling,
             normalize=self.normalize,
-            max_seq_length=max_seq_length or self.max_seq_length,
+            max_seq_length=max_seq_length,
             dense=self.output.spec if self.output is not None else None,
             prompts=self.prompts,
         )

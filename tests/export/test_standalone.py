@@ -43,6 +43,10 @@ def short_model(tiny_bert_path: Path, folder: Path) -> Path:
     """The tiny model serving 64 tokens; its tokenizer.json, as all-MiniLM-L6-v2's, cuts at 128 and pads to 128."""
     folder = shutil.copytree(tiny_bert_path, folder)
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))  # saved as the model's (Encoder.save): set both
+    tokenizer.enable_truncation(max_length=128)
+    tokenizer.enable_padding(length=128)
+    tokenizer.save(str(folder / "tokenizer.json"))
     saved = json.loads((folder / "tokenizer.json").read_text())
     assert saved["truncation"]["max_length"] == 128 and saved["padding"] is not None
     return folder

@@ -3,11 +3,13 @@ whole, in the folder once the next run starts."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from tests.training.interrupts import Interrupted, interrupt_after
 from tests.training.test_trainer import tiny_config
@@ -61,3 +63,18 @@ def test_a_run_restores_a_best_folder_left_aside(tmp_path: Path, tiny_bert_path:
     resumed = train(config.replace(resume=True, max_steps=1))
     assert _weights(resumed.best_dir) == best and resumed.best_step == first.best_step
     assert sorted(p.name for p in resumed.output_dir.iterdir() if p.name.startswith("best")) == ["best"]
+
+
+def test_a_saved_folder_tokenizes_on_its_own_as_the_model_reads(tmp_path: Path, tiny_bert_path: Path) -> None:
+    """The tokenizer keeps its last call's truncation (the training length) and a batch's padding; best/ and final/
+    carry the model's own limit instead, for whatever reads tokenizer.json without sentence-transformers."""
+    result = train(tiny_config(tmp_path, tiny_bert_path, max_steps=1, eval_every=1, max_seq_length=16))
+    long_text = "word " * 300
+    for folder in (result.best_dir, result.final_dir):
+        limit = json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"]
+        assert limit == 128  # the model's, not the run's 16
+        saved = json.loads((folder / "tokenizer.json").read_text())
+        assert saved["truncation"]["max_length"] == limit and saved["padding"] is None
+        assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == limit
+        alone = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        assert [len(e.ids) for e in alone.encode_batch([long_text, "short"])] == [limit, 3]
