@@ -13,8 +13,15 @@ Several processes share the registry (replicas, workers, `embedder export`, on o
 name's entries — reserving a number, renaming a bundle in, dropping a reservation, switching ``current`` — is made
 under the name's lock (``<name>/.lock``, ``flock``), so a process choosing the next number lists a folder no one is
 changing (a directory listing taken while another process renames into it may miss both the new version and its
-reservation, and hand the same number out twice), and ``current`` only ever moves to a newer version: a publish that
-finishes after a newer version of the name was promoted leaves that one current. Readers take no lock.
+reservation, and hand the same number out twice), and ``current`` only ever moves to a newer version when a publish
+promotes (`promote`): a publish that finishes after a newer version of the name was promoted leaves that one current.
+An operator's deliberate rollback (`make_current`, ``embedder registry promote``) is the one way ``current`` moves to
+an older version. Readers take no lock.
+
+Old versions are removed by `prune`, under the same lock: never the current one, never a version still being
+published (reserved) or published so recently that its publisher may not have promoted it yet, and never the newest,
+so no number is handed out twice. A removed version is first renamed to a hidden name (``.pruned-<version>-…``) and
+only then deleted: a reader finds a version whole or not at all.
 
 Pure standard library: the service imports this without torch.
 """
@@ -25,9 +32,12 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +46,11 @@ MANIFEST = "manifest.json"
 # fullmatch, never match with "$": "$" also matches before a trailing newline, so "acme\n" would pass.
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}", re.ASCII)
 _RESERVED = ".reserved-"
+_PRUNED = ".pruned-"
 _LOCK = ".lock"
+# A version published less than this long ago is never pruned: its publisher (an export, an /adapt job) may not have
+# promoted it yet, and a promotion of a version removed meanwhile would fail instead of leaving a newer one current.
+PRUNE_GRACE_SECONDS = 300.0
 
 
 class RegistryError(ValueError):
@@ -152,6 +166,8 @@ def publish(staging: Path, root: Path, name: str, version: str) -> Path:
         if target.exists():
             raise RegistryError(f"{target} already exists: versions are never overwritten")
         os.rename(staging, target)
+        with suppress(OSError):  # its mtime says when it was published (`prune` spares the newly published)
+            os.utime(target)
         _release(folder, version)
     return target
 
@@ -170,7 +186,7 @@ def _release(folder: Path, version: str) -> None:
 def promote(root: Path, name: str, version: str) -> bool:
     """Point ``<name>/current`` at ``version`` atomically (symlink + rename), unless a newer version of the name is
     current already (another process published and promoted it meanwhile: it stays). Returns whether ``version`` is
-    current now."""
+    current now. What publishes call; an operator's rollback to an older version is `make_current`."""
     folder = Path(root) / validate_name(name)
     if not (folder / version / MANIFEST).is_file():
         raise RegistryError(f"cannot promote {name} version {version}: no bundle at {folder / version}")
@@ -178,9 +194,208 @@ def promote(root: Path, name: str, version: str) -> bool:
         current = current_version(root, name)
         if current is not None and current.isdigit() and version.isdigit() and int(current) > int(version):
             return False
-        tmp = folder / f".{CURRENT}.{os.getpid()}.{version}"
-        if tmp.is_symlink():
-            tmp.unlink()
-        os.symlink(version, tmp)
-        os.replace(tmp, folder / CURRENT)
+        _point_current(folder, version)
     return True
+
+
+def make_current(root: Path, name: str, version: str) -> str | None:
+    """Point ``<name>/current`` at ``version`` whether it is newer or older than the current one: the operator's
+    explicit promotion, a rollback included (`promote`, what publishes call, never moves ``current`` back). Refuses,
+    with RegistryError, a name or version that does not exist, a version still being published, and a bundle that is
+    not whole (`bundle_problem`). Returns the version that was current before (``version`` itself: nothing changed)."""
+    folder = _existing(root, name)
+    with _locked(folder):
+        if not (version.isdigit() and (folder / version).is_dir()):
+            if (folder / f"{_RESERVED}{version}").is_dir():
+                raise RegistryError(f"version {version} of {name} is still being published: not promoted")
+            versions = ", ".join(list_versions(root, name)) or "none"
+            raise RegistryError(f"{name} has no version {version!r} (versions: {versions})")
+        problem = bundle_problem(folder / version)
+        if problem is not None:
+            raise RegistryError(f"version {version} of {name} cannot be served: {problem}; not promoted")
+        before = current_version(root, name)
+        if before != version:
+            _point_current(folder, version)
+    return before
+
+
+def _point_current(folder: Path, version: str) -> None:
+    """Switch ``current`` to ``version`` in one rename (the caller holds the name's lock)."""
+    tmp = folder / f".{CURRENT}.{os.getpid()}.{version}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    os.symlink(version, tmp)
+    os.replace(tmp, folder / CURRENT)
+
+
+def _existing(root: Path, name: str) -> Path:
+    folder = Path(root) / validate_name(name)
+    if not folder.is_dir():
+        names = ", ".join(model_names(root)) or "none"
+        raise RegistryError(f"no model {name!r} in registry {Path(root)} (models: {names})")
+    return folder
+
+
+def model_names(root: Path) -> list[str]:
+    """Every name with a folder in the registry (promoted or not), sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and _NAME.fullmatch(p.name) and p.name != CURRENT)
+
+
+def publishing_versions(root: Path, name: str) -> list[str]:
+    """Versions of ``name`` reserved by a publish that has not finished (or died: its reservation stays)."""
+    folder = Path(root) / validate_name(name)
+    if not folder.is_dir():
+        return []
+    found = [p.name.removeprefix(_RESERVED) for p in folder.iterdir() if p.name.startswith(_RESERVED)]
+    return sorted((v for v in found if v.isdigit()), key=int)
+
+
+def bundle_problem(bundle: Path) -> str | None:
+    """Why ``bundle`` is not whole — no readable manifest, or a file its manifest names (``files``, the ``onnx`` and
+    ``openvino`` graphs, the tokenizer) missing — or None."""
+    try:
+        manifest = read_manifest(bundle)
+    except RegistryError as err:
+        return str(err)
+    named = set(manifest.get("files") or {})
+    for key in ("onnx", "openvino"):
+        named.update(str(f) for f in (manifest.get(key) or {}).values())
+    tokenizer = (manifest.get("tokenizer") or {}).get("file") if isinstance(manifest.get("tokenizer"), dict) else None
+    if tokenizer:
+        named.add(str(tokenizer))
+    missing = sorted(f for f in named if not (Path(bundle) / f).is_file())
+    if missing:
+        return f"incomplete: {', '.join(missing)} missing"
+    return None
+
+
+def version_summary(root: Path, name: str, version: str) -> dict[str, Any]:
+    """What one published version is, from its manifest: when it was made, from what, how, its quantization, the
+    figures of the gate it passed (an /adapt job's), its size, whether it is current, and any problem."""
+    bundle = Path(root) / validate_name(name) / version
+    problem = bundle_problem(bundle)
+    try:
+        manifest = read_manifest(bundle)
+    except RegistryError:
+        manifest = {}
+    method = manifest.get("method")
+    return {
+        "name": name,
+        "version": version,
+        "current": current_version(root, name) == version,
+        "created_at": manifest.get("created_at"),
+        "published_at": _published_at(bundle),
+        "base_model": manifest.get("base_model"),
+        "parent": manifest.get("parent"),
+        "method": method.get("name") if isinstance(method, dict) else method,
+        "quantization": manifest.get("quantization"),
+        "dim": manifest.get("dim"),
+        "layers": manifest.get("layers"),
+        "max_seq_length": manifest.get("max_seq_length"),
+        "trained_on": manifest.get("trained_on"),
+        "validation": _validation_summary(manifest.get("validation")),
+        "size_bytes": _size(bundle),
+        "problem": problem,
+    }
+
+
+def _validation_summary(validation: object) -> dict[str, Any] | None:
+    """An /adapt job's record in the manifest without its whole evaluation: the job, and the gate's decision with the
+    score it decided on (base → adapted) and its table."""
+    if not isinstance(validation, dict):
+        return None
+    gate = validation.get("gate") if isinstance(validation.get("gate"), dict) else {}
+    table = gate.get("table") if isinstance(gate.get("table"), list) else []
+    decided_on = gate.get("decided_on")
+    row = next((r for r in table if isinstance(r, dict) and r.get("task") == decided_on), None)
+    return {
+        "job": validation.get("job"),
+        "gate_passed": gate.get("passed"),
+        "decided_on": decided_on,
+        "decided_on_score": row,
+        "margin": gate.get("margin"),
+        "reasons": gate.get("reasons"),
+        "table": table,
+    }
+
+
+def _published_at(bundle: Path) -> float | None:
+    try:
+        return bundle.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(folder):
+        for file in files:
+            with suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(dirpath, file)).st_size
+    return total
+
+
+@dataclass
+class Pruned:
+    """What `prune` did (or, dry, would do) to one name: versions removed and kept, each kept one with why."""
+
+    name: str
+    keep: int
+    removed: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # version -> why it stays
+    publishing: list[str] = field(default_factory=list)  # reserved versions, never touched
+    freed_bytes: int = 0
+    dry_run: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prune(
+    root: Path, name: str, keep: int, *, dry_run: bool = False, grace_seconds: float = PRUNE_GRACE_SECONDS
+) -> Pruned:
+    """Remove the versions of ``name`` older than its newest ``keep`` (at least 1), under the name's lock. Kept
+    whatever ``keep`` says: the current version, versions still being published (reserved), and versions published
+    less than ``grace_seconds`` ago (their publisher may be about to promote them). Each removed version is renamed to
+    a hidden name under the lock, so no reader ever finds it half deleted, then deleted after the lock is released (a
+    copy left by a process that died while deleting is deleted by the next prune). ``dry_run``: say what would go."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise RegistryError(
+            f"keep must be at least 1, got {keep!r}: the newest version always stays, so that no version number is "
+            "handed out twice"
+        )
+    folder = _existing(root, name)
+    result = Pruned(name=name, keep=keep, dry_run=dry_run)
+    doomed: list[Path] = []
+    with _locked(folder):
+        versions = list_versions(root, name)
+        current = current_version(root, name)
+        result.publishing = publishing_versions(root, name)
+        newest = set(versions[-keep:])
+        now = time.time()
+        for version in reversed(versions):
+            published = _published_at(folder / version)
+            if version == current:
+                result.kept[version] = "current"
+            elif version in newest:
+                result.kept[version] = f"among the newest {keep}"
+            elif version in result.publishing:
+                result.kept[version] = "still being published"
+            elif published is not None and now - published < grace_seconds:
+                result.kept[version] = f"published {now - published:.0f} s ago (less than {grace_seconds:g} s)"
+            else:
+                result.removed.append(version)
+        result.removed.reverse()
+        result.freed_bytes = sum(_size(folder / version) for version in result.removed)
+        if dry_run:
+            return result
+        for version in result.removed:
+            trash = folder / f"{_PRUNED}{version}-{secrets.token_hex(4)}"
+            os.rename(folder / version, trash)
+        doomed = [p for p in folder.iterdir() if p.name.startswith(_PRUNED)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return result
