@@ -10,6 +10,10 @@ import sys
 # name -> ("module:function", one-line help). The function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("embedder.models_cli:main", "list, prepare and locate the built-in offline models"),
+    "registry": (
+        "embedder.registry_cli:main",
+        "a model's versions in the registry: list them, promote one (rollback), prune old ones",
+    ),
     "export": ("export.cli:main", "export a model to a parity-checked ONNX bundle (optionally int8) in the registry"),
     "adapt": ("embedder.adapt_cli:main", "submit a corpus to a server's /adapt, follow the job (--student: compact)"),
     "adapt-worker": ("adapt_worker.worker:main", "run queued /adapt jobs (the service starts and supervises this)"),

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SUBCOMMANDS = "models|export|adapt-worker|adapt|serve|train|validate|layers|bench"
+SUBCOMMANDS = "models|registry|export|adapt-worker|adapt|serve|train|validate|layers|bench"
 COMMAND = re.compile(rf"\b(embedder (?:{SUBCOMMANDS})\b|scripts/serve\.sh|benchmarks/\w+\.py)")
 FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*(?![\w<-])")
 PLACEHOLDERS = {"--flag"}  # "every setting is an `embedder serve --flag`"
