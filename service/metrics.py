@@ -96,7 +96,7 @@ class ServiceMetrics:
         )
         self.tokenization_time = Histogram(
             "embed_tokenization_seconds",
-            "Tokenisation time per request.",
+            "Tokenisation time per request (embedding routes and /tokenize).",
             ["model"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
@@ -121,6 +121,13 @@ class ServiceMetrics:
         self.input_length = Histogram(
             "embed_input_length_tokens",
             "Tokens per input text after truncation.",
+            ["model"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_length = Histogram(
+            "embed_tokenize_input_length_tokens",
+            "Tokens per text of a /tokenize request (every token, none cut: it may exceed the model's limit).",
             ["model"],
             buckets=_TOKEN_BUCKETS,
             registry=r,
@@ -204,6 +211,7 @@ class ServiceMetrics:
             self.batch_size,
             self.batch_tokens,
             self.input_length,
+            self.tokenize_length,
         ):
             histogram.labels(model)
         self.queue_depth.labels(model)

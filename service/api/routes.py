@@ -214,11 +214,12 @@ async def tei_tokenize(body: TEITokenizeRequest, request: Request) -> Response:
     async with _tracked(request).track(TOKENIZE_ROUTE, context) as track:
         model = engine.resolve(body.model)
         track.bind(model)
-        tokens = await engine.tokens(
+        result = await engine.tokens(
             model, _as_list(body.inputs), add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name,
-            field_name="inputs",
+            field_name="inputs", context=context,
         )  # fmt: skip
-        return _json([[token._asdict() for token in text] for text in tokens], track.headers())
+        track.timings.update(result.timings)
+        return _json([[token._asdict() for token in text] for text in result.tokens], track.headers())
 
 
 _QUANTIZATION = {"int8": "int8", "bf16": "bf16"}  # an engine's precision -> the card's quantization (else none)

@@ -39,6 +39,14 @@ class EmbedResult:
     timings: dict[str, float]
 
 
+@dataclass
+class TokensResult:
+    """A /tokenize request's tokens, and the timings its response headers report (seconds)."""
+
+    tokens: list[list[Token]]
+    timings: dict[str, float]
+
+
 class Engine:
     """The served models, their admission, and the request path into their queues."""
 
@@ -188,15 +196,27 @@ class Engine:
 
     async def tokens(
         self, model: ServedModel, texts: list[str], *, add_special_tokens: bool, prompt_name: str | None,
-        field_name: str,
-    ) -> list[list[Token]]:  # fmt: skip
+        field_name: str, context: RequestContext | None = None,
+    ) -> TokensResult:  # fmt: skip
         """Every token of each of ``texts`` after the model's prompt ``prompt_name`` (as `embed` puts it), none
-        cut, checked as `embed` checks texts; large requests are tokenised off the event loop."""
+        cut, checked as `embed` checks texts; large requests are tokenised off the event loop. Timed and measured as
+        `embed` is: the tokenisation's time (its metric, the request's trace stage, the answer's header) and each
+        text's length (`ServiceMetrics.tokenize_length`: none cut, so apart from the embedded texts')."""
         self.check_texts(texts, field_name)
         texts, _ = _after_prompt(model, texts, prompt_name)
+        started = time.perf_counter()
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
-            return model.backend.tokens(texts, add_special_tokens)
-        return await asyncio.to_thread(model.backend.tokens, texts, add_special_tokens)
+            tokens = model.backend.tokens(texts, add_special_tokens)
+        else:
+            tokens = await asyncio.to_thread(model.backend.tokens, texts, add_special_tokens)
+        tokenized = time.perf_counter()
+        self.metrics.tokenization_time.labels(model.name).observe(tokenized - started)
+        lengths = self.metrics.tokenize_length.labels(model.name)
+        for text in tokens:
+            lengths.observe(len(text))
+        if context is not None:
+            context.stage("tokenization", started, tokenized)
+        return TokensResult(tokens, {"tokenization": tokenized - started})
 
 
 def _after_prompt(model: ServedModel, texts: list[str], prompt_name: str | None) -> tuple[list[str], str]:

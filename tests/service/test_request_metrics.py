@@ -4,7 +4,12 @@ latency of failed requests, and /tokenize's own work."""
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
+
+from service.app import create_app
 
 
 def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -69,3 +74,27 @@ def test_failed_requests_are_timed_by_outcome(make_app, publish_fake, fake_regis
     successes = _samples(after, "embed_request_duration_seconds_count")
     assert successes[(("model", "fake-a"), ("route", "/embed"))] == 1  # failures stay out of the successes' histogram
     assert successes[(("model", "flaky"), ("route", "/embed"))] == 0
+
+
+def test_tokenize_is_timed_and_measured_like_the_embedding_routes(make_settings, fake_backend_cls):
+    """/tokenize tokenises: its time is in the tokenisation histogram, its header and its trace, its texts' lengths —
+    none cut, so longer than the model takes — in a histogram of their own (the embedded texts' one counts what was
+    embedded)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = create_app(make_settings(), backend_factory=fake_backend_cls, include_adapt=False, tracer_provider=provider)
+    with TestClient(app) as client:
+        before = client.get("/metrics").text
+        assert _samples(before, "embed_tokenize_input_length_tokens_count")[(("model", "fake-b"),)] == 0
+        text = " ".join(["w"] * 40)  # 42 tokens, over fake-a's 16
+        answer = client.post("/tokenize", json={"inputs": [text, "a b"]})
+        after = client.get("/metrics").text
+    assert answer.status_code == 200 and [len(t) for t in answer.json()] == [42, 4]
+    assert float(answer.headers["x-tokenization-time"]) >= 0 and float(answer.headers["x-total-time"]) >= 0
+    assert _samples(after, "embed_tokenization_seconds_count")[(("model", "fake-a"),)] == 1
+    lengths = _samples(after, "embed_tokenize_input_length_tokens_bucket")
+    assert _bucket(lengths, "8.0", model="fake-a") == 1 and _bucket(lengths, "64.0", model="fake-a") == 2
+    assert _samples(after, "embed_input_length_tokens_count")[(("model", "fake-a"),)] == 0  # nothing was embedded
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    assert spans["tokenization"].parent.span_id == spans["POST /tokenize"].context.span_id
