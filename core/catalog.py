@@ -24,7 +24,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
-from core.model_folder import transformer_folder, write_sentence_transformers_config
+from core.model_folder import run_folder_hint, transformer_folder, write_sentence_transformers_config
 from core.onnx_bert import onnx_bert_state_dict
 from core.settings import get_settings
 
@@ -413,7 +413,8 @@ def resolve_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None =
 
     Raises:
         ModelNotFoundError: neither a built-in name nor a folder with a ``config.json``; the
-            message lists the built-in models and how to install them.
+            message lists the built-in models and how to install them, or, for a training run's folder, names its
+            ``best/`` and ``final/`` (`core.model_folder.run_folder_hint`).
     """
     text = os.fspath(name_or_path)
     if text in BUILTIN_MODELS:
@@ -425,6 +426,8 @@ def resolve_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None =
         if (transformer_folder(path) / "config.json").is_file():  # sentence-transformers' nested layout too
             # absolute: Path("./minilm-l3") prints as "minilm-l3", which would name the built-in model when passed on
             return path.absolute()
+        if hint := run_folder_hint(path):  # `embedder export runs/x` for runs/x/best
+            raise ModelNotFoundError(hint)
         raise ModelNotFoundError(
             f"{path} is a folder but not a Hugging Face model folder (no config.json). "
             f"Point at a folder saved with save_pretrained, or use a built-in model:\n{_available_text()}"

@@ -33,7 +33,7 @@ from pydantic import SecretStr, TypeAdapter, ValidationError
 
 from core import registry
 from core.catalog import BUILTIN_MODELS
-from core.model_folder import embedding_file_digests
+from core.model_folder import embedding_file_digests, run_folder_hint
 from service.engine.served import models_to_serve
 from service.errors import validation_message
 from service.observability import configure_logging
@@ -168,7 +168,8 @@ def model_folders(settings: ServiceSettings) -> tuple[ServiceSettings, dict[str,
             continue
         folder = Path(entry).expanduser().resolve()
         if not (folder / "config.json").is_file() and not (folder / "modules.json").is_file():
-            raise RuntimeError(f"models: {entry!r} is not a Hugging Face model folder (no config.json)")
+            hint = run_folder_hint(folder)
+            raise RuntimeError(f"models: {entry!r} is not a Hugging Face model folder ({hint or 'no config.json'})")
         name = folder_model_name(folder)
         if folders.get(name, folder) != folder:
             raise RuntimeError(f"models: {folders[name]} and {folder} would both be served as {name!r}")

@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 from core.corpora import CUSTOM_CORPUS
-from core.model_folder import RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
+from core.model_folder import BEST_DIR, FINAL_DIR, RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
 from training.assembly import recover_model_folder
 from training.config import TrainConfig
 from training.data import corpus_names
-from training.state import BEST_DIR, FINAL_DIR, METRICS_FILE
+from training.state import METRICS_FILE
 
 
 def prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:

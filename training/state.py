@@ -23,15 +23,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from core.model_folder import RECIPE_FILE
+from core.model_folder import BEST_DIR, RECIPE_FILE
 from training.config import ConfigError, TrainConfig, show_value
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 METRICS_FILE = "metrics.jsonl"  # in the run's output folder, next to the checkpoint folder
-# the model folders a run writes into its output folder: the best-validated model and the last one
-BEST_DIR, FINAL_DIR = "best", "final"
 
 T = TypeVar("T")
 

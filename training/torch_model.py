@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 
 from core.catalog import ModelNotFoundError
-from core.model_folder import Prompts, read_trained_on
+from core.model_folder import BEST_DIR, FINAL_DIR, Prompts, read_trained_on
 from evaluation.embedding_model import EmbeddingModel, ModelSpecError, is_bundle_spec, l2_normalise, load_model
 from training.encoder import Encoder
-from training.state import BEST_DIR, FINAL_DIR
 
 
 class TorchModel(EmbeddingModel):

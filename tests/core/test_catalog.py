@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,29 @@ def test_broken_folder_is_named(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_text("")
     with pytest.raises(ModelNotFoundError, match=r"not a Hugging Face model folder \(no config.json\)"):
         resolve_model(tmp_path)
+
+
+def test_a_training_run_folder_names_the_model_folders_in_it(tmp_path: Path, tiny_bert_path: Path) -> None:
+    """`embedder export runs/x` (or validate, or serve --models) given the run's folder: the error names the
+    model folders in it (best/, what to export, and final/), not the built-in models."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.json").write_text("{}")
+    with pytest.raises(ModelNotFoundError, match=r"training run's folder.*saved no model yet.*best.*final") as empty:
+        resolve_model(run)
+    assert "minilm-l6" not in str(empty.value)
+    shutil.copytree(tiny_bert_path, run / "best")
+    with pytest.raises(ModelNotFoundError) as only_best:
+        resolve_model(run)
+    assert str(only_best.value) == (
+        f"{run} is a training run's folder, not a model folder: pass {run / 'best'} (the best-validated model, "
+        "what to export)"
+    )
+    shutil.copytree(tiny_bert_path, run / "final")
+    (run / "recipe.json").unlink()  # best/ and final/ alone mark it too
+    with pytest.raises(ModelNotFoundError, match=rf"pass {run / 'best'} \(.*\) or {run / 'final'} \(the last step\)$"):
+        resolve_model(run)
+    assert resolve_model(run / "best") == run / "best"
 
 
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

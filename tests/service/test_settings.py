@@ -152,6 +152,12 @@ def test_a_model_folder_is_served_under_its_name_and_exported_again_when_its_wei
 
     with pytest.raises(RuntimeError, match=r"'\./models' is not a Hugging Face model folder"):
         cli.model_folders(ServiceSettings(registry_dir=root, models=["./models"]))
+    run = tmp_path / "runs" / "x"
+    (run / "best").mkdir(parents=True)
+    (run / "best" / "config.json").write_text("{}")
+    with pytest.raises(RuntimeError, match=r"'\./runs/x' is not a Hugging Face model folder \(.* training run's "
+                       r"folder, not a model folder: pass .*runs/x/best \(the best-validated model"):
+        cli.model_folders(ServiceSettings(registry_dir=root, models=["./runs/x"]))
     twin = tmp_path / "other" / "my model v2"
     twin.mkdir(parents=True)
     (twin / "config.json").write_text("{}")
