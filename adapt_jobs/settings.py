@@ -155,6 +155,14 @@ class AdaptSettings(JobKnobDefaults):
         "own CPU, so an adapted model runs at its base's int8 speed (the job scores the fp32 graph, as the base's). "
         "Off: fp32 only, 10-25 s less export per job, served at fp32 speed.",
     )
+    keep_versions: int = Field(
+        default=0,
+        ge=0,
+        description="Versions of a model name kept in the registry after a job publishes one: the worker then removes "
+        "the older ones (as `embedder registry prune NAME --keep N` does; never the served version, one being "
+        "published, or one published in the last 5 minutes). 0 = every version is kept (prune by hand). Each "
+        "version of a base-size model takes about 130 MB of the shared volume.",
+    )
     worker_threads: int = Field(
         default=2,
         ge=1,

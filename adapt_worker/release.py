@@ -196,5 +196,21 @@ def _release(attempt: AnyAttempt, name: str, version: str, promote: bool) -> Pub
     ctx.result(JobResult(model=published), event="published")
     if promoted:
         ctx.audit("promoted", version=version)
+    if attempt.config.settings.keep_versions:
+        _keep_newest(attempt, name, attempt.config.settings.keep_versions)
     ctx.stage("done", elapsed_s=round(ctx.elapsed(), 2))
     return published
+
+
+def _keep_newest(attempt: AnyAttempt, name: str, keep: int) -> None:
+    """``keep_versions``: remove the versions of ``name`` older than its newest ``keep`` (`core.registry.prune`: never
+    the served one, one being published or one just published), each named in a ``log`` event. A failure is logged,
+    never the job's: its model is published."""
+    try:
+        pruned = reg.prune(attempt.config.registry_dir, name, keep)
+    except (reg.RegistryError, OSError) as err:
+        attempt.ctx.log(f"could not remove old versions of {name} (keep_versions {keep}): {err}")
+        return
+    if pruned.removed:
+        attempt.ctx.log(f"removed version{'s' if len(pruned.removed) > 1 else ''} {', '.join(pruned.removed)} of "
+                        f"{name}: keep_versions keeps the newest {keep} and the served one")  # fmt: skip
