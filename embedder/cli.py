@@ -44,6 +44,15 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _run(argv)
+    except BrokenPipeError:  # the reader of stdout went away (`embedder models list | head -1`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 141  # 128 + SIGPIPE, as a shell reports a command stopped by a closed pipe
+
+
+def _run(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(_usage())
         return 0
@@ -53,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, _, func_name = COMMANDS[name][0].partition(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    try:
-        return int(func(rest) or 0)
-    except BrokenPipeError:  # the reader of stdout went away (`embedder models list | head -1`): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
-        return 141  # 128 + SIGPIPE, as a shell reports a command stopped by a closed pipe
+    return int(func(rest) or 0)
 
 
 if __name__ == "__main__":

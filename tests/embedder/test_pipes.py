@@ -7,13 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_a_closed_pipe_ends_the_command_quietly() -> None:
+@pytest.mark.parametrize("argv", [["models", "list"], ["--help"]], ids=["a-command", "the-usage"])
+def test_a_closed_pipe_ends_the_command_quietly(argv: list[str]) -> None:
     """Python raises BrokenPipeError on the next write once the reader has gone: no traceback for the user, and
     the exit status a shell gives a command stopped by SIGPIPE."""
-    script = "import sys; from embedder.cli import main; sys.exit(main(['models', 'list']))"
+    script = f"import sys; from embedder.cli import main; sys.exit(main({argv!r}))"
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first line
     with os.fdopen(write_end, "wb") as stdout:
