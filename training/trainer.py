@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from core.model_folder import BEST_DIR, FINAL_DIR
 from core.text import CropRule
 from training.assembly import (
     Models,
@@ -49,8 +50,6 @@ from training.encoder import Encoder
 from training.inputs import TrainingData, load_training_data
 from training.run_folder import prepare_output
 from training.state import (
-    BEST_DIR,
-    FINAL_DIR,
     METRICS_FILE,
     STATE_FILE,
     TrainState,
