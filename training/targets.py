@@ -10,6 +10,12 @@ outlive the run: they are kept in ``<store>/<teacher fingerprint>.npz`` (text SH
 the start of the next run of the same teacher and saved with every checkpoint, so a second seed, another objective
 or a resumed run pays the teacher only for texts no run embedded before. The fingerprint covers the teacher's
 weights, pooling, normalisation, output layer and token limit: a different teacher never reads another's vectors.
+A store file is bounded: it keeps at most ``max_stored`` vectors (`STORE_MAX_VECTORS`, 100,000: about 180 MB for a
+384-wide teacher), the most recently used ones — the file is kept in order of last use, and a save puts every text
+the saving run used last, so what the current run uses is never evicted (when a run alone uses more texts than the
+bound, the file holds exactly those). A save reads the file, merges and writes it under a lock beside it, and writes
+to a temporary file renamed over the old one: runs sharing the store never lose each other's vectors to a race, and
+a reader sees the old file or the new one.
 
 With ``preset`` (a file `write_vectors` wrote; ``TrainConfig.teacher_vectors``) the vectors it holds are the targets of
 their texts, whoever computed them — /adapt's student distillation can give a frozen model's embeddings of general
@@ -20,10 +26,12 @@ texts of like length — the cheapest way to pay for texts known before training
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +40,7 @@ import torch
 from training.encoder import Encoder
 
 TEACHER_EMBEDDINGS = "teacher-embeddings"  # the store's folder under a cache directory (EMBED_CACHE_DIR)
+STORE_MAX_VECTORS = 100_000  # vectors a store file keeps, the most recently used: `sct-tiny`'s texts six times over
 
 
 def teacher_fingerprint(teacher: Encoder) -> str:
@@ -79,20 +88,32 @@ def write_vectors(path: Path, vectors: Mapping[str, torch.Tensor]) -> None:
 class TeacherTargets:
     """``targets(texts)`` → ``(B, D_t)`` the teacher's embeddings of ``texts``; each distinct text is embedded once.
 
-    ``store``: a folder where the vectors persist between runs of the same teacher (None: this run only).
+    ``store``: a folder where the vectors persist between runs of the same teacher (None: this run only), at most
+    ``max_stored`` of them, the most recently used (see the module's docstring).
     ``preset``: a `write_vectors` file whose vectors are the targets of their texts (never saved to the store).
     """
 
-    def __init__(self, teacher: Encoder, store: Path | None = None, preset: Path | None = None) -> None:
+    def __init__(
+        self,
+        teacher: Encoder,
+        store: Path | None = None,
+        preset: Path | None = None,
+        *,
+        max_stored: int = STORE_MAX_VECTORS,
+    ) -> None:
+        if max_stored < 1:
+            raise ValueError(f"max_stored must be at least 1, got {max_stored}")
         self.teacher = teacher
         self.vectors: dict[str, torch.Tensor] = {}  # text SHA-256 → (D_t,): this teacher's own
         self.preset = read_vectors(Path(preset)) if preset is not None else {}
         self.path = Path(store) / f"{teacher_fingerprint(teacher)}.npz" if store is not None else None
+        self.max_stored = max_stored
         self.loaded = 0  # vectors read from the store at the start
         self.computed = 0  # texts this run embedded with the teacher
-        self._unsaved = False
+        self._used: dict[str, None] = {}  # the texts (SHA-256) this run asked for, in order of first use
+        self._unsaved = False  # a text embedded, or first used, since the last save
         if self.path is not None and self.path.is_file():
-            self.vectors = read_vectors(self.path)
+            self.vectors = _last(read_vectors(self.path), max_stored)  # a file written before the bound: its newest
             self.loaded = len(self.vectors)
 
     def __len__(self) -> int:
@@ -100,6 +121,13 @@ class TeacherTargets:
 
     def _known(self, key: str) -> torch.Tensor | None:
         return self.preset.get(key, self.vectors.get(key))
+
+    def _use(self, keys: Sequence[str]) -> None:
+        """Note texts this run uses: the store keeps them as its most recent at the next save."""
+        for key in keys:
+            if key not in self._used:
+                self._used[key] = None
+                self._unsaved = True
 
     @torch.no_grad()
     def _embed(self, missing: Sequence[tuple[str, str]]) -> None:
@@ -110,6 +138,7 @@ class TeacherTargets:
 
     def __call__(self, texts: Sequence[str]) -> torch.Tensor:
         keys = [text_key(t) for t in texts]
+        self._use(keys)
         missing = list(dict.fromkeys((k, t) for k, t in zip(keys, texts, strict=True) if self._known(k) is None))
         if missing:
             self._embed(missing)
@@ -122,6 +151,7 @@ class TeacherTargets:
         """Embed every text of ``texts`` that has no vector yet, longest first in batches of ``batch_size``;
         ``progress(done, total)`` after each batch. Returns how many texts the teacher embedded."""
         pending = {text_key(t): t for t in texts}
+        self._use(list(pending))
         missing = sorted(((k, t) for k, t in pending.items() if self._known(k) is None), key=lambda kt: -len(kt[1]))
         for start in range(0, len(missing), batch_size):
             self._embed(missing[start : start + batch_size])
@@ -134,13 +164,34 @@ class TeacherTargets:
         return {k: v for k in map(text_key, texts) if (v := self._known(k)) is not None}
 
     def save(self) -> None:
-        """Write the vectors to the store (merged with what another run saved meanwhile), atomically."""
+        """Write the vectors this run used to the store, merged with what other runs saved there and bounded to
+        ``max_stored`` (this run's last, so none of them is evicted), under the store file's lock, atomically."""
         if self.path is None or not self._unsaved:
             return
-        merged = read_vectors(self.path) if self.path.is_file() else {}
-        merged.update(self.vectors)
-        write_vectors(self.path, merged)
+        mine = {key: self.vectors[key] for key in self._used if key in self.vectors}  # not preset ones
+        with _locked(self.path):
+            stored = read_vectors(self.path) if self.path.is_file() else {}
+            others = {key: vector for key, vector in stored.items() if key not in mine}
+            write_vectors(self.path, _last({**others, **mine}, max(self.max_stored, len(mine))))
         self._unsaved = False
+
+
+def _last(vectors: dict[str, torch.Tensor], count: int) -> dict[str, torch.Tensor]:
+    """The last ``count`` entries of ``vectors`` (a store file's order: least recently used first)."""
+    if len(vectors) <= count:
+        return vectors
+    return dict(list(vectors.items())[-count:])
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``<store file>.lock`` while a run reads, merges and writes the store file: two runs
+    saving together would otherwise both read the old file, and the later write would drop the earlier one's
+    vectors. The lock goes with its holder (a killed run holds nothing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f"{path.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
 
 
 def pulled_targets(

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
+import training.targets as targets_module
 from training.encoder import Encoder
 from training.targets import (
     TeacherTargets,
@@ -107,3 +111,51 @@ def test_pulled_targets_turn_each_piece_toward_its_own_document(tiny_bert_path: 
     shared = pulled_targets(targets, documents, pieces, 1.0, shared={"They cut valleys."})  # another holds it
     torch.testing.assert_close(shared[text_key("They cut valleys.")], own[text_key("They cut valleys.")])
     torch.testing.assert_close(shared[text_key("machine code")], pulled[text_key("machine code")])
+
+
+def test_the_store_is_bounded_and_keeps_what_the_current_run_uses(tiny_bert_path: Path, tmp_path: Path) -> None:
+    teacher = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    old = TeacherTargets(teacher, tmp_path, max_stored=4)
+    old([f"an older run's text {i}." for i in range(4)])
+    old.save()
+    run = TeacherTargets(teacher, tmp_path, max_stored=4)
+    assert run.loaded == 4
+    used = ["an older run's text 1.", "a new text.", "another new text."]  # one from the store, two embedded
+    run(used)
+    run.save()
+    stored = read_vectors(next(tmp_path.glob("*.npz")))
+    # the bound holds; the run's three texts are all kept, the most recently used last; one older text is evicted
+    assert list(stored) == [text_key(t) for t in ["an older run's text 3.", *used]]
+    big = TeacherTargets(teacher, tmp_path, max_stored=2)
+    assert big.loaded == 2  # a file over the bound is read from its newest end
+    texts = [f"text {i}" for i in range(3)]
+    big(texts)
+    big.save()  # a run using more texts than the bound keeps them all, and nothing else
+    assert set(read_vectors(next(tmp_path.glob("*.npz")))) == {text_key(t) for t in texts}
+
+
+def test_runs_saving_to_one_store_together_keep_each_others_vectors(
+    tiny_bert_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each save reads the store, merges and writes it: two at once would both read the old file, and the later
+    write would drop the other's vectors. The file's lock serialises them; the rename keeps the file whole."""
+    teacher = Encoder.from_pretrained(tiny_bert_path, max_seq_length=32).eval()
+    runs = [TeacherTargets(teacher, tmp_path) for _ in range(2)]
+    for i, run in enumerate(runs):
+        run([f"run {i}'s text."])
+    slow_read = targets_module.read_vectors
+
+    def read_then_wait(path: Path) -> dict[str, torch.Tensor]:
+        vectors = slow_read(path)
+        time.sleep(0.3)  # the other run's save starts meanwhile
+        return vectors
+
+    monkeypatch.setattr(targets_module, "read_vectors", read_then_wait)
+    write_vectors(runs[0].path, {text_key("a text saved before."): torch.zeros(teacher.dim)})
+    threads = [threading.Thread(target=run.save) for run in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expected = ["a text saved before.", "run 0's text.", "run 1's text."]
+    assert set(slow_read(runs[0].path)) == {text_key(t) for t in expected}
