@@ -227,19 +227,24 @@ class JobStore(StoreUpkeep):
 
         Only the first request changes anything: asking again while the worker stops, or cancelling a finished job,
         returns the job unchanged and records nothing (one audit record per cancel, however often a client retries).
-        Nor does one that comes once the running attempt began publishing its model (`begin_publish`): the job ends
-        with it, so the cancel is not acknowledged rather than acknowledged and then not honoured.
+        Nor does one that comes once an attempt of the job began publishing its model (`begin_publish`): the job ends
+        with it, so the cancel is not acknowledged rather than acknowledged and then not honoured. That holds for a
+        retry too, queued or running: an attempt that published, maybe promoted, and was then interrupted left its
+        version in the registry, and the retry ends the job with it (unless it finds none there: `reopen_cancel`).
         """
         with self._transaction(write=True) as conn:
             row = self._row(conn, job_id, lock=True)
             now = self._now(conn)
-            publishing = row.publishing_attempt is not None and row.publishing_attempt == row.attempt
-            asked = row.state == QUEUED or (row.state in ACTIVE_STATES and not row.cancel_requested and not publishing)
-            if asked:
-                self._add_event(conn, job_id, AUDIT_EVENT, audit_record("cancelled", actor, row.params), now)
+            publishing = row.publishing_attempt is not None  # this attempt's or an earlier one's: past no return
+            asked = not publishing and (
+                row.state == QUEUED or (row.state in ACTIVE_STATES and not row.cancel_requested)
+            )
+            if not asked:
+                return row_to_job(row), False
+            self._add_event(conn, job_id, AUDIT_EVENT, audit_record("cancelled", actor, row.params), now)
             if row.state == QUEUED:
                 self._transition(conn, row, CANCELLED, now, cancel_requested=True)
-            elif asked:
+            else:
                 conn.execute(sa.update(jobs_table).where(jobs_table.c.id == job_id).values(cancel_requested=True))
                 self._add_event(conn, job_id, "cancel_requested", {}, now)
             return row_to_job(self._row(conn, job_id)), asked
@@ -354,6 +359,15 @@ class JobStore(StoreUpkeep):
                 return False
             self._touch(conn, lease, self._now(conn), lease_s, publishing_attempt=lease.attempt)
             return True
+
+    def reopen_cancel(self, lease: Lease) -> None:
+        """The retry of a job whose earlier attempt began publishing found no version of it in the registry: that
+        attempt stopped before its copy got there, so the job is not past its point of no return after all, and a
+        cancel is taken again until this attempt begins publishing. `LeaseLost` if the lease is no longer ours."""
+        with self._transaction(write=True) as conn:
+            row = self._held(conn, lease)
+            if row.publishing_attempt is not None and row.publishing_attempt < lease.attempt:
+                self._touch(conn, lease, self._now(conn), None, publishing_attempt=None)
 
     def cancel_requested(self, job_id: str) -> bool:
         with self._transaction() as conn:

@@ -115,6 +115,11 @@ class JobContext:
             self._cancelled = True
             raise JobCancelled("cancelled")
 
+    def reopen_cancel(self) -> None:
+        """An earlier attempt began publishing and left nothing in the registry: a cancel is taken again
+        (`JobStore.reopen_cancel`); `LeaseLost` if the job is no longer ours."""
+        self.retrying(lambda: self.store.reopen_cancel(self.lease))
+
     # -------------------------------------------------------------- reporting
     def elapsed(self) -> float:
         return time.monotonic() - self._started

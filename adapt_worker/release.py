@@ -156,7 +156,11 @@ def published_before(attempt: AnyAttempt) -> Published | None:
     publishing and ending the job (its worker killed, or paused past its lease), and left the version in the registry,
     perhaps promoted. Its manifest holds the evaluation and the gate that attempt decided on; they are recorded again
     and the version is promoted as `publish` would, so the job ends with the model the registry has from it rather
-    than training again and publishing a second one. None when no attempt of the job published."""
+    than training again and publishing a second one. None when no attempt of the job published.
+
+    Once an attempt began publishing, a cancel is refused (`JobStore.cancel`), so none can end this retry before it
+    ends the job with that version; when the registry holds none (that attempt stopped before its copy got there),
+    a cancel is taken again while this attempt trains (`JobContext.reopen_cancel`)."""
     job, registry, name = attempt.job, attempt.config.registry_dir, attempt.spec.name
     if job.attempt <= 1:
         return None
@@ -168,8 +172,9 @@ def published_before(attempt: AnyAttempt) -> Published | None:
         if validation.get("job") == job.id:
             break
     else:
+        attempt.ctx.reopen_cancel()
         return None
-    attempt.ctx.begin_publish()  # a cancel asked for before it ends the job cancelled, the version left as it is
+    attempt.ctx.begin_publish()  # renews the lease and marks this attempt as the one publishing
     attempt.ctx.stage("publishing")
     attempt.ctx.log(f"version {version} of {name} was published by attempt {validation.get('attempt')} of this job, "
                     "which stopped before the job ended: the job ends with it")  # fmt: skip
