@@ -17,7 +17,8 @@ The format comes from the file name's suffix:
 - no suffix (an upload without a file name) — JSONL when the first non-blank line starts with ``{`` or ``"``,
   else text. Any other suffix is refused.
 
-Text is UTF-8 (a byte-order mark is dropped). Documents are stripped and empty ones dropped. Labels are all or
+A file on disk is read one document at a time (`iter_corpus_file`; `read_corpus_file` keeps them all), except a
+``.json`` array, read whole. Text is UTF-8 (a byte-order mark is dropped). Documents are stripped and empty ones dropped. Labels are all or
 nothing: when some records carry a ``label`` and others do not, the reader refuses the file. Every problem raises
 `core.text.CorpusError` with a message that says what to fix.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,7 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_SUFFIXES = (".json",)
 PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED = ".txt, .jsonl, .ndjson, .json, .parquet or a folder of .txt files"
-_BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
-_NEWLINE = re.compile(r"\n")
+_BLANK = re.compile(r"[ \t\f\v]*")  # a blank line of a .txt: it separates documents
 # Where str.splitlines ends a line: JSONL lines are cut one at a time with the same rule.
 _LINE_END = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
@@ -71,12 +71,54 @@ class CorpusFile:
 
 def read_corpus_file(path: str | Path) -> CorpusFile:
     """Read a corpus file or folder (see the module docstring for the formats)."""
+    texts: list[str] = []
+    labels: list[str] = []
+    for text, tag in _path_documents(path):
+        texts.append(text)
+        if tag is not None:
+            labels.append(tag)
+    return CorpusFile(texts, labels or None)
+
+
+def iter_corpus_file(path: str | Path) -> Iterator[str]:
+    """The documents `read_corpus_file` reads, one at a time, the file read as they are asked for: a caller that keeps
+    a sample of a corpus holds only the sample, one document and a read buffer, whatever the file's size. A ``.json``
+    file (one array) is the exception: it is read whole, then its records one at a time."""
+    for text, _tag in _path_documents(path):
+        yield text
+
+
+def _path_documents(path: str | Path) -> Iterator[tuple[str, str | None]]:
+    """The documents of a corpus file or folder, each with its label (None without), streamed from the file."""
     path = Path(path).expanduser()
     if path.is_dir():
-        return _read_folder(path)
+        yield from ((text, None) for text in _folder_documents(path))
+        return
     if not path.is_file():
         raise CorpusError(f"corpus file {str(path)!r} does not exist: give a {SUPPORTED}")
-    return _parse(path.read_bytes(), path.name, where=str(path))
+    with open(path, "rb") as handle:
+        head = handle.read(65536)
+    kind, where = _format(head, path.name), str(path)
+    if kind == "parquet":
+        yield from _documents(_parquet_records(lambda: str(path), where, None), where, unit="row")
+    elif kind == "json":
+        yield from _documents(_json_array_records(_decode(path.read_bytes(), where), where), where, unit="record")
+    elif kind == "text":
+        yield from ((text, None) for text in _text_documents(lambda: _file_lines(path, where, newline=None)))
+    else:
+        lines = (line for physical in _file_lines(path, where, newline="") for line in _lines(physical))
+        yield from _documents(_jsonl_records(lines, where), where, unit="line")
+
+
+def _file_lines(path: Path, where: str, *, newline: str | None) -> Iterator[str]:
+    """A UTF-8 file's lines read one at a time: with ``newline=None`` split at ``\\n`` after ``\\r\\n`` and ``\\r``
+    became ``\\n`` (the lines of ``.txt``, their ends dropped); with ``""`` as written, each with its end."""
+    try:
+        with open(path, encoding="utf-8-sig", newline=newline) as handle:
+            for line in handle:
+                yield line[:-1] if newline is None and line.endswith("\n") else line
+    except UnicodeDecodeError as err:
+        raise CorpusError(f"{where} is not UTF-8 text ({err}); re-encode it as UTF-8") from err
 
 
 def read_corpus_bytes(data: bytes, filename: str | None = None, limits: ReadLimits | None = None) -> CorpusFile:
@@ -94,15 +136,50 @@ def split_text_documents(content: str) -> list[str]:
 def iter_text_documents(content: str) -> Iterator[str]:
     """The documents of `split_text_documents`, cut out one at a time: a reader that stops at a document limit
     never holds the rest."""
-    content = content.replace("\r\n", "\n").replace("\r", "\n").strip()  # blank lines at either end separate nothing
-    separator = _BLANK_LINE if _BLANK_LINE.search(content) else _NEWLINE
+    content = content.replace("\r\n", "\n").replace("\r", "\n")
+    return _text_documents(lambda: _split_at_newlines(content))
+
+
+def _split_at_newlines(content: str) -> Iterator[str]:
+    """``content.split("\\n")`` one line at a time."""
     start = 0
-    for end in separator.finditer(content):
-        if part := content[start : end.start()].strip():
-            yield part
-        start = end.end()
-    if part := content[start:].strip():
+    while (end := content.find("\n", start)) != -1:
+        yield content[start:end]
+        start = end + 1
+    yield content[start:]
+
+
+def _text_documents(lines: Callable[[], Iterable[str]]) -> Iterator[str]:
+    """The ``.txt`` rule over a text's lines (split at ``\\n`` once ``\\r\\n`` and ``\\r`` are ``\\n``), which
+    ``lines()`` gives afresh on each call: a first pass finds whether a blank line — one of nothing but spaces, tabs,
+    form feeds and vertical tabs — stands between two lines of text; the second cuts the documents, at blank lines if
+    so, else at every line. Each document is stripped; empty ones are dropped."""
+    if not _has_blank_line(lines()):
+        yield from (part for line in lines() if (part := line.strip()))
+        return
+    block: list[str] = []
+    for line in lines():
+        if _BLANK.fullmatch(line):
+            if part := "\n".join(block).strip():
+                yield part
+            block = []
+        else:
+            block.append(line)
+    if part := "\n".join(block).strip():
         yield part
+
+
+def _has_blank_line(lines: Iterable[str]) -> bool:
+    """Whether a blank line stands between two lines of text (blank lines at either end separate nothing)."""
+    text_before = blank_after_text = False
+    for line in lines:
+        if not line.isspace() and line:
+            if blank_after_text:
+                return True
+            text_before = True
+        elif text_before and _BLANK.fullmatch(line):
+            blank_after_text = True
+    return False
 
 
 def _format(data: bytes, filename: str) -> str:
@@ -131,7 +208,7 @@ def _parse(data: bytes, filename: str, *, where: str | None, limits: ReadLimits 
         return CorpusFile(_within(iter_text_documents(content), label, limits), None)
     if kind == "json":
         return _from_records(_json_array_records(content, label), label, unit="record", limits=limits)
-    return _from_records(_jsonl_records(content, label), label, unit="line", limits=limits)
+    return _from_records(_jsonl_records(_lines(content), label), label, unit="line", limits=limits)
 
 
 def _decode(data: bytes, label: str) -> str:
@@ -201,8 +278,9 @@ def _skip_space(content: str, pos: int) -> int:
     return space.end() if space else pos
 
 
-def _jsonl_records(content: str, label: str) -> Iterator[tuple[int, Any]]:
-    for number, line in enumerate(_lines(content), start=1):
+def _jsonl_records(lines: Iterable[str], label: str) -> Iterator[tuple[int, Any]]:
+    """The numbered records of a JSONL text's lines (`_lines`: cut where str.splitlines cuts)."""
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -228,6 +306,19 @@ def _from_records(
     document is past ``limits.max_documents``."""
     texts: list[str] = []
     labels: list[str] = []
+    for text, tag in _documents(records, label, unit=unit):
+        texts.append(text)
+        if tag is not None:
+            labels.append(tag)
+        if limits is not None and len(texts) > limits.max_documents:
+            raise _more_than(label, limits)
+    return CorpusFile(texts, labels or None)
+
+
+def _documents(records: Iterable[tuple[int, Any]], label: str, *, unit: str) -> Iterator[tuple[str, str | None]]:
+    """Each numbered record's document (stripped; empty ones dropped) and label, one at a time; a file where some
+    records have a label and others not is refused after its last record."""
+    texts = labels = 0
     for number, record in records:
         if isinstance(record, str):
             text, tag = record, None
@@ -243,58 +334,64 @@ def _from_records(
         for field, value in (("text", text), ("label", str(tag) if tag is not None else "")):
             if (problem := not_unicode(value)) is not None:
                 raise CorpusError(f"the {field} of {unit} {number} of {label} {problem}")
-        texts.append(text.strip())
-        if tag is not None:
-            labels.append(str(tag))
-        if limits is not None and len(texts) > limits.max_documents:
-            raise _more_than(label, limits)
-    if labels and len(labels) != len(texts):
+        texts += 1
+        labels += tag is not None
+        yield text.strip(), None if tag is None else str(tag)
+    if labels and labels != texts:
         kind = "JSONL records" if unit == "line" else "records"
-        raise CorpusError(f"{len(labels)} of {len(texts)} {kind} have a label: give every record a label, or none")
-    return CorpusFile(texts, labels or None)
+        raise CorpusError(f"{labels} of {texts} {kind} have a label: give every record a label, or none")
 
 
 PARQUET_BATCH_ROWS = 256  # rows decoded at a time: at most 256 documents of max_document_chars in memory at once
 
 
 def _parse_parquet(data: bytes, label: str, limits: ReadLimits | None) -> CorpusFile:
+    # every batch measured against the limits before any record is taken
+    records = list(_parquet_records(lambda: io.BytesIO(data), label, limits))
+    return _from_records(records, label, unit="row", limits=limits)
+
+
+def _parquet_records(
+    source: Callable[[], Any], label: str, limits: ReadLimits | None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The numbered rows of a Parquet file (``source()``: its path, or its bytes opened) as records, decoded
+    `PARQUET_BATCH_ROWS` at a time, each batch measured against ``limits`` before its rows are given."""
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
         raise CorpusError(f"{label}: reading .parquet needs pyarrow (`pip install pyarrow`), or send JSONL") from err
     try:
-        names = pq.ParquetFile(io.BytesIO(data)).schema_arrow.names
+        names = pq.ParquetFile(source()).schema_arrow.names
         if "text" not in names:
             raise CorpusError(f"{label}: no 'text' column (found {names}); name the text column 'text'")
         columns = ["text", "label"] if "label" in names else ["text"]
         # dictionary-encoded columns stay encoded: a value repeated on every row is decoded once, and measured once
-        parquet = pq.ParquetFile(io.BytesIO(data), read_dictionary=columns)
+        parquet = pq.ParquetFile(source(), read_dictionary=columns)
     except CorpusError:
         raise
     except Exception as err:  # pyarrow raises several types for a damaged file
         raise CorpusError(f"{label} is not a readable Parquet file ({err})") from err
     if limits is not None:
         _check_parquet_metadata(parquet, columns, label, limits)
-    texts: list[str | None] = []
-    tags: list[str | None] | None = [] if "label" in columns else None
-    decoded = 0
-    try:
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns, use_threads=False):
+    rows = decoded = 0
+    batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns, use_threads=False)
+    while True:
+        try:
+            batch = next(batches, None)
+            if batch is None:
+                return
             if limits is not None:
-                decoded += _check_parquet_batch(batch, len(texts), decoded, label, limits)
-            texts.extend(_strings(batch.column("text")))
-            if tags is not None:
-                tags.extend(_strings(batch.column("label")))
-    except CorpusError:
-        raise
-    except Exception as err:
-        raise CorpusError(f"{label} is not a readable Parquet file ({err})") from err
-    records = (
-        (i, {"text": t, **({"label": tags[i - 1]} if tags is not None and tags[i - 1] is not None else {})})
-        for i, t in enumerate(texts, start=1)
-        if t is not None
-    )
-    return _from_records(records, label, unit="row", limits=limits)
+                decoded += _check_parquet_batch(batch, rows, decoded, label, limits)
+            texts = _strings(batch.column("text"))
+            tags = _strings(batch.column("label")) if "label" in columns else [None] * len(texts)
+        except CorpusError:
+            raise
+        except Exception as err:
+            raise CorpusError(f"{label} is not a readable Parquet file ({err})") from err
+        for text, tag in zip(texts, tags, strict=True):
+            rows += 1
+            if text is not None:
+                yield rows, {"text": text, **({"label": tag} if tag is not None else {})}
 
 
 def _strings(column: Any) -> list[Any]:
@@ -393,9 +490,11 @@ def _too_large(label: str, size: int, limits: ReadLimits, verb: str) -> CorpusEr
     )
 
 
-def _read_folder(folder: Path) -> CorpusFile:
+def _folder_documents(folder: Path) -> Iterator[str]:
+    """Every ``.txt`` file under ``folder`` (sorted, recursively) as one document, read one at a time."""
     files = sorted(folder.rglob("*.txt"))
     if not files:
         raise CorpusError(f"corpus folder {folder} holds no .txt files: put one document per .txt file in it")
-    texts = [text for file in files if (text := _decode(file.read_bytes(), str(file)).strip())]
-    return CorpusFile(texts, None)
+    for file in files:
+        if text := _decode(file.read_bytes(), str(file)).strip():
+            yield text

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core import corpora
-from core.corpus_files import read_corpus_file
+from core.corpus_files import iter_corpus_file
 from core.text import CorpusError, hold_out, split_sentences
 from evaluation.domain_checks import PIECES, short_piece
 
@@ -83,28 +83,44 @@ def corpus_names(spec: str | Path | Sequence[str]) -> list[str]:
 def load_corpus(spec: str | Path | Sequence[str], *, max_documents: int | None = None, seed: int = 0) -> list[str]:
     """Documents of a corpus: a built-in name (or several joined by ``+``), a file or folder path, or texts.
 
-    With ``max_documents`` a seeded random subset is kept (in corpus order).
+    With ``max_documents`` a seeded random subset is kept (in corpus order): `sample_indices` of the corpus's size. A
+    file or folder is then read twice, one document at a time (`core.corpus_files.iter_corpus_file`): once to count
+    its documents, once to keep the sampled ones, so memory holds the sample, not the file (a ``.json`` array is
+    the exception: it is read whole).
     """
     names = _builtin_names(spec)
     if names:
         documents = [doc for name in names for doc in BUILTIN_CORPORA[name]()]
     elif isinstance(spec, str | Path):
         path = Path(spec).expanduser()
-        if path.exists():
-            documents = read_corpus_file(path).texts
-        else:
+        if not path.exists():
             raise CorpusError(
                 f"corpus {str(spec)!r} is neither a built-in corpus {sorted(BUILTIN_CORPORA)} nor an existing path"
             )
+        if max_documents is None:
+            documents = list(iter_corpus_file(path))
+        else:
+            count = sum(1 for d in iter_corpus_file(path) if d.strip())
+            keep = sample_indices(count, max_documents, seed)
+            documents = [d for i, d in enumerate(d for d in iter_corpus_file(path) if d.strip()) if i in keep]
     else:
         documents = [str(t) for t in spec]
     documents = [d for d in documents if d.strip()]
     if not documents:
         raise CorpusError(f"corpus {spec if isinstance(spec, str | Path) else '(texts)'} has no non-empty documents")
     if max_documents is not None and len(documents) > max_documents:
-        keep = sorted(random.Random(seed).sample(range(len(documents)), max_documents))
-        documents = [documents[i] for i in keep]
+        keep = sample_indices(len(documents), max_documents, seed)
+        documents = [documents[i] for i in sorted(keep)]
     return documents
+
+
+def sample_indices(count: int, max_documents: int, seed: int) -> set[int]:
+    """The positions of the documents ``max_documents`` keeps of ``count`` (all of them when they fit): a seeded
+    draw that depends on the count alone, so a corpus read twice one document at a time keeps what a list of it
+    would."""
+    if count <= max_documents:
+        return set(range(count))
+    return set(random.Random(seed).sample(range(count), max_documents))
 
 
 @dataclass(frozen=True)

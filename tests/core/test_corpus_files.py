@@ -11,6 +11,7 @@ import pytest
 from core.corpus_files import (
     CorpusFile,
     ReadLimits,
+    iter_corpus_file,
     iter_text_documents,
     read_corpus_bytes,
     read_corpus_file,
@@ -251,3 +252,23 @@ def test_a_json_array_read_record_by_record_reads_as_json_loads_does() -> None:
             read_corpus_bytes(bad, "c.json")
     with pytest.raises(CorpusError, match=r"must hold one JSON array"):
         read_corpus_bytes(b'{"text": "a"}', "c.json")
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("a.txt", "\ufeff \n\xa0\nfirst\r\n \t\f\v\r\nsecond\rstill second\n\n\n\xa0 third \x85 \n \n"),
+        ("b.txt", " \n\n one\r\ntwo\u2028x\n\v\n"),  # blank lines at the ends only: one document per line
+        ("c.jsonl", '{"text": "a", "label": 0}\r\n{"text": "b\\u2028c", "label": 1}\x85\n\r'
+                    '{"text": " d ", "label": "x"}\u2029'),
+        ("d", '{"text": "no suffix"}\n"read as JSONL"\n'),
+    ],
+)
+def test_a_file_read_one_document_at_a_time_is_the_file_read_whole(tmp_path: Path, name: str, content: str) -> None:
+    """`iter_corpus_file` streams the file (training samples a corpus of any size with it) and gives what reading
+    its bytes gives, line ends of every kind included."""
+    path = tmp_path / name
+    path.write_bytes(content.encode("utf-8"))
+    whole = read_corpus_bytes(content.encode("utf-8"), name)
+    assert list(iter_corpus_file(path)) == read_corpus_file(path).texts == whole.texts
+    assert read_corpus_file(path).labels == whole.labels
