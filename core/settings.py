@@ -7,6 +7,7 @@ No other module reads ``os.environ``.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -49,3 +50,14 @@ def split_csv(value: object) -> object:
 
 def get_settings() -> Settings:
     return Settings()
+
+
+def add_registry_flag(parser: argparse.ArgumentParser) -> None:
+    """The ``--registry`` flag of the commands that read or write the registry: None unless given (the caller then
+    reads ``EMBED_REGISTRY_DIR`` through `get_settings`)."""
+    parser.add_argument(
+        "--registry",
+        type=Path,
+        default=None,
+        help=f"registry root (default: EMBED_REGISTRY_DIR, else {DEFAULT_REGISTRY_DIR})",
+    )

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core import registry
-from core.settings import DEFAULT_REGISTRY_DIR, get_settings
+from core.settings import add_registry_flag, get_settings
 
 PROG = "embedder registry"
 
@@ -18,12 +18,7 @@ PROG = "embedder registry"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--registry",
-        type=Path,
-        default=None,
-        help=f"registry root (default: EMBED_REGISTRY_DIR, else {DEFAULT_REGISTRY_DIR})",
-    )
+    add_registry_flag(common)
     common.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of text")
     sub = parser.add_subparsers(dest="action", required=True)
     p_list = sub.add_parser(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from core.model_folder import POOLING_MODES
-from core.settings import DEFAULT_REGISTRY_DIR, get_settings
+from core.settings import add_registry_flag, get_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,12 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         "for ~20 s more export). int8: "
         "the same, but fail if no preset keeps the bars. none: fp32 only",
     )
-    parser.add_argument(
-        "--registry",
-        type=Path,
-        default=None,
-        help=f"registry root (default: EMBED_REGISTRY_DIR, else {DEFAULT_REGISTRY_DIR})",
-    )
+    add_registry_flag(parser)
     parser.add_argument("--promote", action="store_true", help="make this version the one served (<name>/current)")
     parser.add_argument(
         "--pooling", choices=POOLING_MODES, default=None,

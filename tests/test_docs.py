@@ -78,8 +78,8 @@ def flags_of(command: str) -> frozenset[str]:
     if command.startswith("embedder "):
         from embedder.cli import COMMANDS
 
-        module = COMMANDS[command.split()[1]][0].partition(":")[0]
-        return frozenset(declared_flags(ROOT / (module.replace(".", "/") + ".py")))
+        module = ROOT / (COMMANDS[command.split()[1]][0].partition(":")[0].replace(".", "/") + ".py")
+        return frozenset(declared_flags(module, *_project_imports(module)))  # a shared flag (`add_registry_flag`)
     script = ROOT / command
     helpers = {p.stem: p for p in script.parent.glob("*.py")}  # the scripts' own helpers, imported by name
     imported: set[str] = set()
@@ -89,6 +89,17 @@ def flags_of(command: str) -> frozenset[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module)
     return frozenset(declared_flags(script, *(helpers[name] for name in imported if name in helpers)))
+
+
+def _project_imports(path: Path) -> list[Path]:
+    """The project's modules ``path`` imports names from (``from core.settings import …``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            candidate = ROOT / (node.module.replace(".", "/") + ".py")
+            if candidate.is_file():
+                found.append(candidate)
+    return found
 
 
 def test_every_flag_the_docs_show_is_declared_by_its_command() -> None:
