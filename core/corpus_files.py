@@ -18,9 +18,9 @@ The format comes from the file name's suffix:
   else text. Any other suffix is refused.
 
 A file on disk is read one document at a time (`iter_corpus_file`; `read_corpus_file` keeps them all), except a
-``.json`` array, read whole. Text is UTF-8 (a byte-order mark is dropped). Documents are stripped and empty ones dropped. Labels are all or
-nothing: when some records carry a ``label`` and others do not, the reader refuses the file. Every problem raises
-`core.text.CorpusError` with a message that says what to fix.
+``.json`` array, read whole. Text is UTF-8 (a byte-order mark is dropped). Documents are stripped and empty ones
+dropped. Labels are all or nothing: when some records carry a ``label`` and others do not, the reader refuses the
+file. Every problem raises `core.text.CorpusError` with a message that says what to fix.
 """
 
 from __future__ import annotations
