@@ -148,6 +148,13 @@ class StoreUpkeep(StoreCore):
         elif interrupted < row.max_attempts:
             state, values = QUEUED, {}
             data["retry"] = f"attempt {row.attempt} of at most {row.max_attempts} was interrupted: queued again"
+        elif row.publishing_attempt == row.attempt and interrupted == row.max_attempts:
+            # The last attempt began publishing: its version may be in the registry, maybe served. Failing the job
+            # would leave a record that says no model came of it; one more attempt ends the job with that version
+            # (`adapt_worker.release.published_before`), or, finding none, trains as any retry.
+            state, values = QUEUED, {}
+            data["retry"] = (f"attempt {row.attempt}, the last of {row.max_attempts}, was interrupted after it began "
+                             "publishing: queued once more to end the job with the version it published")  # fmt: skip
         else:
             state = FAILED
             error = {

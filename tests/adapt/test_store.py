@@ -419,3 +419,26 @@ def test_a_store_written_before_leases_is_upgraded_in_place(tmp_path: Path) -> N
     claimed = store.claim_next("w", max_running=1, lease_s=LEASE)  # the old queued job runs under the new rules
     assert claimed.id == "adaptjob-queued" and claimed.attempt == 1
     assert [e.id for e in store.events("adaptjob-queued")] == [1, 2]
+
+
+def test_a_last_attempt_interrupted_while_publishing_is_queued_once_more(store_url: str) -> None:
+    """Its version may be in the registry, maybe served: a ``failed`` record would say no model came of the job. One
+    more attempt (which ends the job with that version); interrupted again, the job fails."""
+    store = JobStore(store_url)
+    job = _create(store, max_attempts=1)
+    lease = store.claim_next("w1", max_running=1, lease_s=0.3).lease
+    assert store.begin_publish(lease, 0.3)
+    time.sleep(0.5)
+    (ended,) = store.rescue_expired()
+    assert (ended.job_id, ended.state) == (job.id, QUEUED)
+    retry = [e.data["retry"] for e in store.events(job.id) if e.type == "state" and "retry" in e.data]
+    assert retry == ["attempt 1, the last of 1, was interrupted after it began publishing: queued once more to end "
+                     "the job with the version it published"]  # fmt: skip
+    second = store.claim_next("w2", max_running=1, lease_s=0.2)
+    assert second.attempt == 2
+    time.sleep(0.4)
+    assert [e.state for e in store.rescue_expired()] == [FAILED]  # once more, not for ever
+    unpublished = _create(store, max_attempts=1)
+    store.claim_next("w3", max_running=1, lease_s=0.2)
+    time.sleep(0.4)
+    assert [(e.job_id, e.state) for e in store.rescue_expired()] == [(unpublished.id, FAILED)]
