@@ -82,7 +82,8 @@ class AdaptSettings(JobKnobDefaults):
         le=10,
         description="Attempts of a job whose worker died (lease lapsed): it is retried from scratch until this many "
         "attempts were interrupted, then fails with reason 'interrupted'. A job handed back by a stopping worker "
-        "(drain) does not use an attempt.",
+        "(drain) does not use an attempt; one whose last attempt had begun publishing gets one more, to end with the "
+        "version it published.",
     )
     lease_seconds: float = Field(
         default=30.0,
