@@ -41,7 +41,7 @@ from service.errors import (
     validation_message,
     validation_param,
 )
-from service.guard import COUNTED_ROUTES, GuardMiddleware, Scope, route_template
+from service.guard import COUNTED_ROUTES, BodyRefused, GuardMiddleware, Scope, route_template
 from service.metrics import NO_MODEL, MetricsListener, ServiceMetrics
 from service.observability import REQUEST, build_tracer, failed, loggable_path
 from service.settings import ServiceSettings
@@ -187,6 +187,10 @@ def create_app(
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
         if err.status_code == 400 and isinstance(err.__cause__, ClientDisconnect):  # FastAPI's, for a body cut off
             return await _client_gone(request, err.__cause__)
+        if err.status_code == 400 and isinstance(err.__cause__, BodyRefused):
+            # The guard refused the body as it streamed in: it answers and counts that refusal in place of this 400,
+            # which no client sees and which is not counted beside it.
+            return error_response(err.__cause__.kind, err.__cause__.message)
         if err.status_code == 400:
             # The framework's own 400 is a body it could not decode (bytes that are not UTF-8, a broken multipart
             # form): malformed like broken JSON, which is a 422 (`invalid_request`), so both get the same answer.

@@ -51,7 +51,7 @@ COUNTED_ROUTES = frozenset({*EMBEDDING_ROUTES, TOKENIZE_ROUTE})
 _UPLOAD_PATHS = frozenset({"/adapt"})  # POST bodies that carry a corpus: capped by adapt_max_upload_bytes
 
 
-class _BodyRefused(Exception):
+class BodyRefused(Exception):
     """The body broke a bound while it streamed in (too large, or too slow)."""
 
     def __init__(self, kind: ErrorKind, message: str) -> None:
@@ -237,7 +237,7 @@ class GuardMiddleware:
             svc.metrics.admission_wait.labels(route).observe(admitted.waited)
         received = 0
         body_done = False
-        refused: _BodyRefused | None = None
+        refused: BodyRefused | None = None
         body_started = time.perf_counter()
 
         async def guarded_receive() -> Message:
@@ -272,7 +272,7 @@ class GuardMiddleware:
                 await serve_directly(direct, self.app, scope, guarded_receive, guarded_send)
             else:
                 await self.app(scope, guarded_receive, guarded_send)
-        except _BodyRefused as err:
+        except BodyRefused as err:
             await self._refuse(route, svc, scope, receive, send, err)
         finally:
             self.state.in_flight -= 1
@@ -280,7 +280,7 @@ class GuardMiddleware:
                 context.ticket.done()
 
     async def _refuse(self, route: str | None, svc: RouteMetrics, scope: Scope, receive: Receive, send: Send,
-                      err: _BodyRefused) -> None:  # fmt: skip
+                      err: BodyRefused) -> None:  # fmt: skip
         if route:
             svc.count_failure(route, NO_MODEL, err.kind, scope["state"][REQUEST].started)
         else:
@@ -295,17 +295,17 @@ def route_template(scope: Scope, metrics: ServiceMetrics) -> str:
     return getattr(scope.get("route"), "path", None) or metrics.route_of(scope["path"])
 
 
-def _encoded(encoding: bytes) -> _BodyRefused:
-    return _BodyRefused(
+def _encoded(encoding: bytes) -> BodyRefused:
+    return BodyRefused(
         ErrorKind.unsupported_encoding,
         f"Content-Encoding {encoding.decode('latin-1')!r} is not accepted (the body's bounds hold for what is sent, "
         "not what it would inflate to): send the body uncompressed",
     )
 
 
-def _not_json(media_type: bytes) -> _BodyRefused:
+def _not_json(media_type: bytes) -> BodyRefused:
     sent = f"Content-Type {media_type.decode('latin-1')!r}" if media_type else "no Content-Type"
-    return _BodyRefused(
+    return BodyRefused(
         ErrorKind.unsupported_media_type,
         f"the body must be JSON and the request says {sent}: send 'Content-Type: application/json' (curl: "
         "-H 'Content-Type: application/json', or --json)",
@@ -323,7 +323,7 @@ def host_name(host: bytes) -> str:
     return text.rpartition(":")[0] if text.count(":") == 1 else text
 
 
-def _foreign_host(headers: dict[bytes, bytes], names: frozenset[str] | None) -> _BodyRefused | None:
+def _foreign_host(headers: dict[bytes, bytes], names: frozenset[str] | None) -> BodyRefused | None:
     """400 for a Host header that names none of ``names`` (`ServiceSettings.host_names`; None: any name)."""
     host = headers.get(b"host")
     if names is None or host is None:
@@ -331,14 +331,14 @@ def _foreign_host(headers: dict[bytes, bytes], names: frozenset[str] | None) -> 
     name = host_name(host)
     if name in names or (name.endswith(".localhost") and "localhost" in names):
         return None
-    return _BodyRefused(
+    return BodyRefused(
         ErrorKind.host_not_allowed,
         f"this server does not answer to the host name {name!r}; call it by one of {', '.join(sorted(names))}, or "
         "list the name in allowed_hosts (EMBED_ALLOWED_HOSTS)",
     )
 
 
-def _foreign_origin(method: str, headers: dict[bytes, bytes], origins: frozenset[str]) -> _BodyRefused | None:
+def _foreign_origin(method: str, headers: dict[bytes, bytes], origins: frozenset[str]) -> BodyRefused | None:
     """403 for a request other than GET/HEAD/OPTIONS sent by a web page of another origin than this server's that
     ``cors_allow_origins`` does not list. A browser sends such a request — a form post, or a fetch with a plain
     text or multipart body — without asking first, and a keyless server on loopback would act on it: this is what
@@ -353,21 +353,21 @@ def _foreign_origin(method: str, headers: dict[bytes, bytes], origins: frozenset
     _, scheme_sep, authority = text.lower().partition("://")
     if scheme_sep and authority == headers.get(b"host", b"").decode("latin-1").strip().lower():
         return None  # the server's own origin: a page it served, or a same-origin proxy
-    return _BodyRefused(
+    return BodyRefused(
         ErrorKind.cross_origin,
         f"a web page of origin {text!r} may not send {method} requests to this server; list the origin in "
         "cors_allow_origins (EMBED_CORS_ALLOW_ORIGINS) to let it",
     )
 
 
-def _too_large(limit: int, setting: str) -> _BodyRefused:
-    return _BodyRefused(
+def _too_large(limit: int, setting: str) -> BodyRefused:
+    return BodyRefused(
         ErrorKind.payload_too_large, f"request body exceeds {setting}={limit}; send fewer or shorter texts"
     )
 
 
-def _too_slow(received: int, timeout: float, min_rate: int) -> _BodyRefused:
-    return _BodyRefused(
+def _too_slow(received: int, timeout: float, min_rate: int) -> BodyRefused:
+    return BodyRefused(
         ErrorKind.body_timeout,
         f"the request body did not arrive in time ({received} bytes received; the bound is body_timeout_seconds="
         f"{timeout:g} plus 1 s per body_min_bytes_per_second={min_rate} bytes): send it without pauses",

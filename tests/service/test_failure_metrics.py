@@ -150,3 +150,23 @@ def test_a_client_that_leaves_while_sending_its_body_is_counted_as_gone(make_app
                        ("/adapt", "-", "client_closed"): 1}  # fmt: skip
     log = stream.getvalue()
     assert log.count(" 499 ") == len(sent) and "ERROR" not in log, log
+
+
+def test_a_body_refused_as_it_streams_in_is_counted_once_under_its_own_kind(make_app):
+    """/tokenize reads its body through the framework, which turns the guard's refusal into its own 400: that 400 is
+    never sent (the guard answers 413), so it must not be counted beside the 413."""
+    app = make_app(max_body_bytes=1024)
+
+    def body():  # no Content-Length: the bound is found only as the body streams in
+        yield b'{"input": "'
+        for _ in range(40):
+            yield b"x" * 100
+        yield b'"}'
+
+    with TestClient(app) as client:
+        before = _failures(client.get("/metrics").text)
+        answer = client.post("/tokenize", content=body(), headers={"content-type": "application/json"})
+        after = _failures(client.get("/metrics").text)
+    assert answer.status_code == 413
+    added = {labels: after[labels] - before.get(labels, 0) for labels in after if after[labels] != before.get(labels)}
+    assert added == {("/tokenize", "-", "payload_too_large"): 1}
