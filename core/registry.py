@@ -188,9 +188,11 @@ def promote(root: Path, name: str, version: str) -> bool:
     current already (another process published and promoted it meanwhile: it stays). Returns whether ``version`` is
     current now. What publishes call; an operator's rollback to an older version is `make_current`."""
     folder = Path(root) / validate_name(name)
-    if not (folder / version / MANIFEST).is_file():
+    if not folder.is_dir():
         raise RegistryError(f"cannot promote {name} version {version}: no bundle at {folder / version}")
-    with _locked(folder):
+    with _locked(folder):  # checked under the lock: a prune may remove an older version until it is held
+        if not (folder / version / MANIFEST).is_file():
+            raise RegistryError(f"cannot promote {name} version {version}: no bundle at {folder / version}")
         current = current_version(root, name)
         if current is not None and current.isdigit() and version.isdigit() and int(current) > int(version):
             return False

@@ -5,6 +5,7 @@ half there)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -256,3 +257,27 @@ def test_a_rollback_racing_a_prune_ends_on_a_whole_current_version(root: Path) -
     assert current is not None and registry.bundle_problem(root / "acme" / current) is None
     assert set(registry.list_versions(root, "acme")) == {"8", current}
     assert sorted(set(removed) | {"8", current}, key=int) == [str(v) for v in range(1, 9)]
+
+
+def test_a_promote_whose_version_is_pruned_before_it_holds_the_lock_leaves_current_alone(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried /adapt job promotes a version its earlier attempt published long ago, while another job's
+    keep_versions prune may remove it: whether it is there is decided under the lock, or ``current`` would point at a
+    removed version and the name would stop being served."""
+    old = publish(root, "acme", promote=False, age_s=3600)
+    newer = publish(root, "acme", promote=False)  # neither promoted: the gate failed, say
+    real_locked = registry._locked
+
+    @contextlib.contextmanager
+    def pruned_first(folder: Path):  # another process prunes ``old`` just before this one takes the lock
+        monkeypatch.setattr(registry, "_locked", real_locked)
+        registry.prune(root, "acme", 1, grace_seconds=0)
+        with real_locked(folder):
+            yield
+
+    monkeypatch.setattr(registry, "_locked", pruned_first)
+    with pytest.raises(registry.RegistryError, match="no bundle"):
+        registry.promote(root, "acme", old)
+    assert not (root / "acme" / registry.CURRENT).is_symlink()
+    assert registry.list_versions(root, "acme") == [newer]
