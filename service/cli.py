@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -275,13 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"embedder serve: {refusal}", file=sys.stderr)
         return 2
     try:
-        listener = bind_listener(settings.host, settings.port)
+        listeners = bind_listeners(settings.host, settings.port)
     except OSError as err:
         print(f"embedder serve: cannot listen on {settings.host} port {settings.port}: {err.strerror or err}"
               + (" (another server is using it: stop it, or pass --port)" if err.errno == errno.EADDRINUSE else ""),
               file=sys.stderr)  # fmt: skip
         return 2
-    with listener:
+    with contextlib.ExitStack() as closing:
+        for listener in listeners:
+            closing.enter_context(listener)
         configure_logging(settings.log_level, settings.log_format)
         try:
             settings, folders = model_folders(settings)
@@ -294,33 +297,41 @@ def main(argv: list[str] | None = None) -> int:
             return 128 + signal.SIGINT
         from service.app import create_app
 
-        return run_server(create_app(settings), settings, listener)
+        return run_server(create_app(settings), settings, listeners)
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host``:``port`` (not yet listening: a connection is refused until the server runs),
-    as uvicorn would bind it; ``OSError`` when the address is taken or not this machine's."""
+def bind_listeners(host: str, port: int) -> list[socket.socket]:
+    """TCP sockets bound to ``host``:``port`` (not yet listening: a connection is refused until the server runs),
+    one per address the host has, as uvicorn (asyncio) would bind them: ``localhost`` is often ::1 and 127.0.0.1, and
+    a client may call either. With ``port`` 0 every address gets the port the first one drew. ``OSError`` when an
+    address is taken or not this machine's."""
     host = host.strip("[]")  # "[::1]", as a URL writes it
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
+        for family, kind, proto, _, address in dict.fromkeys(infos):  # each address once, in the resolver's order
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio: "::" does not also take the IPv4 addresses
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
     except OSError:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         raise
-    return sock
+    return sockets
 
 
-def run_server(app: Any, settings: ServiceSettings, listener: socket.socket | None = None) -> int:
-    """Serve ``app`` (`service.app.create_app`'s) with uvicorn on ``listener`` (`bind_listener`'s), or on the
+def run_server(app: Any, settings: ServiceSettings, listeners: list[socket.socket] | None = None) -> int:
+    """Serve ``app`` (`service.app.create_app`'s) with uvicorn on ``listeners`` (`bind_listeners`'), or on the
     settings' host and port, until a signal drains it; 0 once it ran, 1 if it never started."""
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
     )  # fmt: skip
     server = DrainingServer(config, app.state, settings.shutdown_grace_seconds)
-    server.run(sockets=None if listener is None else [listener])
+    server.run(sockets=listeners)
     return 0 if server.started else 1

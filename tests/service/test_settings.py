@@ -344,16 +344,38 @@ def test_the_bound_listener_is_the_one_uvicorn_serves_on(tmp_path):
     """`bind_listener`'s socket is not listening until the server runs: a client is refused, not left hanging."""
     import socket
 
-    from service.cli import bind_listener
+    from service.cli import bind_listeners
 
     for host in ("127.0.0.1", "localhost", "[::1]"):
         try:
-            listener = bind_listener(host, 0)
+            listeners = bind_listeners(host, 0)
         except OSError:  # a machine without IPv6 loopback
             assert host == "[::1]"
             continue
-        with listener, pytest.raises(ConnectionRefusedError):
-            socket.create_connection(listener.getsockname()[:2], timeout=2).close()
+        for listener in listeners:
+            with listener, pytest.raises(ConnectionRefusedError):
+                socket.create_connection(listener.getsockname()[:2], timeout=2).close()
+
+
+def test_a_host_name_of_several_addresses_is_bound_on_each_on_one_port(monkeypatch):
+    """As uvicorn binds a name: ``localhost`` is ::1 and 127.0.0.1 on most machines, and a client may call either."""
+    import socket
+
+    from service import cli
+
+    def two_addresses(host, port, *args, **kwargs):
+        assert host == "twice.example"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)) for address in ("127.0.0.1", "127.0.0.2")]
+
+    monkeypatch.setattr(cli.socket, "getaddrinfo", two_addresses)
+    listeners = cli.bind_listeners("twice.example", 0)
+    try:
+        bound = [listener.getsockname() for listener in listeners]
+    finally:
+        for listener in listeners:
+            listener.close()
+    assert [address for address, _ in bound] == ["127.0.0.1", "127.0.0.2"]
+    assert bound[0][1] != 0 and bound[0][1] == bound[1][1]
 
 
 @pytest.mark.parametrize("whom", ["group", "server"], ids=["terminal-ctrl-c", "sigint-to-the-server"])
