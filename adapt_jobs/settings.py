@@ -96,10 +96,10 @@ class AdaptSettings(JobKnobDefaults):
         default=0.5,
         gt=0.0,
         le=60.0,
-        description="How often idle workers look for queued jobs and, on SQLite, how often one read of the event "
-        "counters of every job streamed from a process wakes its event streams. On PostgreSQL both are woken at once "
-        "by LISTEN/NOTIFY: this stays the workers' fallback, while a stream reads its job's events otherwise only at "
-        "its 15 s keep-alive. Shorter starts jobs sooner at the cost of more store queries.",
+        description="How often idle workers look for queued jobs, and how often one read of the event counters of "
+        "every job streamed from a process wakes its event streams. On PostgreSQL both are also woken at once by "
+        "LISTEN/NOTIFY, and this interval is the fallback (a connection pooler in transaction mode drops LISTEN). "
+        "Shorter starts jobs sooner at the cost of more store queries.",
     )
 
     # --- corpus limits -------------------------------------------------------------------------------

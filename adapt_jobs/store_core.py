@@ -89,12 +89,23 @@ class StoreCore:
         return self._arm(CLAIMABLE_CHANNEL, "", wake)
 
     def wake_on_event(self, job_id: str, wake: Callable[[], None], after_seq: int | None = None) -> Callable[[], None]:
-        """Call ``wake`` once when an event of ``job_id`` is committed; returns the function that disarms it.
-        PostgreSQL: its notification. SQLite, given ``after_seq`` (the last event id the caller read): the first poll
-        of `EventPoller` that finds a later event — one query per poll for every stream of the process."""
-        if not self.postgresql and after_seq is not None:
-            return self._poller.arm(job_id, after_seq, wake)
-        return self._arm(EVENTS_CHANNEL, job_id, wake)
+        """Call ``wake`` when an event of ``job_id`` is committed; returns the function that disarms it. PostgreSQL:
+        its notification. Given ``after_seq`` (the last event id the caller read), also the first poll of
+        `EventPoller` that finds a later event — one query per poll for every stream of the process: SQLite's only
+        wake-up, and PostgreSQL's when notifications do not arrive (a pooler in transaction mode drops LISTEN).
+        ``wake`` may be called by both: it must be idempotent."""
+        if after_seq is None:
+            return self._arm(EVENTS_CHANNEL, job_id, wake)
+        polled = self._poller.arm(job_id, after_seq, wake)
+        if not self.postgresql:
+            return polled
+        notified = self._arm(EVENTS_CHANNEL, job_id, wake)
+
+        def disarm() -> None:
+            polled()
+            notified()
+
+        return disarm
 
     def _event_seqs(self, job_ids: list[str]) -> dict[str, int]:
         """The event counters of ``job_ids`` (a job that no longer exists is left out)."""

@@ -6,8 +6,9 @@ once it committed: ``adapt_claimable`` when a job is queued, goes back to the qu
 a job waits for succeeds), ``adapt_events`` with the job's id when an event is added. One listener thread per process
 holds its own connection, LISTENs on both, and reconnects after losing it (then wakes every waiter, since it may
 have missed something). Polling stays: a waiter still wakes after its poll interval, which is all a SQLite store, or
-a PostgreSQL store whose listener is down, gets. On SQLite an event stream is woken by `EventPoller`: one read of the
-event counters of every job streamed from this process per poll, whatever the number of streams.
+a PostgreSQL store whose listener is down, gets. An event stream is also woken by `EventPoller`: one read of the
+event counters of every job streamed from this process per poll, whatever the number of streams — SQLite's only
+wake-up, and PostgreSQL's where notifications never arrive (a connection pooler in transaction mode drops LISTEN).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class Listener:
 
 
 class EventPoller:
-    """The wake-ups of event streams where the store sends no notifications (SQLite): one thread per process reads
+    """Event streams woken by polling (SQLite's only wake-up; PostgreSQL's fallback): one thread per process reads
     the event counter of every job a stream waits on, in one query per poll, and wakes each stream whose job has
     events past the last one it read. However many streams wait, the store is read once per poll, not once per
     stream per poll. ``read_seqs`` maps job ids to their event counters (a missing job counts as changed); it may

@@ -251,7 +251,7 @@ async def stream_events(
     loop = asyncio.get_running_loop()
     while True:
         # Armed before the read, so an event committed meanwhile is not missed: woken by the store's notification
-        # (PostgreSQL) or by the poll of the event counters every stream of this process shares (SQLite).
+        # (PostgreSQL) or by the poll of the event counters every stream of this process shares (either store).
         wake = asyncio.Event()
         disarm = store.wake_on_event(job_id, lambda wake=wake: loop.call_soon_threadsafe(wake.set), after_seq=after_id)
         try:

@@ -109,3 +109,19 @@ def test_sqlite_arms_nothing(tmp_path: Path) -> None:
     store.wake_when_claimable(woken.set)()
     _create(store)
     assert store._listener is None and not woken.is_set()
+
+
+def test_a_stream_is_woken_by_the_poll_where_notifications_never_arrive(postgres) -> None:
+    """A connection pooler in transaction mode accepts LISTEN and never delivers: a stream must still hear its job's
+    events within a poll, not only at its keep-alive."""
+    url = postgres.new_database()
+    store, other = JobStore(url, poll_s=0.05), JobStore(url)
+    store._arm = lambda channel, key, wake: (lambda: None)  # LISTEN taken, nothing ever delivered
+    job = _create(other)
+    heard = threading.Event()
+    disarm = store.wake_on_event(job.id, heard.set, after_seq=store.events(job.id)[-1].id)
+    assert not heard.wait(0.3)  # nothing new yet
+    other.request_cancel(job.id)
+    assert heard.wait(2.0)
+    disarm()
+    store.close()
