@@ -237,27 +237,24 @@ def ensure_bundles(settings: ServiceSettings, folders: Mapping[str, Path] = {}) 
     return models_to_serve(settings, registry.served_models(root))
 
 
-EXPORT_STOP_SECONDS = (5.0, 60.0)  # on Ctrl-C: the export's own exit, then its exit after SIGTERM, before a kill
+EXPORT_STOP_SECONDS = 60.0  # on Ctrl-C: how long the export may take to remove its staging folder before a kill
 
 
 def run_export(command: list[str], env: Mapping[str, str]) -> int:
-    """Run the export subprocess; its exit code. On Ctrl-C (``KeyboardInterrupt``, re-raised) the export is given
-    time to remove its staging folder first: a terminal's Ctrl-C reached it too, a SIGINT sent to this process alone
-    did not, so it is asked with SIGTERM (which it also stops cleanly on) before it is killed."""
-    process = subprocess.Popen(command, env=env)
+    """Run the export subprocess; its exit code. It runs in a session of its own, so a terminal's Ctrl-C reaches
+    this process alone, which then hands it on (``KeyboardInterrupt``, re-raised once the export stopped): the export
+    removes its staging folder and publishes nothing, with time to do so before it is killed. One signal either way,
+    whoever sent it to whom."""
+    process = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         return process.wait()
     except KeyboardInterrupt:
-        own_exit, after_sigterm = EXPORT_STOP_SECONDS
+        process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=own_exit)
+            process.wait(timeout=EXPORT_STOP_SECONDS)
         except subprocess.TimeoutExpired:
-            process.terminate()
-            try:
-                process.wait(timeout=after_sigterm)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            process.kill()
+            process.wait()
         raise
 
 

@@ -380,8 +380,9 @@ def test_a_host_name_of_several_addresses_is_bound_on_each_on_one_port(monkeypat
 
 @pytest.mark.parametrize("whom", ["group", "server"], ids=["terminal-ctrl-c", "sigint-to-the-server"])
 def test_ctrl_c_while_the_first_bundle_is_made_stops_cleanly_and_leaves_nothing(tiny_bert_path, tmp_path, whom):
-    """A terminal's Ctrl-C reaches the server and its export subprocess; a SIGINT sent to the server alone reaches
-    only it. Either way: no traceback, exit 130, no staging folder left behind and nothing published."""
+    """A terminal's Ctrl-C (to the server's process group) or a SIGINT sent to the server alone: either way no
+    traceback, exit 130, no staging folder left behind and nothing published — the export, in a session of its own,
+    is stopped by the server, not left to finish."""
     import os
     import signal
     import time
