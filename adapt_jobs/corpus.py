@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from adapt_jobs.settings import AdaptSettings
-from core.corpus_files import ReadLimits, read_corpus_bytes
+from core.corpus_files import read_corpus_bytes
+from core.corpus_limits import ReadLimits
 from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop, not_unicode
 
 CORPUS_FILE = "corpus.jsonl"

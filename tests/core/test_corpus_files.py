@@ -10,13 +10,13 @@ import pytest
 
 from core.corpus_files import (
     CorpusFile,
-    ReadLimits,
     iter_corpus_file,
     iter_text_documents,
     read_corpus_bytes,
     read_corpus_file,
     split_text_documents,
 )
+from core.corpus_limits import ReadLimits
 from core.text import CorpusError
 from tests.parquet_bombs import dictionary_bomb, plain_bomb
 
