@@ -23,8 +23,7 @@ from adapt_jobs.jobs import JOB_KIND_ADAPT, JOB_KIND_STUDENT_BUILD, Job
 from adapt_jobs.results import CorpusReport, Evaluation, GateDecision, JobResult
 from adapt_jobs.settings import AdaptConfig
 from adapt_jobs.spec import JobSpec, SpecError, StudentBuildSpec, StudentPlan
-from adapt_worker.context import JobContext, JobFailed
-from adapt_worker.stages import scratch_dir
+from adapt_worker.context import JobContext, JobFailed, scratch_dir
 from core.catalog import resolve_model
 from core.text import CropRule, can_crop, choose_crop_rule, crop_yield, hold_out
 from evaluation.gate import IN_DOMAIN_TASK

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from adapt_jobs.jobs import AUDIT_EVENT, Job, LeaseLost, StoreUnavailable, audit_record
@@ -193,3 +194,9 @@ class JobContext:
                     raise LeaseLost(message) from err
                 log.warning("%s: store unavailable, retrying (%s)", self.job.id, err)
                 time.sleep(RETRY_EVERY_S)
+
+
+def scratch_dir(job: Job) -> Path:
+    """This attempt's scratch (training output, the staged bundle): one per attempt, so a retry never meets a dead
+    attempt's half-written files."""
+    return Path(job.corpus_dir) / f"attempt-{job.attempt}"

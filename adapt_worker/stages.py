@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapt_jobs.jobs import Job, JobStoreError
+from adapt_jobs.jobs import JobStoreError
 from adapt_jobs.knobs import OBJECTIVES
 from adapt_jobs.results import JobResult, TrainingReport
 from adapt_jobs.settings import AdaptSettings
@@ -27,12 +27,6 @@ log = logging.getLogger(__name__)
 SCRATCH_VOLUME = "the adapt scratch volume (EMBED_ADAPT_DIR)"
 CACHE_VOLUME = "the cache volume (EMBED_CACHE_DIR)"
 REGISTRY_VOLUME = "the model registry volume"
-
-
-def scratch_dir(job: Job) -> Path:
-    """This attempt's scratch (training output, the staged bundle): one per attempt, so a retry never meets a dead
-    attempt's half-written files."""
-    return Path(job.corpus_dir) / f"attempt-{job.attempt}"
 
 
 def _os_problem(err: BaseException, where: str) -> str | None:

@@ -35,9 +35,7 @@ from adapt_jobs.retention import release_orphans
 from adapt_jobs.settings import AdaptConfig
 from adapt_jobs.store import JobStore
 from adapt_jobs.store_core import CommitUnknown
-from adapt_worker.context import JobCancelled, JobContext, JobFailed, WorkerStopping
-from adapt_worker.pipeline import run_job
-from adapt_worker.stages import scratch_dir
+from adapt_worker.context import JobCancelled, JobContext, JobFailed, WorkerStopping, scratch_dir
 
 log = logging.getLogger("adapt_worker.worker")
 
@@ -91,16 +89,16 @@ def _end(ctx: JobContext, state: str, reason: str | None = None, message: str | 
 
 
 def process_job(
-    store: JobStore, job: Job, config: AdaptConfig, stop: threading.Event, pipeline: Pipeline = run_job
+    store: JobStore, job: Job, config: AdaptConfig, stop: threading.Event, pipeline: Pipeline | None = None
 ) -> str:
     """Run one claimed job to its end (or back to the queue) and clean up; returns how it ended: a terminal state,
     ``queued`` (handed back), or ``abandoned`` (the lease was lost). The store frees the corpus of a job that ended;
-    the worker deletes its attempt's scratch."""
+    the worker deletes its attempt's scratch. ``pipeline``: `adapt_worker.pipeline.run_job` unless given."""
     settings = config.settings
     ctx = JobContext(store, job, stop, lease_s=settings.lease_seconds)
     try:
-        with Heartbeat(ctx, settings.heartbeat_seconds):
-            pipeline(job, ctx, config)
+        with Heartbeat(ctx, settings.heartbeat_seconds):  # renewing the lease while the pipeline is imported too
+            (pipeline or _run_job())(job, ctx, config)
         outcome = _end(ctx, SUCCEEDED)
     except WorkerStopping:
         outcome = _end(ctx, QUEUED, message="the adapt worker was stopped (drain or shutdown): queued for another")
@@ -117,6 +115,14 @@ def process_job(
     shutil.rmtree(scratch_dir(job), ignore_errors=True)
     log.info("%s: attempt %d %s", job.id, job.attempt, outcome)
     return outcome
+
+
+def _run_job() -> Pipeline:
+    """The job pipeline, imported when a job runs: it imports the torch stack (seconds), which `_preload` loads while
+    the worker is idle, so the worker starts polling at once and `--help` answers without it."""
+    from adapt_worker.pipeline import run_job
+
+    return run_job
 
 
 def _preload() -> None:
@@ -147,7 +153,7 @@ class Worker:
     idle worker claims again after ``poll_seconds``, or at once when the store wakes it (PostgreSQL)."""
 
     def __init__(
-        self, config: AdaptConfig, worker_id: str, stop: threading.Event, pipeline: Pipeline = run_job
+        self, config: AdaptConfig, worker_id: str, stop: threading.Event, pipeline: Pipeline | None = None
     ) -> None:
         self.config = config
         self.worker_id = worker_id

@@ -40,8 +40,8 @@ def _run_publish(url: str, root: str, name: str) -> None:
     from adapt_jobs.results import Evaluation, GateDecision
     from adapt_jobs.settings import AdaptConfig, AdaptSettings
     from adapt_worker.attempt import Exported, Verdict
+    from adapt_worker.context import scratch_dir
     from adapt_worker.release import publish
-    from adapt_worker.stages import scratch_dir
     from adapt_worker.worker import process_job
 
     base = Path(root)
@@ -155,8 +155,8 @@ def test_a_cancel_acknowledged_before_the_publish_publishes_nothing(tmp_path: Pa
     from adapt_jobs.results import Evaluation, GateDecision
     from adapt_jobs.settings import AdaptConfig, AdaptSettings
     from adapt_worker.attempt import Exported, Verdict
+    from adapt_worker.context import scratch_dir
     from adapt_worker.release import publish
-    from adapt_worker.stages import scratch_dir
     from adapt_worker.worker import process_job
 
     settings = AdaptSettings(dir=tmp_path / "adapt", store_url=store_url)

@@ -16,9 +16,9 @@ from adapt_jobs.results import JobResult, Published
 from adapt_jobs.settings import AdaptConfig, AdaptSettings
 from adapt_jobs.store import JobStore
 from adapt_worker.attempt import split_corpus
-from adapt_worker.context import JobContext, JobFailed
+from adapt_worker.context import JobContext, JobFailed, scratch_dir
 from adapt_worker.scoring import general_tasks
-from adapt_worker.stages import scratch_dir, stage_failure
+from adapt_worker.stages import stage_failure
 from adapt_worker.worker import ABANDONED, process_job
 
 DOC = "First sentence here. Second sentence there."
@@ -241,3 +241,19 @@ def test_a_supervised_worker_gets_no_api_key_nor_any_other_secret(tmp_path: Path
     assert env[b"HF_HUB_OFFLINE"] == b"1" and env[b"OMP_NUM_THREADS"] == b"1" and b"PATH" in env
     tool_settings = {b"EMBED_CACHE_DIR", b"EMBED_REGISTRY_DIR", b"EMBED_DEVICE", b"EMBED_NUM_THREADS"}
     assert {name for name in env if name.startswith(b"EMBED_")} <= tool_settings
+
+
+def test_the_worker_starts_polling_before_the_torch_stack_is_imported() -> None:
+    """The job pipeline imports torch, transformers and mteb (seconds on 2 cores): the worker loads it while idle,
+    so it claims at once and ``embedder adapt-worker --help`` answers without it."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import adapt_worker.worker
+heavy = sorted(m for m in ("torch", "transformers", "mteb", "adapt_worker.pipeline") if m in sys.modules)
+print("HEAVY", heavy)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in result.stdout, result.stdout + result.stderr
