@@ -26,13 +26,14 @@ import dataclasses
 import difflib
 import inspect
 import tomllib
-import types
 import typing
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from training.recipe_values import describe_type, matches_type, parse_value, show_value
 
 OBJECTIVE_NAMES = ("infonce", "simcse", "sct", "barlow_twins", "vicreg", "mse_distillation")
 VIEW_NAMES = ("crop", "dropout", "tokens", "crop+tokens", "texts")
@@ -274,59 +275,6 @@ def _unknown_key(key: str) -> ConfigError:
     return ConfigError(f"unknown config key {key!r}{hint}; valid keys: {', '.join(sorted(_FIELDS))}")
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is Any:
-        return True
-    if origin is tuple:
-        inner = typing.get_args(hint)[0]
-        return isinstance(value, tuple) and all(_matches(v, inner) for v in value)
-    if origin is Mapping or hint is Mapping:
-        return isinstance(value, Mapping)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
-
-
-_PLAIN = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "none"}
-_PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
-
-
-def describe_type(hint: Any) -> str:
-    """A type hint in words: ``int | None`` → "an integer or none", ``tuple[int, ...]`` → "a list of integers"."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        parts = list(dict.fromkeys(describe_type(arg) for arg in typing.get_args(hint)))
-        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
-    if origin is tuple:
-        inner = typing.get_args(hint)[0]
-        return f"a list of {_PLURAL.get(inner, describe_type(inner))}"
-    if origin is Mapping or hint is Mapping:
-        return "a table"
-    if hint is Any:
-        return "any value"
-    return _PLAIN.get(hint, getattr(hint, "__name__", str(hint)))
-
-
-def show_value(value: Any) -> str:
-    """A value as it is written in a recipe or ``--set``: lists in brackets, ``true``/``false``, ``none``."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(show_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k} = {show_value(v)}" for k, v in value.items()) + "}"
-    return repr(value)
-
-
 def objective_param_problems(objective: str, params: Mapping[str, Any]) -> list[str]:
     """What is wrong with ``params`` as keyword arguments of the objective class ``objective`` names: names its
     constructor does not take, and values of another type than the constructor's annotation."""
@@ -355,7 +303,7 @@ def objective_param_problems(objective: str, params: Mapping[str, Any]) -> list[
                 )
             continue
         expected = hints.get(key, Any)
-        if not _matches(tuple(value) if isinstance(value, list) else value, expected):
+        if not matches_type(tuple(value) if isinstance(value, list) else value, expected):
             problems.append(f"objective_params.{key} expects {describe_type(expected)}, got {show_value(value)}")
     return problems
 
@@ -365,7 +313,7 @@ def _coerce(key: str, value: Any) -> Any:
     typed = value
     if isinstance(value, list):
         value = tuple(value)
-    if not _matches(value, hint):
+    if not matches_type(value, hint):
         raise ConfigError(f"config key {key!r} expects {describe_type(hint)}, got {show_value(typed)}")
     if hint in (float, float | None) and isinstance(value, int):
         value = float(value)
@@ -380,17 +328,6 @@ def from_dict(values: Mapping[str, Any]) -> TrainConfig:
             raise _unknown_key(key)
         kwargs[key] = _coerce(key, value)
     return TrainConfig(**kwargs)
-
-
-def parse_value(text: str) -> Any:
-    """A ``--set`` value: ``none``/``null`` (unset an optional field, which TOML cannot express), any TOML value
-    (number, bool, string, array, inline table), else a bare string."""
-    if text.strip().lower() in ("none", "null"):
-        return None
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 
 def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from core.model_folder import BEST_DIR, RECIPE_FILE
-from training.config import ConfigError, TrainConfig, show_value
+from training.config import ConfigError, TrainConfig
+from training.recipe_values import show_value
 
 log = logging.getLogger(__name__)
 

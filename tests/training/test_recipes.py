@@ -16,9 +16,9 @@ from training.config import (
     apply_overrides,
     from_dict,
     load_config,
-    parse_value,
 )
 from training.encoder import Encoder
+from training.recipe_values import parse_value
 from training.trainer import train
 
 BUILTIN_RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
