@@ -117,21 +117,29 @@ def process_job(
     return outcome
 
 
+# One thread at a time imports the heavy stack: two threads importing it at once can each meet a module the other
+# has half initialised (mteb's circular imports then fail with "partially initialized module", or KeyError).
+_IMPORT_LOCK = threading.Lock()
+
+
 def _run_job() -> Pipeline:
     """The job pipeline, imported when a job runs: it imports the torch stack (seconds), which `_preload` loads while
-    the worker is idle, so the worker starts polling at once and `--help` answers without it."""
-    from adapt_worker.pipeline import run_job
+    the worker is idle, so the worker starts polling at once and `--help` answers without it. A job claimed while the
+    preload is under way waits for it (its heartbeat keeps the lease) rather than import the same modules beside it."""
+    with _IMPORT_LOCK:
+        from adapt_worker.pipeline import run_job
 
     return run_job
 
 
 def _preload() -> None:
     """Import the heavy stack (torch, transformers, onnx, mteb) while idle, so a job does not wait for it."""
-    for module in ("training.trainer", "export.bundle", "evaluation.suite", "evaluation.tasks"):
-        try:
-            importlib.import_module(module)
-        except Exception:  # the job that needs it will report the failure with its reason
-            log.exception("could not preload %s", module)
+    with _IMPORT_LOCK:
+        for module in ("training.trainer", "export.bundle", "evaluation.suite", "evaluation.tasks"):
+            try:
+                importlib.import_module(module)
+            except Exception:  # the job that needs it will report the failure with its reason
+                log.exception("could not preload %s", module)
 
 
 def _watch_parent(parent_pid: int, stop: threading.Event) -> None:

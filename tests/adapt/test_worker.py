@@ -257,3 +257,26 @@ print("HEAVY", heavy)
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "HEAVY []" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_job_claimed_while_the_stack_preloads_waits_for_it_instead_of_importing_beside_it() -> None:
+    """A job claimed while the idle preload is importing mteb once failed as an internal error: two threads importing
+    the same modules at once each met one the other had half initialised. The job's import waits for the preload."""
+    import subprocess
+    import sys
+
+    code = """
+import logging, sys, threading, time
+import adapt_worker.worker as worker
+logging.basicConfig(level=logging.ERROR)
+preload = threading.Thread(target=worker._preload, daemon=True)
+preload.start()
+while "mteb" not in sys.modules and preload.is_alive():  # the preload is half-way through mteb
+    time.sleep(0.001)
+run_job = worker._run_job()
+preload.join()
+print("PIPELINE", run_job.__module__)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "PIPELINE adapt_worker.pipeline" in result.stdout, result.stdout + result.stderr
+    assert "could not preload" not in result.stderr, result.stderr
