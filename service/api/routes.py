@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -322,5 +323,8 @@ for _probe in (health, ready):  # HEAD on the probes (load balancers' checks sen
     responses={200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}}},
 )
 async def metrics(request: Request) -> Response:
-    """Prometheus text format (not JSON)."""
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus text format (not JSON). Collected in a worker thread: a collector may query the adapt job store
+    (`service.adapt.api_state.AdaptCollector`), and a store slow to answer must not hold the event loop every other
+    request is served on."""
+    exposition = await asyncio.to_thread(generate_latest, request.app.state.metrics.registry)
+    return Response(exposition, media_type=CONTENT_TYPE_LATEST)
