@@ -91,6 +91,7 @@ class WorkerSupervisor:
         self.restarts = 0
         self._failures: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._reaping: asyncio.Future[list[int]] | None = None  # the watcher's round of `reap`, in its thread
         self._folder = Path(tempfile.mkdtemp(prefix="embedder-adapt-"))  # owner-only: the file may hold a password
         self.config_file = config.write(self._folder)
 
@@ -142,7 +143,9 @@ class WorkerSupervisor:
     async def _watch(self) -> None:
         pending: dict[int, float] = {}  # index -> monotonic time to respawn
         while True:
-            for index in await asyncio.to_thread(self.reap):
+            # Shielded: a cancel (`stop`) cannot stop the thread, so the round finishes and `stop` waits for it.
+            self._reaping = asyncio.ensure_future(asyncio.to_thread(self.reap))
+            for index in await asyncio.shield(self._reaping):
                 delay = min(MAX_BACKOFF_S, 0.5 * 2 ** self._failures.get(index, 0))
                 pending[index] = time.monotonic() + delay
             now = time.monotonic()
@@ -160,6 +163,11 @@ class WorkerSupervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._reaping is not None:
+            # A round of `reap` still running in its thread takes back its workers' jobs and removes them from
+            # `workers`: done before `workers` is walked here, not while (the dict would change under the walk).
+            await asyncio.gather(self._reaping, return_exceptions=True)
+            self._reaping = None
         for worker in self.workers.values():
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)
