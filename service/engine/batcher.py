@@ -275,7 +275,9 @@ class Batcher:
                 )
                 self._task.cancel()
                 self._fail_waiting(ServiceError(ErrorKind.shutting_down, "the server is shutting down; retry"))
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # Waited for in a thread: after a timeout a batch may still be running, and the event loop serves the other
+        # models (and the new version of this one) meanwhile.
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
         self.backend.close()
 
     # ----------------------------------------------------------------------------------- loop
