@@ -40,25 +40,40 @@ def _post_and_leave(url: str, path: str, body: dict, *, after: float) -> None:
 @pytest.mark.parametrize("path", ["/embed", "/v1/embeddings", "/similarity"])
 def test_texts_of_a_client_that_left_are_not_embedded_nor_counted_as_served(make_app, serve, path):
     app = make_app()
+    model = {"route": path, "model": "fake-a"}
     with serve(app) as (url, _):
         backend = app.state.engine.models.get("fake-a").backend
-        backend.delay_s = 0.8
+        embed, running, release = backend.embed, threading.Event(), threading.Event()
+
+        def held(batch):  # the busy text holds the model until the client that left is counted as gone
+            running.set()
+            release.wait(30)
+            return embed(batch)
+
+        backend.embed = held
         busy = threading.Thread(target=lambda: httpx.post(f"{url}/embed", json={"inputs": "busy"}, timeout=30))
         busy.start()
-        deadline = time.monotonic() + 10
-        while not backend.batches and time.monotonic() < deadline:  # the busy text runs; what comes now waits
-            time.sleep(0.01)
-        gone = ["one two three four five six seven"] * 5  # 9 tokens each: told apart from the busy text's 3
-        body = {"inputs": {"source_sentence": gone[0], "sentences": gone}} if path == "/similarity" else (
-            {"input": gone} if path == "/v1/embeddings" else {"inputs": gone}
-        )  # fmt: skip
-        _post_and_leave(url, path, body, after=0.1)
+        try:
+            assert running.wait(10)  # the busy text runs; what comes now waits
+            gone = ["one two three four five six seven"] * 5  # 9 tokens each: told apart from the busy text's 3
+            body = {"inputs": {"source_sentence": gone[0], "sentences": gone}} if path == "/similarity" else (
+                {"input": gone} if path == "/v1/embeddings" else {"inputs": gone}
+            )  # fmt: skip
+            _post_and_leave(url, path, body, after=0.1)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                closed = _sample(httpx.get(f"{url}/metrics").text, "embed_request_failures_total", **model,
+                                 error_type="client_closed")  # fmt: skip
+                if closed:
+                    break
+                time.sleep(0.02)
+        finally:
+            release.set()
         busy.join(30)
         after = httpx.post(f"{url}/embed", json={"inputs": "after"}, timeout=30)
         assert after.status_code == 200
         assert backend.batches == [[3], [3]]  # the busy text and the one after it: nothing of the client gone
         metrics = httpx.get(f"{url}/metrics").text
-    model = {"route": path, "model": "fake-a"}
     assert _sample(metrics, "embed_request_failures_total", **model, error_type="client_closed") == 1
     assert _sample(metrics, "embed_embeddings_total", model="fake-a") == 2
     assert _sample(metrics, "embed_queue_depth", model="fake-a") == 0
