@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,19 +63,20 @@ class OnnxBackend(Backend):
             engine=choice.as_dict(),
             prompts=Prompts.from_manifest(manifest),
         )
-        self._counter: Tokenizer | None = None
-        self._counter_lock = threading.Lock()
+        # A second tokenizer without truncation, for counting and listing every token: the shared one's settings
+        # must not change under other threads. Made here, in the loading thread, so its callers share it without a
+        # lock: a small /tokenize runs on the event loop, and must not wait for a large one running in a thread.
+        self._whole = Tokenizer.from_str(self.bundle.tokenizer.to_str())
+        self._whole.no_truncation()
 
     def tokenize(self, texts: Sequence[str], direction: str = "right") -> list[Tokenized]:
         return [Tokenized(enc, len(enc), bool(enc.overflowing)) for enc in self.bundle.tokenize(texts, direction)]
 
     def count_tokens(self, text: str) -> int:
-        with self._counter_lock:
-            return len(self._whole().encode(text, add_special_tokens=True))
+        return len(self._whole.encode(text, add_special_tokens=True))
 
     def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[Token]]:
-        with self._counter_lock:
-            encodings = self._whole().encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        encodings = self._whole.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [
             [
                 Token(i, token, True, None, None) if special else Token(i, text[start:stop], False, start, stop)
@@ -86,14 +86,6 @@ class OnnxBackend(Backend):
             ]
             for text, enc in zip(texts, encodings, strict=True)
         ]
-
-    def _whole(self) -> Tokenizer:
-        """A second tokenizer without truncation (callers hold the lock): the shared one's settings must not change
-        under other threads."""
-        if self._counter is None:
-            self._counter = Tokenizer.from_str(self.bundle.tokenizer.to_str())
-            self._counter.no_truncation()
-        return self._counter
 
     def embed(self, batch: Sequence[Tokenized]) -> np.ndarray:
         return self.bundle.run(self.bundle.pad([item.payload for item in batch]))
