@@ -6,6 +6,7 @@ import asyncio
 import math
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -288,21 +289,40 @@ def test_wait_bound_admits_what_the_count_bound_admits_when_cold_idle_or_off(pub
     assert "10 texts queued, limit 10" in err.message and err.headers["Retry-After"] == "1"
 
 
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
 def test_wait_bound_429_comes_before_tokenising_and_is_counted(make_app, serve):
     app = make_app(max_queue_wait_seconds=1.0, queue_wait_min_requests=1, overload_hold_seconds=0)
+    running_batch, release = threading.Event(), threading.Event()
 
     async def traffic(url: str) -> tuple[httpx.Response, list[httpx.Response]]:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             running = asyncio.create_task(client.post("/embed", json={"inputs": ["runs first"]}))
-            await asyncio.sleep(0.2)  # its batch holds the model for 1.5 s
+            await _until(running_batch.is_set, "the first request's batch running")  # it holds the model ...
             queued = asyncio.create_task(client.post("/embed", json={"inputs": ["queued next"]}))
-            await asyncio.sleep(0.2)
-            rejected = await client.post("/embed", json={"inputs": ["turned away"]})
+            await _until(lambda: served.batcher.queued == 1, "the second request queued")
+            try:
+                rejected = await client.post("/embed", json={"inputs": ["turned away"]})
+            finally:
+                release.set()  # ... until the third is answered
             return rejected, list(await asyncio.gather(running, queued))
 
     with serve(app) as (url, _):
         served = app.state.engine.models.get("fake-a")
-        served.backend.delay_s = 1.5
+        embed = served.backend.embed
+
+        def held(batch):
+            if not running_batch.is_set():
+                running_batch.set()
+                release.wait(30)
+            return embed(batch)
+
+        served.backend.embed = held
         served.batcher.throughput.update(1, 1.0)  # 1 token/s: anything queued ahead is too long a wait
         tokenized: list[str] = []
         tokenize = served.backend.tokenize
