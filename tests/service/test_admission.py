@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -159,28 +161,53 @@ def test_a_retry_storm_costs_one_refusal_per_client_per_hold(make_app, serve, ho
         assert statuses[429] > clients * (seconds / 0.6 + 1)  # the same bound, broken without the hold
 
 
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
 def test_a_request_let_in_from_the_line_is_timed_from_its_arrival(make_app, serve):
     app = _one_model_app(make_app, overload_hold_seconds=5, max_queue_wait_seconds=0.05, queue_wait_min_requests=1)
+    running_batch = threading.Event()
 
     async def traffic(url: str) -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             running = asyncio.create_task(client.post("/embed", json={"inputs": ["runs first"]}))
-            await asyncio.sleep(0.1)
+            await _until(running_batch.is_set, "the first request's batch running")
             queued = asyncio.create_task(client.post("/embed", json={"inputs": ["queued next"]}))
-            await asyncio.sleep(0.1)
+            await _until(lambda: served.batcher.queued == 1, "the second request queued")
             held = await client.post("/embed", json={"inputs": ["waits at the gate"]})  # in line until `queued` runs
             return [held, *await asyncio.gather(running, queued)]
 
     with serve(app) as (url, _):
         served = app.state.engine.models.get("fake-a")
         served.backend.delay_s = 0.5
+        embed, admission = served.backend.embed, app.state.engine.admission
+
+        def in_line() -> bool:
+            try:
+                return admission.waiting > 0
+            except RuntimeError:  # the event loop changed the line while this thread counted it
+                return False
+
+        def first_waits_for_the_line(batch):  # the first batch's 0.5 s begins once the third request is in line
+            if not running_batch.is_set():
+                running_batch.set()
+                deadline = time.monotonic() + 30
+                while not in_line() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            return embed(batch)
+
+        served.backend.embed = first_waits_for_the_line
         served.batcher.throughput.update(1, 1.0)  # 1 token/s: anything queued ahead is over the 0.05 s bound
         held, *others = asyncio.run(traffic(url))
         metrics = httpx.get(f"{url}/metrics").text
     assert [r.status_code for r in (held, *others)] == [200, 200, 200]
-    assert float(held.headers["x-total-time"]) >= 600  # ~0.3 s in line, then ~0.5 s behind `queued` and its own batch
+    assert float(held.headers["x-total-time"]) >= 600  # >= 0.5 s in line, then 0.5 s behind `queued` and its own batch
     assert _sample(metrics, 'embed_admission_wait_seconds_sum{route="/embed"}') >= 0.2
-    # running 0.5 s, queued ~0.9 s, held ~1.3 s
+    # running >= 0.5 s, queued >= 1.0 s, held >= 1.5 s
     assert _sample(metrics, 'embed_request_duration_seconds_sum{model="fake-a",route="/embed"}') >= 0.5 + 0.8 + 0.6
 
 
