@@ -35,13 +35,17 @@ def test_new_version_is_served_without_a_restart_and_no_request_fails(
         threads = [threading.Thread(target=client_loop, args=(url,)) for _ in range(3)]
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while len(results) < 3 and time.monotonic() < deadline:  # the old version answers the traffic
+            time.sleep(0.02)
         # slow warm-up: the old version must keep answering meanwhile
         new_bundle = publish_fake(fake_registry, "fake-a", dim=16, seed=42, warmup_s=0.4, delay_s=0.01)
         deadline = time.monotonic() + 10
         while models.get("fake-a") is old and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while "2" not in [version for _, version in results] and time.monotonic() < deadline:  # the traffic reaches it
+            time.sleep(0.02)
         stop.set()
         for t in threads:
             t.join(timeout=30)
