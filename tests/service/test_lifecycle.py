@@ -144,7 +144,14 @@ def test_a_model_longer_than_the_token_budget_is_refused_at_start_and_at_reload(
 def test_graceful_shutdown_finishes_in_flight_and_refuses_new(make_app, serve):
     app = make_app()
     with serve(app, grace_seconds=10) as (url, server):
-        app.state.engine.models.get("fake-a").backend.delay_s = 0.6
+        backend = app.state.engine.models.get("fake-a").backend
+        embed, release = backend.embed, threading.Event()
+
+        def held(batch):  # the request in flight lasts until the late ones have been answered
+            release.wait(30)
+            return embed(batch)
+
+        backend.embed = held
         slow: list[httpx.Response] = []
         thread = threading.Thread(target=lambda: slow.append(httpx.post(f"{url}/embed", json={"inputs": "slow"})))
         thread.start()
@@ -152,8 +159,11 @@ def test_graceful_shutdown_finishes_in_flight_and_refuses_new(make_app, serve):
         while app.state.in_flight == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         server.handle_exit(signal.SIGTERM, None)
-        refused = httpx.post(f"{url}/embed", json={"inputs": "late"})
-        ready = httpx.get(f"{url}/ready")
+        try:
+            refused = httpx.post(f"{url}/embed", json={"inputs": "late"})
+            ready = httpx.get(f"{url}/ready")
+        finally:
+            release.set()
         thread.join(timeout=30)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
         assert ready.status_code == 503 and ready.json()["error"]["code"] == "shutting_down"
