@@ -144,18 +144,24 @@ def _publish_many(root: str, times: int, out: multiprocessing.Queue) -> None:
         out.put(f"{type(err).__name__}: {err}")
 
 
-def _prune_until(root: str, keep: int, grace: float, stop: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+def _prune_until(
+    root: str, keep: int, grace: float, stop: multiprocessing.Event, out: multiprocessing.Queue,
+    pruning: multiprocessing.Event,
+) -> None:  # fmt: skip
     removed: list[str] = []
     try:
         while not stop.is_set():
             removed += registry.prune(Path(root), "acme", keep, grace_seconds=grace).removed
+            pruning.set()
     except Exception as err:
         out.put(f"{type(err).__name__}: {err}")
         return
     out.put(removed)
 
 
-def _roll_back_until(root: str, stop: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+def _roll_back_until(
+    root: str, stop: multiprocessing.Event, out: multiprocessing.Queue, rolling: multiprocessing.Event
+) -> None:
     """An operator promoting older and newer versions back and forth while the prune runs."""
     promoted, refused = [], 0
     while not stop.is_set():
@@ -163,12 +169,15 @@ def _roll_back_until(root: str, stop: multiprocessing.Event, out: multiprocessin
             try:
                 registry.make_current(Path(root), "acme", version)
                 promoted.append(version)
+                rolling.set()
             except registry.RegistryError:  # pruned after it was listed: refused, never half done
                 refused += 1
     out.put((promoted, refused))
 
 
-def _read_until(root: str, stop: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+def _read_until(
+    root: str, stop: multiprocessing.Event, out: multiprocessing.Queue, reading: multiprocessing.Event
+) -> None:
     """A replica's poll as fast as it goes: what `current` names is whole, or (pruned after it was read) gone whole —
     never a folder still there with files missing."""
     reads, broken = 0, []
@@ -177,6 +186,7 @@ def _read_until(root: str, stop: multiprocessing.Event, out: multiprocessing.Que
         if bundle is None:
             continue
         reads += 1
+        reading.set()
         model = bundle / "model.onnx"
         whole = model.is_file() and model.stat().st_size == MODEL_BYTES and (bundle / registry.MANIFEST).is_file()
         if not whole and bundle.exists():
@@ -202,13 +212,18 @@ def test_pruning_while_other_processes_publish_and_promote_loses_nothing(root: P
     slow = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     ctx = multiprocessing.get_context("spawn")
     out, stop, pruned, read = ctx.Queue(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    pruning, reading = ctx.Event(), ctx.Event()
     try:
         slow_version = slow.stdout.readline().strip()
         assert slow_version == "5"
-        pruner = ctx.Process(target=_prune_until, args=(str(root), 1, 60.0, stop, pruned))
-        reader = ctx.Process(target=_read_until, args=(str(root), stop, read))
+        pruner = ctx.Process(target=_prune_until, args=(str(root), 1, 60.0, stop, pruned, pruning))
+        reader = ctx.Process(target=_read_until, args=(str(root), stop, read, reading))
         publishers = [ctx.Process(target=_publish_many, args=(str(root), 5, out)) for _ in range(3)]
-        for p in [pruner, reader, *publishers]:
+        for p in [pruner, reader]:
+            p.start()
+        # the publishers start once the prune and the reader run: however slowly the processes start, they overlap
+        assert pruning.wait(120) and reading.wait(120)
+        for p in publishers:
             p.start()
         answers = [out.get(timeout=120) for _ in publishers]
         slow_go.touch()
@@ -236,13 +251,18 @@ def test_a_rollback_racing_a_prune_ends_on_a_whole_current_version(root: Path) -
         publish(root, "acme", age_s=3600)
     ctx = multiprocessing.get_context("spawn")
     stop, pruned, rolled, read = ctx.Event(), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    pruning, rolling, reading = ctx.Event(), ctx.Event(), ctx.Event()
+    pruner = ctx.Process(target=_prune_until, args=(str(root), 1, 0.0, stop, pruned, pruning))
     procs = [
-        ctx.Process(target=_prune_until, args=(str(root), 1, 0.0, stop, pruned)),
-        ctx.Process(target=_roll_back_until, args=(str(root), stop, rolled)),
-        ctx.Process(target=_read_until, args=(str(root), stop, read)),
+        ctx.Process(target=_roll_back_until, args=(str(root), stop, rolled, rolling)),
+        ctx.Process(target=_read_until, args=(str(root), stop, read, reading)),
     ]
     for p in procs:
         p.start()
+    # the prune starts once the rollbacks and the reader run: however slowly the processes start, they overlap
+    assert rolling.wait(120) and reading.wait(120)
+    pruner.start()
+    procs.insert(0, pruner)
     deadline = time.monotonic() + 60
     while len(registry.list_versions(root, "acme")) > 2 and time.monotonic() < deadline:
         time.sleep(0.05)
