@@ -39,13 +39,18 @@ def _publish_many(root: str, name: str, times: int, out: multiprocessing.Queue) 
         out.put(f"{type(err).__name__}: {err}")
 
 
-def _read_until(root: str, name: str, stop: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+def _read_until(
+    root: str, name: str, stop: multiprocessing.Event, out: multiprocessing.Queue, reading: multiprocessing.Event,
+    seeing: multiprocessing.Event,
+) -> None:  # fmt: skip
     """A replica's poll, as fast as it goes: every bundle `current` names must be whole when it is read."""
     seen, broken = set(), []
+    reading.set()
     while not stop.is_set():
         bundle = registry.served_models(Path(root)).get(name)
         if bundle is not None:
             seen.add(bundle.name)
+            seeing.set()
             model = bundle / "model.onnx"
             if not (model.is_file() and model.stat().st_size == 4096 and registry.read_manifest(bundle)):
                 broken.append(bundle.name)
@@ -91,12 +96,14 @@ def test_processes_promoting_one_name_at_once_end_on_the_newest_version(tmp_path
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_publish_many, args=(str(root), "acme", 5, out)) for _ in range(4)]
-    stop, read = ctx.Event(), ctx.Queue()
-    reader = ctx.Process(target=_read_until, args=(str(root), "acme", stop, read))
+    stop, read, reading, seeing = ctx.Event(), ctx.Queue(), ctx.Event(), ctx.Event()
+    reader = ctx.Process(target=_read_until, args=(str(root), "acme", stop, read, reading, seeing))
     reader.start()
+    assert reading.wait(120)  # the publishers start once the reader runs, however slowly the processes start
     for p in procs:
         p.start()
     answers = [out.get(timeout=120) for _ in procs]
+    seeing.wait(60)  # and it stops once it has read a version, however little time it was given meanwhile
     stop.set()
     seen, broken = read.get(timeout=60)
     for p in [*procs, reader]:
