@@ -194,6 +194,17 @@ def _read_until(
     out.put((reads, broken))
 
 
+def _end(*processes: multiprocessing.Process) -> None:
+    """Join the processes a test started (stopped by its event); any still running after a failure is killed, so none
+    keeps working on its folder beside the next tests."""
+    for process in processes:
+        if process.pid is not None:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
 def test_pruning_while_other_processes_publish_and_promote_loses_nothing(root: Path) -> None:
     """Three processes publish and promote one name five times each while a fourth prunes it to one version in a loop
     and a fifth reads what is current: every publish gets its own number and promotes (none of the fresh versions is
@@ -213,12 +224,12 @@ def test_pruning_while_other_processes_publish_and_promote_loses_nothing(root: P
     ctx = multiprocessing.get_context("spawn")
     out, stop, pruned, read = ctx.Queue(), ctx.Event(), ctx.Queue(), ctx.Queue()
     pruning, reading = ctx.Event(), ctx.Event()
+    pruner = ctx.Process(target=_prune_until, args=(str(root), 1, 60.0, stop, pruned, pruning))
+    reader = ctx.Process(target=_read_until, args=(str(root), stop, read, reading))
+    publishers = [ctx.Process(target=_publish_many, args=(str(root), 5, out)) for _ in range(3)]
     try:
         slow_version = slow.stdout.readline().strip()
         assert slow_version == "5"
-        pruner = ctx.Process(target=_prune_until, args=(str(root), 1, 60.0, stop, pruned, pruning))
-        reader = ctx.Process(target=_read_until, args=(str(root), stop, read, reading))
-        publishers = [ctx.Process(target=_publish_many, args=(str(root), 5, out)) for _ in range(3)]
         for p in [pruner, reader]:
             p.start()
         # the publishers start once the prune and the reader run: however slowly the processes start, they overlap
@@ -230,10 +241,10 @@ def test_pruning_while_other_processes_publish_and_promote_loses_nothing(root: P
         assert slow.communicate(timeout=60)[0].strip() == "ok"
         stop.set()
         removed, (reads, broken) = pruned.get(timeout=60), read.get(timeout=60)
-        for p in [pruner, reader, *publishers]:
-            p.join(timeout=60)
     finally:
+        stop.set()
         slow.kill()
+        _end(pruner, reader, *publishers)
     assert [a for a in answers if isinstance(a, str)] == [] and not isinstance(removed, str), (answers, removed)
     fresh = sorted(int(v) for answer in answers for v in answer)
     assert fresh == list(range(6, 21))  # no number twice, every publish promoted without an error
@@ -257,20 +268,21 @@ def test_a_rollback_racing_a_prune_ends_on_a_whole_current_version(root: Path) -
         ctx.Process(target=_roll_back_until, args=(str(root), stop, rolled, rolling)),
         ctx.Process(target=_read_until, args=(str(root), stop, read, reading)),
     ]
-    for p in procs:
-        p.start()
-    # the prune starts once the rollbacks and the reader run: however slowly the processes start, they overlap
-    assert rolling.wait(120) and reading.wait(120)
-    pruner.start()
-    procs.insert(0, pruner)
-    deadline = time.monotonic() + 60
-    while len(registry.list_versions(root, "acme")) > 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    stop.set()
-    removed, (promoted, _), (reads, broken) = pruned.get(timeout=60), rolled.get(timeout=60), read.get(timeout=60)
-    for p in procs:
-        p.join(timeout=60)
+    try:
+        for p in procs:
+            p.start()
+        # the prune starts once the rollbacks and the reader run: however slowly the processes start, they overlap
+        assert rolling.wait(120) and reading.wait(120)
+        pruner.start()
+        deadline = time.monotonic() + 60
+        while len(registry.list_versions(root, "acme")) > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        stop.set()
+        removed, (promoted, _), (reads, broken) = pruned.get(timeout=60), rolled.get(timeout=60), read.get(timeout=60)
+    finally:
+        stop.set()
+        _end(pruner, *procs)
     assert not isinstance(removed, str), removed
     assert promoted and reads and broken == []
     current = registry.current_version(root, "acme")

@@ -98,16 +98,23 @@ def test_processes_promoting_one_name_at_once_end_on_the_newest_version(tmp_path
     procs = [ctx.Process(target=_publish_many, args=(str(root), "acme", 5, out)) for _ in range(4)]
     stop, read, reading, seeing = ctx.Event(), ctx.Queue(), ctx.Event(), ctx.Event()
     reader = ctx.Process(target=_read_until, args=(str(root), "acme", stop, read, reading, seeing))
-    reader.start()
-    assert reading.wait(120)  # the publishers start once the reader runs, however slowly the processes start
-    for p in procs:
-        p.start()
-    answers = [out.get(timeout=120) for _ in procs]
-    seeing.wait(60)  # and it stops once it has read a version, however little time it was given meanwhile
-    stop.set()
-    seen, broken = read.get(timeout=60)
-    for p in [*procs, reader]:
-        p.join(timeout=60)
+    try:
+        reader.start()
+        assert reading.wait(120)  # the publishers start once the reader runs, however slowly the processes start
+        for p in procs:
+            p.start()
+        answers = [out.get(timeout=120) for _ in procs]
+        seeing.wait(60)  # and it stops once it has read a version, however little time it was given meanwhile
+        stop.set()
+        seen, broken = read.get(timeout=60)
+    finally:
+        stop.set()
+        for p in [*procs, reader]:  # none left working on the folder after a failure
+            if p.pid is not None:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     assert seen and broken == []  # the reader saw versions come and go, each one whole
     assert [a for a in answers if isinstance(a, str)] == []
     results = [r for answer in answers for r in answer]
