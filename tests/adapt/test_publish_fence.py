@@ -94,6 +94,28 @@ def publishing(tmp_path: Path, postgres):
             worker.wait()
 
 
+def _stop_outside_a_transaction(worker: subprocess.Popen[str], store: JobStore) -> None:
+    """SIGSTOP ``worker`` at a moment none of its store connections is inside a transaction. Frozen inside its
+    heartbeat's renewal, it would hold the job's row lock, which a rescuer skips as it skips every job another process
+    is writing: the job could not be taken back while the worker stays frozen, whatever its lease (another fault than
+    the one this test makes, and one the heartbeat's few milliseconds in every 0.7 s make rare, not impossible)."""
+    import sqlalchemy as sa
+
+    others_busy = sa.text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND backend_type = 'client backend' AND state <> 'idle'"
+    )
+    for _ in range(100):
+        os.kill(worker.pid, signal.SIGSTOP)
+        with store.engine.connect() as conn:  # this test's other connections are idle in its pool
+            busy = conn.execute(others_busy).scalar_one()
+        if not busy:
+            return
+        os.kill(worker.pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError("the worker was inside a store transaction every time it was stopped")
+
+
 def _outcome(worker: subprocess.Popen[str]) -> str:
     out, _ = worker.communicate(timeout=120)
     return json.loads(out.strip().splitlines()[-1])
@@ -101,7 +123,7 @@ def _outcome(worker: subprocess.Popen[str]) -> str:
 
 def test_a_worker_paused_past_its_lease_does_not_promote_when_it_wakes(publishing, tmp_path: Path) -> None:
     store, job, worker = publishing
-    os.kill(worker.pid, signal.SIGSTOP)  # its heartbeat stops with it
+    _stop_outside_a_transaction(worker, store)  # its heartbeat stops with it
     time.sleep(LEASE_S + 1.0)
     assert [e.job_id for e in store.rescue_expired()] == [job.id]  # any replica's rescuer
     retry = store.claim_next("w2", max_running=1, lease_s=30.0)  # and another worker runs it again
