@@ -161,10 +161,11 @@ def test_the_sweep_fails_a_dependant_no_transition_took(store_url: str, tmp_path
 
 def test_the_prune_lease_is_held_by_one_process_until_it_lapses(store_url: str) -> None:
     store = JobStore(store_url)
-    assert store.take_lease("prune", "a", 0.5)
-    assert store.take_lease("prune", "a", 0.5)  # its holder renews it
+    assert store.take_lease("prune", "a", 30)
+    assert store.take_lease("prune", "a", 30)  # its holder renews it
     assert not store.take_lease("prune", "b", 30)
     assert store.prune("b", older_than_s=0, lease_s=30) is None
+    assert store.take_lease("prune", "a", 0.5)  # renewed for a moment only: b may take it once that lapsed
     time.sleep(0.7)
     assert store.prune("b", older_than_s=0, lease_s=30) == []  # lapsed: b takes it
     assert not store.take_lease("prune", "a", 0.5)
