@@ -19,6 +19,7 @@ from tests.adapt.cluster import Replica
 KEY = "keyed-client"
 SLOW_CONNECTIONS = 600
 CLIENTS, TEXTS = 8, 32
+CLEAR = 0.95  # a median ratio of the first pairs that needs no more of them
 
 
 async def _keyed_load(url: str, seconds: float) -> tuple[float, dict[int, int]]:
@@ -94,9 +95,21 @@ def test_keyless_slow_connections_take_nothing_from_a_keyed_client(tiny_registry
             for conn in conns:
                 conn.close()
 
-        for round_ in range(7):  # paired, the order alternating, so a drift of the machine hits both arms alike
-            for measure in (measure_alone, measure_beside) if round_ % 2 == 0 else (measure_beside, measure_alone):
-                measure()
+        def rounds(n: int) -> float:
+            """``n`` more pairs, the order alternating, so a drift of the machine hits both arms alike; the median
+            ratio of every pair so far."""
+            for _ in range(n):
+                pair = (measure_alone, measure_beside) if len(alone) % 2 == 0 else (measure_beside, measure_alone)
+                for measure in pair:
+                    measure()
+            return statistics.median(b / a for a, b in zip(alone, beside, strict=True))
+
+        # A pair's ratio spreads ±0.15 around 1 on a busy 2-core machine with no effect at all (0.75-1.30 seen): the
+        # median of 7 pairs then falls under 0.9 in some runs in a hundred. A clear first reading ends the test; any
+        # other gets 14 more pairs and is judged on all 21, whose median spreads √3 times less.
+        ratio = rounds(7)
+        if ratio < CLEAR:
+            ratio = rounds(14)
     finally:
         server.stop()
     assert set(statuses) == {200}, statuses  # no 429 (and nothing else) for the keyed client
@@ -104,5 +117,4 @@ def test_keyless_slow_connections_take_nothing_from_a_keyed_client(tiny_registry
     # each round's own pair (seconds apart) is compared: a drift between rounds moved the medians of the two lists
     # apart by more than the slow connections did (0.957, 1.03, 0.78 per round; 0.897 of the medians), and with the
     # keyed load always measured alone first, five rounds read 0.86-1.15 per pair on a quiet machine
-    ratio = statistics.median(b / a for a, b in zip(alone, beside, strict=True))
     assert ratio >= 0.9, f"keyed texts/s beside 600 slow keyless connections {beside} vs alone {alone}"
