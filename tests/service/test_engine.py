@@ -339,7 +339,14 @@ def test_wait_bound_429_comes_before_tokenising_and_is_counted(make_app, serve):
 
 
 def test_close_fails_what_cannot_finish_within_the_grace_period(publish_fake, tmp_path, fake_backend_cls):
-    backend = fake_backend_cls(publish_fake(tmp_path, "m", delay_s=0.5))
+    backend = fake_backend_cls(publish_fake(tmp_path, "m"))
+    embed, release = backend.embed, threading.Event()
+
+    def held(batch):  # the batch in the model outlasts the grace period, however slowly the test runs
+        release.wait(30)
+        return embed(batch)
+
+    backend.embed = held
 
     async def run() -> tuple[BaseException | None, BaseException | None]:
         batcher = _batcher(backend, max_batch_size=1)
@@ -347,10 +354,14 @@ def test_close_fails_what_cannot_finish_within_the_grace_period(publish_fake, tm
         running = batcher.submit(backend.tokenize(["in the model"]))
         await asyncio.sleep(0.05)
         waiting = batcher.submit(backend.tokenize(["still queued"]))
-        await batcher.close(timeout=0.1)
+        closing = asyncio.create_task(batcher.close(timeout=0.1))
+        try:
+            done, _ = await asyncio.wait([running.future, waiting.future], timeout=5)
+        finally:
+            release.set()
+        await closing
         with pytest.raises(ServiceError, match="being unloaded"):
             batcher.submit(backend.tokenize(["too late"]))
-        done, _ = await asyncio.wait([running.future, waiting.future], timeout=5)
         assert len(done) == 2  # nobody is left waiting forever
         return running.future.exception(), waiting.future.exception()
 
