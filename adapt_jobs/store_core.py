@@ -62,9 +62,12 @@ class StoreCore:
     """The engine and the helpers every store method uses."""
 
     def __init__(self, url: str, *, timeout_s: float = 30.0, keep_uploads: bool = False, poll_s: float = 0.5) -> None:
-        """``keep_uploads``: an ended job keeps its folder until it is pruned past its retention (default: the folder
-        is deleted when the job ends). ``poll_s``: how often the event poller of a SQLite store reads the event
-        counters of the jobs streamed from this process (`wake_on_event`)."""
+        """``timeout_s``: how long a call waits for the store (to connect, for a pooled connection, for SQLite's
+        lock), and on PostgreSQL how long the server lets a transaction of this store sit idle before it ends the
+        session (its process frozen or cut off: its row locks would keep the job from being taken back).
+        ``keep_uploads``: an ended job keeps its folder until it is pruned past its retention (default: the folder is
+        deleted when the job ends). ``poll_s``: how often the event poller of a SQLite store reads the event counters
+        of the jobs streamed from this process (`wake_on_event`)."""
         self.url = engine_url(url)
         self.keep_uploads = keep_uploads
         self.engine = make_engine(self.url, timeout_s)

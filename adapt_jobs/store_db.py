@@ -127,7 +127,7 @@ def make_engine(url: sa.URL, timeout_s: float) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
 
         return engine
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_pre_ping=True,  # a restarted server's dead connections are replaced, not handed out
         pool_size=4,
@@ -135,3 +135,15 @@ def make_engine(url: sa.URL, timeout_s: float) -> Engine:
         pool_timeout=timeout_s,
         connect_args={"connect_timeout": max(1, int(timeout_s))},
     )
+
+    @sa_event.listens_for(engine, "connect")
+    def _session(dbapi_connection: Any, _record: Any) -> None:
+        # The store's transactions are a few statements with nothing slow between them. One left open longer (its
+        # process frozen by SIGSTOP or a throttled container, its node cut off) keeps its rows locked, and the rescue
+        # of lapsed leases skips locked rows: the server ends such a session after the store's timeout, so the job is
+        # taken back once its lease lapses instead of when the TCP connection dies (hours).
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {max(1, round(timeout_s * 1000))}")
+        dbapi_connection.commit()
+
+    return engine
