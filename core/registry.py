@@ -18,6 +18,11 @@ promotes (`promote`): a publish that finishes after a newer version of the name 
 An operator's deliberate rollback (`make_current`, ``embedder registry promote``) is the one way ``current`` moves to
 an older version. Readers take no lock.
 
+A publisher holds its reservation (`core.held`) until it is published or dropped, and copies the bundle into
+``.staging-<version>`` beside it (`staging_path`); a publisher that died meanwhile (killed, out of memory) leaves both,
+which the next reservation or prune of the name deletes (`_drop_abandoned`), as it does a ``current`` switch a death
+cut short.
+
 Old versions are removed by `prune`, under the same lock: never the current one, never a version still being
 published (reserved) or published so recently that its publisher may not have promoted it yet, and never the newest,
 so no number is handed out twice. A removed version is first renamed to a hidden name (``.pruned-<version>-…``) and
@@ -41,11 +46,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core import held
+
 CURRENT = "current"
 MANIFEST = "manifest.json"
 # fullmatch, never match with "$": "$" also matches before a trailing newline, so "acme\n" would pass.
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}", re.ASCII)
 _RESERVED = ".reserved-"
+_STAGING = ".staging-"
 _PRUNED = ".pruned-"
 _LOCK = ".lock"
 # A version published less than this long ago is never pruned: its publisher (an export, an /adapt job) may not have
@@ -140,13 +148,34 @@ def reserve_version(root: Path, name: str) -> str:
     folder = Path(root) / validate_name(name)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
+        _drop_abandoned(folder)
         while True:
             version = str(max(_taken_numbers(folder), default=0) + 1)
             try:
                 os.mkdir(folder / f"{_RESERVED}{version}")
-                return version
             except FileExistsError:
                 continue  # taken by a process that does not lock (an older release): try the next number
+            try:
+                held.hold(folder / f"{_RESERVED}{version}")
+            except BaseException:
+                _release(folder, version)
+                raise
+            return version
+
+
+def staging_path(root: Path, name: str, version: str) -> Path:
+    """Where the publisher of reserved ``version`` copies its bundle before `publish` renames it into place."""
+    return Path(root) / validate_name(name) / f"{_STAGING}{version}"
+
+
+def _drop_abandoned(folder: Path) -> None:
+    """Delete what publishers that died left in one name's folder (the caller holds its lock): each reservation no
+    live process holds, with its staging copy, and ``current`` switches cut short."""
+    for reservation in held.sweep(folder, f"{_RESERVED}*"):
+        shutil.rmtree(folder / f"{_STAGING}{reservation.name.removeprefix(_RESERVED)}", ignore_errors=True)
+    for path in folder.glob(f".{CURRENT}.*"):
+        if path.is_symlink():
+            path.unlink(missing_ok=True)
 
 
 def _taken_numbers(folder: Path) -> list[int]:
@@ -181,6 +210,7 @@ def release(root: Path, name: str, version: str) -> None:
 
 def _release(folder: Path, version: str) -> None:
     shutil.rmtree(folder / f"{_RESERVED}{version}", ignore_errors=True)
+    held.let_go(folder / f"{_RESERVED}{version}")
 
 
 def promote(root: Path, name: str, version: str) -> bool:
@@ -373,6 +403,8 @@ def prune(
     result = Pruned(name=name, keep=keep, dry_run=dry_run)
     doomed: list[Path] = []
     with _locked(folder):
+        if not dry_run:
+            _drop_abandoned(folder)
         versions = list_versions(root, name)
         current = current_version(root, name)
         result.publishing = publishing_versions(root, name)

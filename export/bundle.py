@@ -354,7 +354,7 @@ def publish_bundle(staging: Path, registry: Path, manifest: dict[str, Any], *, p
     ``<registry>/<name>/<version>`` (readers never see half a bundle); promote it if asked. Returns its folder."""
     registry_dir, name = Path(registry), manifest["name"]
     version = reg.reserve_version(registry_dir, name)
-    target_staging = registry_dir / name / f".staging-{version}"
+    target_staging = reg.staging_path(registry_dir, name, version)
     try:
         manifest["version"] = version
         manifest["files"] = _hash_files(staging)
