@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from core.corpora import CUSTOM_CORPUS
+from core.durable import write_atomic
 from core.model_folder import BEST_DIR, FINAL_DIR, RECIPE_FILE, TRAINED_ON_KEY, read_trained_on
 from training.assembly import recover_model_folder
 from training.config import TrainConfig
@@ -26,7 +27,8 @@ def prepare_output(config: TrainConfig, out: Path, *, fresh: bool) -> None:
             shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     recipe = {**config.to_dict(), TRAINED_ON_KEY: trained_on(config)}
-    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))
+    # replaced in one step: a resumed run killed while recording it leaves the recipe its checkpoint was trained with
+    write_atomic(out / RECIPE_FILE, json.dumps(recipe, indent=2))
 
 
 def trained_on(config: TrainConfig) -> list[str]:
