@@ -24,6 +24,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
+from core.durable import current_umask, write_atomic
 from core.model_folder import run_folder_hint, transformer_folder, write_sentence_transformers_config
 from core.onnx_bert import onnx_bert_state_dict
 from core.settings import get_settings
@@ -159,33 +160,15 @@ def _verify_files(expected: dict[Path, str], cache_dir: Path) -> None:
     if checked:
         try:  # a read-only or full cache costs the next run a hash, never the model (used in place)
             cache_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_write_text(ledger, json.dumps(seen, indent=1))
+            write_atomic(ledger, json.dumps(seen, indent=1))  # mode by the umask: the cache is shared
         except OSError as err:
             log.debug("checksums not remembered in %s: %s", ledger, err)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the other users of a shared cache
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _share(folder: Path) -> None:
     """Modes by the umask, like any file: mkdtemp's 0700 and safetensors' 0600 would hide a model prepared into a
     shared cache from its other users (an operator prepares, the service reads)."""
-    mask = _umask()
+    mask = current_umask()
     for path in (folder, *folder.rglob("*")):
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 

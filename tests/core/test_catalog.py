@@ -213,7 +213,7 @@ def test_a_read_only_cache_still_resolves_minilm_l6(
 ) -> None:
     """minilm-l6 is used in place: the cache only remembers its checksums, and losing that costs a hash, not the
     model. A damaged ledger is hashed again too."""
-    monkeypatch.setattr(catalog, "_atomic_write_text", _read_only)
+    monkeypatch.setattr(catalog, "write_atomic", _read_only)
     assert prepare("minilm-l6", cache_dir=tmp_path / "cache") == minilm_l6_path
     (tmp_path / "cache" / "verified.json").write_text('{"cut sh')
     assert prepare("minilm-l6", cache_dir=tmp_path / "cache") == minilm_l6_path
