@@ -7,7 +7,7 @@
 
 Versions are integers allocated atomically (a reservation directory made with ``os.mkdir``), so
 concurrent exports of one name never share a version. A bundle is built in a temporary folder
-and renamed into place only when complete: readers never see half a bundle.
+and renamed into place only when complete and fsynced: readers never see half a bundle, nor after a power loss.
 
 Several processes share the registry (replicas, workers, `embedder export`, on one shared volume). Every change to a
 name's entries — reserving a number, renaming a bundle in, dropping a reservation, switching ``current`` — is made
@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import held
+from core import durable, held
 
 CURRENT = "current"
 MANIFEST = "manifest.json"
@@ -191,12 +191,14 @@ def publish(staging: Path, root: Path, name: str, version: str) -> Path:
     """Rename a complete bundle folder into ``<root>/<name>/<version>`` and release the reservation."""
     folder = Path(root) / validate_name(name)
     target = folder / version
+    durable.sync_tree(staging)  # on disk before any name points at it: a power loss leaves no version of empty files
     with _locked(folder):
         if target.exists():
             raise RegistryError(f"{target} already exists: versions are never overwritten")
         os.rename(staging, target)
         with suppress(OSError):  # its mtime says when it was published (`prune` spares the newly published)
             os.utime(target)
+        durable.sync_folder(folder)  # the rename: a `current` switched after it never names a lost version
         _release(folder, version)
     return target
 
@@ -258,6 +260,7 @@ def _point_current(folder: Path, version: str) -> None:
         tmp.unlink()
     os.symlink(version, tmp)
     os.replace(tmp, folder / CURRENT)
+    durable.sync_folder(folder)  # a promotion reported done survives a power loss
 
 
 def _existing(root: Path, name: str) -> Path:
