@@ -36,11 +36,13 @@ from pathlib import Path
 from adapt_jobs.jobs import StoreUnavailable
 from adapt_jobs.settings import AdaptConfig
 from adapt_jobs.store import JobStore
+from core import held
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 30.0
+CONFIG_PREFIX = "embedder-adapt-"  # the folder of the workers' config file, under the temporary folder
 
 # What a worker's environment keeps of the service's: the system's and the libraries' own variables (Python, the
 # offline switches of the Hugging Face libraries, thread pools, locale). Everything else stays behind — the API keys,
@@ -92,7 +94,10 @@ class WorkerSupervisor:
         self._failures: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._reaping: asyncio.Future[list[int]] | None = None  # the watcher's round of `reap`, in its thread
-        self._folder = Path(tempfile.mkdtemp(prefix="embedder-adapt-"))  # owner-only: the file may hold a password
+        # Owner-only: the file may hold a password. A service killed before `stop` (SIGKILL, out of memory) left its
+        # folder, password and all, where a restart of its container finds it: gone once no live process holds it.
+        held.sweep(Path(tempfile.gettempdir()), f"{CONFIG_PREFIX}*")
+        self._folder = held.make_held(CONFIG_PREFIX)
         self.config_file = config.write(self._folder)
 
     def command(self, worker_id: str) -> list[str]:
@@ -183,6 +188,7 @@ class WorkerSupervisor:
             await asyncio.to_thread(self._take_back, worker, "its adapt worker was killed at shutdown")
         self.workers.clear()
         shutil.rmtree(self._folder, ignore_errors=True)
+        held.let_go(self._folder)
 
     def status(self) -> dict[str, object]:
         return {
