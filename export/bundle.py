@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from core import held
 from core import registry as reg
 from core.catalog import BUILTIN_MODELS, resolve_model, sha256_file
 from core.model_folder import RECIPE_FILE, embedding_file_digests, read_trained_on, weights_file
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 QUANTIZATIONS = ("none", "int8", "auto")
 ONNX_FILES = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
 DEFAULT_MODEL = "minilm-l6"
+# An export's folder under the temporary folder, held while it runs: the next export deletes those of killed ones.
+SCRATCH_PREFIX = "embedder-export-"
 
 
 def _load(model: str | os.PathLike[str] | Encoder, pooling: str | None) -> tuple[Encoder, dict[str, Any]]:
@@ -184,7 +187,10 @@ def export_bundle(
     """
     reg.validate_name(name)  # before the name becomes part of a temporary folder's path
     check_writable(Path(registry) / name)
-    staging = Path(tempfile.mkdtemp(prefix=f"embedder-export-{name}-"))
+    held.sweep(Path(tempfile.gettempdir()), f"{SCRATCH_PREFIX}*")  # those of exports killed before they finished
+    scratch = held.make_held(f"{SCRATCH_PREFIX}{name}-")
+    staging = scratch / "bundle"
+    staging.mkdir()
     try:
         manifest = build_bundle(
             model, staging, name, layers=layers, quantize=quantize, parent=parent, method=method, pooling=pooling,
@@ -195,7 +201,8 @@ def export_bundle(
             manifest["validation"] = validate(staging)
         return publish_bundle(staging, registry, manifest, promote=promote)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        held.let_go(scratch)
 
 
 def check_writable(folder: Path) -> None:
@@ -361,7 +368,7 @@ def publish_bundle(staging: Path, registry: Path, manifest: dict[str, Any], *, p
         _write_manifest(staging, manifest)
         # The temporary folder may be on another filesystem; copy next to the target, then rename.
         shutil.copytree(staging, target_staging)
-        os.chmod(target_staging, 0o755)  # mkdtemp made it owner-only; the service may run as another user
+        os.chmod(target_staging, 0o755)  # a staging folder may be owner-only; the service may run as another user
         path = reg.publish(target_staging, registry_dir, name, version)
     except BaseException:
         shutil.rmtree(target_staging, ignore_errors=True)
