@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import os
-import tempfile
+import logging
+import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,7 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.durable import remove_leftovers, replacing
 from training.encoder import Encoder
+
+log = logging.getLogger(__name__)
 
 TEACHER_EMBEDDINGS = "teacher-embeddings"  # the store's folder under a cache directory (EMBED_CACHE_DIR)
 STORE_MAX_VECTORS = 100_000  # vectors a store file keeps, the most recently used: `sct-tiny`'s texts six times over
@@ -75,14 +78,8 @@ def write_vectors(path: Path, vectors: Mapping[str, torch.Tensor]) -> None:
         raise ValueError(f"no vectors to write to {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     keys = list(vectors)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            np.savez(out, keys=np.array(keys), vectors=torch.stack([vectors[k] for k in keys]).float().numpy())
-        os.chmod(temporary, 0o644)  # mkstemp makes it private; the cache is shared like the rest of EMBED_CACHE_DIR
-        os.replace(temporary, path)
-    finally:
-        Path(temporary).unlink(missing_ok=True)
+    with replacing(path, mode=0o644) as out:  # shared like the rest of EMBED_CACHE_DIR
+        np.savez(out, keys=np.array(keys), vectors=torch.stack([vectors[k] for k in keys]).float().numpy())
 
 
 class TeacherTargets:
@@ -112,8 +109,8 @@ class TeacherTargets:
         self.computed = 0  # texts this run embedded with the teacher
         self._used: dict[str, None] = {}  # the texts (SHA-256) this run asked for, in order of first use
         self._unsaved = False  # a text embedded, or first used, since the last save
-        if self.path is not None and self.path.is_file():
-            self.vectors = _last(read_vectors(self.path), max_stored)  # a file written before the bound: its newest
+        if self.path is not None:
+            self.vectors = _last(_stored(self.path), max_stored)  # a file written before the bound: its newest
             self.loaded = len(self.vectors)
 
     def __len__(self) -> int:
@@ -170,10 +167,23 @@ class TeacherTargets:
             return
         mine = {key: self.vectors[key] for key in self._used if key in self.vectors}  # not preset ones
         with _locked(self.path):
-            stored = read_vectors(self.path) if self.path.is_file() else {}
+            remove_leftovers(self.path)  # the copies of saves killed mid-write (no live save: this one holds the lock)
+            stored = _stored(self.path)
             others = {key: vector for key, vector in stored.items() if key not in mine}
             write_vectors(self.path, _last({**others, **mine}, max(self.max_stored, len(mine))))
         self._unsaved = False
+
+
+def _stored(path: Path) -> dict[str, torch.Tensor]:
+    """The vectors of the store file ``path``; none when there is none, or when it cannot be read (cut short by a power
+    loss, say): a cache costs teacher passes, never the run, and the next save writes it whole again."""
+    if not path.is_file():
+        return {}
+    try:
+        return read_vectors(path)
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        log.warning("teacher embeddings store %s is unreadable (%s): its texts are embedded again", path, err)
+        return {}
 
 
 def _last(vectors: dict[str, torch.Tensor], count: int) -> dict[str, torch.Tensor]:
