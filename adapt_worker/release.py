@@ -84,7 +84,7 @@ def evaluate(attempt: Attempt, trained: Trained, exported: Exported) -> Evaluati
         roles = [b.role for b in trained.baselines if b.general] + [trained.role]
         return score_models(
             attempt, models, general=general, general_roles=roles, checks=attempt.checks, labelled=attempt.labelled,
-            reference=trained.reference,
+            reference=trained.reference, cached=[b.role for b in trained.baselines],
         )  # fmt: skip
 
 

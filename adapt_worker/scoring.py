@@ -41,6 +41,7 @@ def score_models(
     checks: InDomainChecks | None = None,
     labelled: LabelledSample | None = None,
     reference: str | None = None,
+    cached: Collection[str] = (),
 ) -> Evaluation:
     """Score each model (by role: ``base``, ``adapted``, ``base_student``…) on the in-domain ``checks`` — crop pairs
     and the short pieces of each held-out document retrieving the rest of it (`evaluation.domain_checks`, the mean of
@@ -50,7 +51,9 @@ def score_models(
     times over (each fit a 9:1 split, every document tested once per repeat). With a ``reference`` role (a student's
     teacher) among ``models``, every other role is also scored on how closely its retrieval of the lead and title
     pieces follows the reference's (`evaluation.domain_checks.retrieval_agreement`, from the same similarities).
-    Scores are points (× 100), rounded to 3 decimals."""
+    Scores are points (× 100), rounded to 3 decimals. The general scores of the roles in ``cached`` — models later
+    jobs score again, as a base model — are kept in the cache; the others, a model this job made, are scored once
+    and would only pile up there, one folder per job."""
     ctx, config = attempt.ctx, attempt.config
     in_domain: dict[str, float] = {}
     pieces: dict[str, float] = {}
@@ -73,7 +76,8 @@ def score_models(
             ctx.check()
             ctx.stage("evaluating", detail=f"{which} general suite")
             fast = config.settings.general_fast
-            report = run_suite(model, general["out_of_domain"], fast=fast, progress=False, cache=config.cache_dir)
+            cache = config.cache_dir if which in cached else None
+            report = run_suite(model, general["out_of_domain"], fast=fast, progress=False, cache=cache)
             if report["skipped"]:
                 raise JobFailed("evaluation", f"general tasks could not run here: {report['skipped']}")
             general_scores[which] = {k: round(v, 3) for k, v in report["scores"].items()}

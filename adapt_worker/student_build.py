@@ -104,7 +104,7 @@ def evaluate_base_student(attempt: BuildAttempt, built: BuiltStudent, exported: 
             "student": load_model(exported.bundle, variant=SCORED_VARIANT),
         }
         general = general_tasks(attempt.config.settings.general_tasks, read_trained_on(built.checkpoint))
-        return score_models(attempt, models, general=general, general_roles=models)
+        return score_models(attempt, models, general=general, general_roles=models, cached=["teacher"])
 
 
 def accept_as_built(attempt: BuildAttempt, evaluation: Evaluation) -> GateDecision:
