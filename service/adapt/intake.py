@@ -172,7 +172,8 @@ def parse_multipart(content_type: str, body: bytes, settings: AdaptSettings) -> 
     try:
         parser = create_form_parser(
             {"Content-Type": content_type.encode("latin-1")}, on_field, on_file,
-            config={"MAX_MEMORY_FILE_SIZE": limit + 1},  # the body is in memory already: never spill to disk
+            # The body is in memory already: never spill to disk (a file part may be as large as the whole body).
+            config={"MAX_MEMORY_FILE_SIZE": len(body) + 1},
         )  # fmt: skip
         parser.write(body)
         parser.finalize()
