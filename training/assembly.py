@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core import durable
 from training.config import TEACHER_OBJECTIVES, ConfigError, TrainConfig
 from training.data import load_corpus
 from training.encoder import Encoder
@@ -229,9 +230,11 @@ def save_model(encoder: Encoder, folder: Path, max_seq_length: int) -> None:
     recover_model_folder(folder)
     staging, aside = _swap_folders(folder)
     encoder.save(staging, max_seq_length=max_seq_length)
+    durable.sync_tree(staging)  # on disk before it takes the name a checkpoint saved next may record as the best
     if folder.exists():
         folder.rename(aside)
     staging.rename(folder)
+    durable.sync_folder(folder.parent)
     shutil.rmtree(aside, ignore_errors=True)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from core.durable import sync_folder
 from core.model_folder import BEST_DIR, RECIPE_FILE
 from training.config import ConfigError, TrainConfig
 from training.recipe_values import show_value
@@ -115,6 +116,7 @@ class TrainState:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(staging, folder / STATE_FILE)
+        sync_folder(folder)  # the rename too: a run resumed after a power loss starts from this checkpoint
 
     @classmethod
     def restore(

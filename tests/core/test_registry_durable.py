@@ -6,12 +6,12 @@ a power loss can leave a ``current`` that names a folder of empty or cut-short f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from core import registry as reg
+from tests.disk_events import Event, position, record_disk_events
 
 
 def _bundle(folder: Path) -> Path:
@@ -23,36 +23,12 @@ def _bundle(folder: Path) -> Path:
 
 
 @pytest.fixture
-def disk_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Each fsync (of the file or folder it was called on) and each rename or replace, in order."""
-    events: list[tuple[str, str]] = []
-    fsync, rename, replace = os.fsync, os.rename, os.replace
-
-    def recorded_fsync(fd: int) -> None:
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        fsync(fd)
-
-    def recorded_rename(src: str | Path, dst: str | Path) -> None:
-        rename(src, dst)
-        events.append(("rename", str(dst)))
-
-    def recorded_replace(src: str | Path, dst: str | Path) -> None:
-        replace(src, dst)
-        events.append(("rename", str(dst)))
-
-    monkeypatch.setattr(os, "fsync", recorded_fsync)
-    monkeypatch.setattr(os, "rename", recorded_rename)
-    monkeypatch.setattr(os, "replace", recorded_replace)
-    return events
-
-
-def _index(events: list[tuple[str, str]], event: tuple[str, str]) -> int:
-    assert event in events, f"{event} never happened: {events}"
-    return events.index(event)
+def disk_events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
+    return record_disk_events(monkeypatch)
 
 
 def test_a_bundle_is_on_disk_before_it_is_renamed_into_its_version(
-    tmp_path: Path, disk_events: list[tuple[str, str]]
+    tmp_path: Path, disk_events: list[Event]
 ) -> None:
     root = tmp_path / "registry"
     version = reg.reserve_version(root, "acme")
@@ -61,15 +37,15 @@ def test_a_bundle_is_on_disk_before_it_is_renamed_into_its_version(
 
     target = reg.publish(staging, root, "acme", version)
 
-    renamed = _index(disk_events, ("rename", str(target)))
+    renamed = position(disk_events, ("rename", str(target)))
     for name in names:  # the copy's files and folders, and the copy itself, as they were called before the rename
-        assert _index(disk_events, ("fsync", str(staging / name))) < renamed
-    assert _index(disk_events, ("fsync", str(staging))) < renamed
+        assert position(disk_events, ("fsync", str(staging / name))) < renamed
+    assert position(disk_events, ("fsync", str(staging))) < renamed
     assert ("fsync", str(root / "acme")) in disk_events[renamed:]  # the rename itself
 
 
 def test_the_switch_of_current_is_on_disk_when_promote_returns(
-    tmp_path: Path, disk_events: list[tuple[str, str]]
+    tmp_path: Path, disk_events: list[Event]
 ) -> None:
     root = tmp_path / "registry"
     version = reg.reserve_version(root, "acme")
@@ -78,5 +54,5 @@ def test_the_switch_of_current_is_on_disk_when_promote_returns(
 
     assert reg.promote(root, "acme", version)
 
-    switched = _index(disk_events, ("rename", str(root / "acme" / reg.CURRENT)))
+    switched = position(disk_events, ("rename", str(root / "acme" / reg.CURRENT)))
     assert ("fsync", str(root / "acme")) in disk_events[switched:]
