@@ -16,7 +16,6 @@ out only documents that rule can crop, and reports its yield.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from adapt_jobs.settings import AdaptSettings
 from core.corpus_files import read_corpus_bytes
 from core.corpus_limits import ReadLimits
+from core.durable import replacing, sync_folder
 from core.text import MIN_WORDS_PER_HALF, CorpusError, can_crop, not_unicode
 
 CORPUS_FILE = "corpus.jsonl"
@@ -40,16 +40,18 @@ class Corpus:
     usable: int
 
     def save(self, folder: Path) -> Path:
-        """Write ``corpus.jsonl`` into ``folder`` (one object per document)."""
+        """Write ``corpus.jsonl`` into ``folder`` (one object per document), whole and on disk when this returns: the
+        job is queued next, in a store that outlives a power loss, and its worker must find every document."""
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / CORPUS_FILE
         # the customer's documents: readable by the service's own user only, whatever the umask
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as out:
+        with replacing(path, mode=0o600) as out:
             for i, text in enumerate(self.texts):
                 record: dict[str, Any] = {"text": text}
                 if self.labels is not None:
                     record["label"] = self.labels[i]
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                out.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        sync_folder(folder.parent)  # the job's folder itself
         return path
 
 
