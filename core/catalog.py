@@ -24,7 +24,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
-from core.durable import current_umask, write_atomic
+from core.durable import current_umask, sync_folder, sync_tree, write_atomic
 from core.model_folder import run_folder_hint, transformer_folder, write_sentence_transformers_config
 from core.onnx_bert import onnx_bert_state_dict
 from core.settings import get_settings
@@ -209,7 +209,9 @@ def _publish_dir(build: Callable[[Path], None], target: Path) -> Path:
             except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
                 raise _cache_write_error(target, err) from err
             _share(tmp)
+            sync_tree(tmp)  # on disk before it takes the name: a power loss leaves no trusted folder of empty files
             os.rename(tmp, target)
+            sync_folder(target.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
