@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +17,14 @@ matplotlib.use("Agg")  # before pyplot: no display on servers and CI
 import matplotlib.pyplot as plt
 import numpy as np
 
+from core.durable import write_atomic
+
 COLORS = {"candidate": "#1f77b4", "baseline": "#ff7f0e"}
 
 
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are meant to be read by others
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=0o644)  # reports are meant to be read by others
 
 
 def _strict_json(value: Any) -> Any:

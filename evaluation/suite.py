@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -22,6 +20,7 @@ from sklearn.exceptions import UndefinedMetricWarning
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from core.durable import write_atomic
 from evaluation import data
 from evaluation.embedding_model import EmbeddingModel, load_model
 from evaluation.mteb_bridge import EmbeddingMemo, MtebEncoder
@@ -114,10 +113,7 @@ def read_cached_result(path: Path) -> dict[str, Any] | None:
 
 def write_cached_result(path: Path, value: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(value, handle, indent=1)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(value, indent=1))
 
 
 def domain_split(trained_on: Sequence[str], sources: Mapping[str, str], scores: Mapping[str, float]) -> dict[str, Any]:
