@@ -15,6 +15,7 @@ Pure standard library: the service imports this without torch.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import tempfile
@@ -31,11 +32,20 @@ def current_umask() -> int:
     return mask
 
 
+# What fsync of a folder raises on filesystems that cannot do it (some network and FUSE volumes): there the names in
+# a folder are as durable as the filesystem makes them, and a write must not fail for it (PostgreSQL ignores the same).
+_FOLDER_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.EBADF, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
 def sync_folder(folder: Path) -> None:
-    """fsync ``folder`` itself: the names created, renamed or removed in it reach the disk."""
+    """fsync ``folder`` itself: the names created, renamed or removed in it reach the disk (where the filesystem can
+    fsync a folder)."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno not in _FOLDER_FSYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(fd)
 
