@@ -326,5 +326,18 @@ async def metrics(request: Request) -> Response:
     """Prometheus text format (not JSON). Collected in a worker thread: a collector may query the adapt job store
     (`service.adapt.api_state.AdaptCollector`), and a store slow to answer must not hold the event loop every other
     request is served on."""
-    exposition = await asyncio.to_thread(generate_latest, request.app.state.metrics.registry)
-    return Response(exposition, media_type=CONTENT_TYPE_LATEST)
+    return Response(await _collected(request.app.state), media_type=CONTENT_TYPE_LATEST)
+
+
+def _collected(state: Any) -> Awaitable[bytes]:
+    """The exposition of the app's registry, collected in one worker thread at a time: scrapes that arrive while a
+    collection runs are answered with its result. That thread is one of the event loop's default executor, which
+    tokenises large requests and loads models; a store slow to answer (up to its 30 s timeout) would otherwise hold
+    one thread per scrape until every one of them waited on it. Shielded: a scrape whose client left does not cancel
+    the collection the others wait for."""
+    running: asyncio.Future[bytes] | None = getattr(state, "metrics_collection", None)
+    if running is None or running.done():
+        running = asyncio.ensure_future(asyncio.to_thread(generate_latest, state.metrics.registry))
+        running.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved, if no one waits
+        state.metrics_collection = running
+    return asyncio.shield(running)
