@@ -31,12 +31,26 @@ _guard = threading.Lock()
 def hold(folder: Path) -> Path:
     """Mark ``folder`` (which exists) as held by this process until `let_go`. Returns it."""
     folder = Path(folder).absolute()
-    fd = os.open(folder / HELD_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException:
-        os.close(fd)
-        raise
+    marker = folder / HELD_FILE
+    if marker.exists():  # marked already (by a holder that let go): locked where it is, or refused while held
+        fd = os.open(marker, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+    else:
+        # Locked before it takes its name: a sweep that finds the lock file unlocked must be able to conclude that
+        # its holder is gone, never that it has not locked it yet (a new folder is fresh without one: spared).
+        fd, staged = tempfile.mkstemp(dir=folder, prefix=f"{HELD_FILE}.")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.fchmod(fd, 0o644)  # a sweeper of another user tests the lock through a read-only descriptor
+            os.rename(staged, marker)
+        except BaseException:
+            os.close(fd)
+            Path(staged).unlink(missing_ok=True)
+            raise
     with _guard:
         _held[folder] = fd
     return folder
