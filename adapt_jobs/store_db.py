@@ -136,14 +136,13 @@ def make_engine(url: sa.URL, timeout_s: float) -> Engine:
         connect_args={"connect_timeout": max(1, int(timeout_s))},
     )
 
-    @sa_event.listens_for(engine, "connect")
-    def _session(dbapi_connection: Any, _record: Any) -> None:
+    @sa_event.listens_for(engine, "begin")
+    def _begin_bounded(conn: Connection) -> None:
         # The store's transactions are a few statements with nothing slow between them. One left open longer (its
         # process frozen by SIGSTOP or a throttled container, its node cut off) keeps its rows locked, and the rescue
         # of lapsed leases skips locked rows: the server ends such a session after the store's timeout, so the job is
-        # taken back once its lease lapses instead of when the TCP connection dies (hours).
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute(f"SET idle_in_transaction_session_timeout = {max(1, round(timeout_s * 1000))}")
-        dbapi_connection.commit()
+        # taken back once its lease lapses instead of when the TCP connection dies (hours). Set per transaction
+        # (LOCAL), so that it holds, and stays ours, behind a connection pooler in transaction mode too.
+        conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {max(1, round(timeout_s * 1000))}")
 
     return engine

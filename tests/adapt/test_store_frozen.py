@@ -48,3 +48,19 @@ def test_a_transaction_left_idle_is_ended_by_the_server_and_the_job_is_taken_bac
     assert [e.job_id for e in taken_back] == [job.id], "the frozen transaction kept the job's row locked"
     assert rescuer.get(job.id).state == QUEUED  # its second attempt is next
     assert len(ended) == 1 and isinstance(ended[0], StoreUnavailable), ended  # the thawed worker lost its session
+
+
+def test_the_bound_is_set_per_transaction_and_never_left_on_the_session(postgres) -> None:
+    """Behind a connection pooler in transaction mode a session setting would not follow the store's transactions
+    and would reach other clients of the pooled connection: the bound is the transaction's own (SET LOCAL)."""
+    store = JobStore(postgres.new_database(), timeout_s=TIMEOUT_S)
+    with store._transaction() as conn:
+        assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar_one() == "1s"
+    raw = store.engine.raw_connection()  # the same pooled session, outside any store transaction
+    try:
+        cursor = raw.cursor()
+        cursor.execute("SHOW idle_in_transaction_session_timeout")
+        assert cursor.fetchone()[0] == "0"
+        raw.rollback()
+    finally:
+        raw.close()
